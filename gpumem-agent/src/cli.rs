@@ -1,0 +1,131 @@
+//! Command-line interface (clap). No logic here.
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpumem",
+    version,
+    about = "Who holds GPU memory on this host, and why: eBPF tracing of the CUDA driver, no changes to the traced programs",
+    after_help = "Needs root (CAP_BPF and CAP_PERFMON). Exit status: 0 ok, 1 error, 2 bad usage; with -c, the command's own status."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Stream CUDA memory events as they happen, then summarise per process and device.
+    Trace(TraceArgs),
+    /// Show kernel features, every libcuda found and every probe attached or skipped.
+    Status(StatusArgs),
+    /// Attach probes and wait, for overhead measurements (see `cargo xtask bench`).
+    #[command(hide = true)]
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct LibcudaArgs {
+    /// Also attach to this libcuda file (repeatable). Copies found in ld.so.cache
+    /// and in running processes are attached without it.
+    #[arg(long = "libcuda", value_name = "PATH")]
+    pub libcuda: Vec<PathBuf>,
+    /// Do not look for libcuda copies beyond those given with --libcuda.
+    #[arg(long)]
+    pub no_discover: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// Trace only this process (repeatable). The trace ends when all of them have exited.
+    #[arg(short = 'p', long = "pid", value_name = "PID", conflicts_with = "command")]
+    pub pids: Vec<u32>,
+    /// Start this command (run by /bin/sh), trace it and its children, stop when it
+    /// exits and exit with its status.
+    #[arg(short = 'c', long = "command", value_name = "CMD")]
+    pub command: Option<String>,
+    /// Stop after this many seconds (fractions allowed).
+    #[arg(long, value_name = "SECONDS", value_parser = parse_duration)]
+    pub duration: Option<f64>,
+    /// Show only events of at least this size (e.g. 4096, 64K, 20MiB). The summary counts everything.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub min_size: Option<u64>,
+    /// Show only failed calls (nonzero CUresult). The summary counts everything.
+    #[arg(long)]
+    pub failed_only: bool,
+    #[command(flatten)]
+    pub libcuda: LibcudaArgs,
+    /// One JSON object per line; the last one is the summary (`"type":"summary"`).
+    #[arg(long)]
+    pub json: bool,
+    /// Most live allocations, VMM handles, mappings and reservations kept in memory;
+    /// beyond it events are counted as dropped.
+    #[arg(long, value_name = "N", default_value_t = 1 << 20)]
+    pub max_allocations: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub libcuda: LibcudaArgs,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Which programs to attach: `full` (gpumem's) or `empty` (baseline).
+    #[arg(long, value_parser = ["full", "empty"])]
+    pub probes: String,
+    #[command(flatten)]
+    pub libcuda: LibcudaArgs,
+    /// Command to run while the probes are attached.
+    #[arg(short = 'c', long = "command", value_name = "CMD")]
+    pub command: String,
+}
+
+fn parse_duration(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !v.is_finite() || v <= 0.0 {
+        return Err(format!("duration must be a positive number of seconds, got `{s}`"));
+    }
+    Ok(v)
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    // Binary units: GPU memory is sized in powers of two (64K = 65536).
+    parse_size::Config::new().with_binary().parse_size(s).map_err(|e| format!("`{s}` is not a size in bytes ({e}); use e.g. 4096, 64K or 20MiB"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn sizes_and_durations() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("20MiB"), Ok(20 << 20));
+        assert_eq!(parse_bytes("64K"), Ok(65536));
+        assert!(parse_bytes("lots").is_err());
+        assert_eq!(parse_duration("1.5"), Ok(1.5));
+        assert!(parse_duration("-1").is_err());
+        assert!(parse_duration("0").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn pid_and_command_conflict() {
+        assert!(Cli::try_parse_from(["gpumem", "trace", "-p", "1", "-c", "true"]).is_err());
+        assert!(Cli::try_parse_from(["gpumem", "trace", "-p", "x"]).is_err());
+    }
+}

@@ -1,0 +1,99 @@
+//! The subcommands' logic; main.rs only dispatches here.
+pub mod status;
+pub mod trace;
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{
+    cli::LibcudaArgs,
+    probes::{discover, Agent, LibraryReport, ProbeStatus, Source},
+};
+
+pub fn require_root() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("gpumem needs root (CAP_BPF and CAP_PERFMON) to load eBPF programs; run it with sudo");
+    }
+    Ok(())
+}
+
+/// A one-line description of what was attached to a library.
+pub fn describe(report: &LibraryReport) -> String {
+    if let Some(e) = &report.error {
+        return format!("libcuda {} ({}): not attached: {e}", report.path, report.source);
+    }
+    let missing: Vec<&str> = report
+        .probes
+        .iter()
+        .filter(|p| matches!(p.status, ProbeStatus::NotExported { .. }))
+        .map(|p| p.symbol)
+        .collect();
+    let failed: Vec<String> = report
+        .probes
+        .iter()
+        .filter_map(|p| match &p.status {
+            ProbeStatus::Failed { error } => Some(format!("{}: {error}", p.symbol)),
+            _ => None,
+        })
+        .collect();
+    let mut line = format!(
+        "attached {} of {} probes to {} (inode {}, found by {})",
+        report.attached(),
+        report.probes.len(),
+        report.path,
+        report.inode,
+        report.source
+    );
+    if !missing.is_empty() {
+        line.push_str(&format!("; not exported, skipped: {}", missing.join(", ")));
+    }
+    if !failed.is_empty() {
+        line.push_str(&format!("; FAILED: {}", failed.join("; ")));
+    }
+    line
+}
+
+/// Attaches the libraries named with --libcuda (a bad path is an error).
+pub fn attach_given(agent: &mut Agent, args: &LibcudaArgs, mut say: impl FnMut(String)) -> Result<()> {
+    for path in &args.libcuda {
+        let lib = discover::stat_library(path, Source::CommandLine)
+            .with_context(|| format!("--libcuda {}: cannot use this file", path.display()))?;
+        if let Some(report) = agent.attach_library(&lib) {
+            if report.error.is_some() {
+                bail!("{}", describe(report));
+            }
+            say(describe(report));
+        }
+    }
+    Ok(())
+}
+
+/// Attaches libcuda copies found in ld.so.cache and in running processes
+/// that are not attached yet.
+pub fn attach_discovered(agent: &mut Agent, args: &LibcudaArgs, with_ld_cache: bool, mut say: impl FnMut(String)) {
+    if args.no_discover {
+        return;
+    }
+    let mut found = Vec::new();
+    if with_ld_cache {
+        match discover::from_ld_cache() {
+            Ok(paths) => {
+                for p in paths {
+                    if let Ok(lib) = discover::stat_library(&p, Source::LdCache) {
+                        found.push(lib);
+                    }
+                }
+            }
+            Err(e) => say(format!("note: {e}")),
+        }
+    }
+    found.extend(discover::from_processes(std::process::id()));
+    for lib in found {
+        if agent.knows(&lib) {
+            continue;
+        }
+        if let Some(report) = agent.attach_library(&lib) {
+            say(describe(report));
+        }
+    }
+}

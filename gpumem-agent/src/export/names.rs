@@ -1,0 +1,98 @@
+//! Human names for API classes and CUresult codes.
+use gpumem_common::{api, api_info, ApiClass};
+
+/// The `type` of an event in trace output.
+pub fn event_type(api_id: u32) -> &'static str {
+    if api_id == api::PROCESS_EXIT {
+        return "exit";
+    }
+    match api_info(api_id).map(|a| a.class) {
+        Some(ApiClass::Init) => "init",
+        Some(ApiClass::DeviceAlloc) => "alloc",
+        Some(ApiClass::DeviceFree) => "free",
+        Some(ApiClass::HostAlloc) => "host_alloc",
+        Some(ApiClass::HostFree) => "host_free",
+        Some(ApiClass::VmmCreate) => "vmm_create",
+        Some(ApiClass::VmmRelease) => "vmm_release",
+        Some(ApiClass::VmmMap) => "vmm_map",
+        Some(ApiClass::VmmUnmap) => "vmm_unmap",
+        Some(ApiClass::VaReserve) => "va_reserve",
+        Some(ApiClass::VaFree) => "va_free",
+        Some(ApiClass::CtxRetainPrimary) => "ctx_retain",
+        Some(ApiClass::CtxReleasePrimary) => "ctx_release",
+        Some(ApiClass::CtxResetPrimary) => "ctx_reset",
+        Some(ApiClass::CtxCreate) => "ctx_create",
+        Some(ApiClass::CtxSetCurrent) => "ctx_set",
+        Some(ApiClass::CtxPush) => "ctx_push",
+        Some(ApiClass::CtxPop) => "ctx_pop",
+        Some(ApiClass::CtxDestroy) => "ctx_destroy",
+        Some(ApiClass::ProcessExit) => "exit",
+        None => "unknown",
+    }
+}
+
+pub fn api_name(api_id: u32) -> &'static str {
+    if api_id == api::PROCESS_EXIT {
+        return "sched_process_exit";
+    }
+    api_info(api_id).map(|a| a.symbol).unwrap_or("unknown")
+}
+
+/// CUDA_ERROR_* name of a CUresult (the common ones; others by number).
+pub fn result_name(result: u32) -> Option<&'static str> {
+    Some(match result {
+        0 => "CUDA_SUCCESS",
+        1 => "CUDA_ERROR_INVALID_VALUE",
+        2 => "CUDA_ERROR_OUT_OF_MEMORY",
+        3 => "CUDA_ERROR_NOT_INITIALIZED",
+        4 => "CUDA_ERROR_DEINITIALIZED",
+        34 => "CUDA_ERROR_STUB_LIBRARY",
+        46 => "CUDA_ERROR_DEVICE_UNAVAILABLE",
+        100 => "CUDA_ERROR_NO_DEVICE",
+        101 => "CUDA_ERROR_INVALID_DEVICE",
+        201 => "CUDA_ERROR_INVALID_CONTEXT",
+        400 => "CUDA_ERROR_INVALID_HANDLE",
+        801 => "CUDA_ERROR_NOT_SUPPORTED",
+        999 => "CUDA_ERROR_UNKNOWN",
+        _ => return None,
+    })
+}
+
+/// Bytes in binary units, e.g. `20.0 MiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_api_has_a_type() {
+        for a in gpumem_common::APIS {
+            assert_ne!(event_type(a.id), "unknown", "{}", a.symbol);
+        }
+        assert_eq!(event_type(api::CU_MEM_ALLOC_PITCH_V2), "alloc");
+        assert_eq!(event_type(api::CU_MEM_ADDRESS_RESERVE), "va_reserve");
+        assert_eq!(event_type(api::PROCESS_EXIT), "exit");
+    }
+
+    #[test]
+    fn byte_units() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(1023), "1023 B");
+        assert_eq!(bytes(1024), "1.0 KiB");
+        assert_eq!(bytes(20 << 20), "20.0 MiB");
+        assert_eq!(bytes(3 << 30), "3.0 GiB");
+    }
+}

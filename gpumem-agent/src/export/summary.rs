@@ -1,0 +1,182 @@
+//! The end-of-trace summary: per process and device, live memory and calls.
+use std::io::{self, Write};
+
+use serde::Serialize;
+
+use super::names::{api_name, bytes, result_name};
+use crate::{
+    events::LostEvents,
+    state::{Overflow, State},
+};
+
+#[derive(Debug, Serialize)]
+pub struct DeviceSummary {
+    pub device: Option<i32>,
+    pub live_bytes: u64,
+    pub live_allocs: u64,
+    pub vmm_physical_bytes: u64,
+    pub vmm_handles: u64,
+    pub reserved_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ApiSummary {
+    pub api: &'static str,
+    pub calls: u64,
+    pub failures: u64,
+    /// "CUresult": count, for failures.
+    pub results: std::collections::BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProcessSummary {
+    pub pid: u32,
+    pub comm: String,
+    pub exited: bool,
+    pub devices: Vec<DeviceSummary>,
+    pub host_pinned_bytes: u64,
+    pub host_pinned_allocs: u64,
+    pub untracked_frees: u64,
+    pub apis: Vec<ApiSummary>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub duration_s: f64,
+    pub events: u64,
+    pub processes: Vec<ProcessSummary>,
+    pub lost_events: u64,
+    pub lost: LostEvents,
+    pub state_overflow: Overflow,
+    pub probes_attached: usize,
+}
+
+impl Summary {
+    pub fn build(state: &State, lost: LostEvents, duration_s: f64, probes_attached: usize) -> Self {
+        let processes = state
+            .processes
+            .values()
+            .map(|p| ProcessSummary {
+                pid: p.pid,
+                comm: p.comm.clone(),
+                exited: p.exited,
+                devices: p
+                    .devices
+                    .iter()
+                    .map(|(&d, t)| DeviceSummary {
+                        device: (d != gpumem_common::DEVICE_UNKNOWN).then_some(d),
+                        live_bytes: t.live_bytes,
+                        live_allocs: t.live_allocs,
+                        vmm_physical_bytes: t.vmm_physical_bytes,
+                        vmm_handles: t.vmm_handles,
+                        reserved_bytes: t.reserved_bytes,
+                    })
+                    .collect(),
+                host_pinned_bytes: p.host_pinned_bytes,
+                host_pinned_allocs: p.host_pinned_allocs,
+                untracked_frees: p.untracked_frees,
+                apis: p
+                    .apis
+                    .iter()
+                    .map(|(&id, s)| ApiSummary {
+                        api: api_name(id),
+                        calls: s.calls,
+                        failures: s.failures,
+                        results: s.failures_by_result.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        Summary {
+            kind: "summary",
+            duration_s,
+            events: state.events,
+            processes,
+            lost_events: lost.total(),
+            lost,
+            state_overflow: state.overflow.clone(),
+            probes_attached,
+        }
+    }
+
+    pub fn write_json(&self, out: &mut impl Write) -> io::Result<()> {
+        serde_json::to_writer(&mut *out, self)?;
+        writeln!(out)
+    }
+
+    pub fn write_human(&self, out: &mut impl Write) -> io::Result<()> {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "=== gpumem summary: {:.1} s, {} events, {} lost, {} probes attached ===",
+            self.duration_s, self.events, self.lost_events, self.probes_attached
+        )?;
+        if self.processes.is_empty() {
+            writeln!(out, "no CUDA calls seen")?;
+        } else {
+            writeln!(
+                out,
+                "{:>7} {:<15} {:>4} {:>12} {:>8} {:>12} {:>12}",
+                "PID", "COMM", "DEV", "LIVE", "ALLOCS", "VMM PHYS", "VA RESERVED"
+            )?;
+        }
+        for p in &self.processes {
+            let state = if p.exited { " (exited)" } else { "" };
+            if p.devices.is_empty() && p.host_pinned_allocs == 0 {
+                writeln!(out, "{:>7} {:<15} {:>4} {:>12} {:>8}{}", p.pid, p.comm, "-", bytes(0), 0, state)?;
+            }
+            for d in &p.devices {
+                let dev = d.device.map_or("?".to_string(), |d| d.to_string());
+                writeln!(
+                    out,
+                    "{:>7} {:<15} {:>4} {:>12} {:>8} {:>12} {:>12}{}",
+                    p.pid,
+                    p.comm,
+                    dev,
+                    bytes(d.live_bytes),
+                    d.live_allocs,
+                    bytes(d.vmm_physical_bytes),
+                    bytes(d.reserved_bytes),
+                    state
+                )?;
+            }
+            if p.host_pinned_allocs > 0 {
+                writeln!(out, "{:>7} {:<15} {:>4} {:>12} {:>8}   (pinned host memory)", p.pid, p.comm, "host", bytes(p.host_pinned_bytes), p.host_pinned_allocs)?;
+            }
+        }
+        if self.processes.iter().any(|p| !p.apis.is_empty()) {
+            writeln!(out, "\n{:>7} {:<30} {:>8} {:>8}  FAILURES BY RESULT", "PID", "API", "CALLS", "FAILED")?;
+            for p in &self.processes {
+                for a in &p.apis {
+                    let results: Vec<String> = a
+                        .results
+                        .iter()
+                        .map(|(r, n)| {
+                            let name = r.parse().ok().and_then(result_name).unwrap_or("");
+                            format!("{n}× {r} {}", name.trim_start_matches("CUDA_ERROR_"))
+                        })
+                        .collect();
+                    writeln!(out, "{:>7} {:<30} {:>8} {:>8}  {}", p.pid, a.api, a.calls, a.failures, results.join(", "))?;
+                }
+            }
+        }
+        if self.lost_events > 0 {
+            writeln!(
+                out,
+                "\nLOST EVENTS: {} (ring buffer full {}, call table full {}, return without entry {}, malformed {})",
+                self.lost_events, self.lost.ringbuf_full, self.lost.pending_full, self.lost.return_without_entry, self.lost.malformed
+            )?;
+        }
+        let o = &self.state_overflow;
+        if o.entries_dropped > 0 || o.process_events_dropped > 0 {
+            writeln!(
+                out,
+                "STATE OVERFLOW: {} allocations not recorded (table full), {} events of untracked processes (process table full)",
+                o.entries_dropped, o.process_events_dropped
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,28 @@
+//! gpumem: who holds GPU memory on this host, and why.
+mod cli;
+mod commands;
+mod events;
+mod export;
+mod probes;
+mod state;
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Trace(args) => commands::trace::run(commands::trace::Session::from_args(args)),
+        Command::Status(args) => commands::status::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Bench(args) => commands::trace::run(commands::trace::Session::for_bench(args)),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("gpumem: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

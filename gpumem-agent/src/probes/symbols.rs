@@ -1,0 +1,33 @@
+//! Resolves exported function symbols of a shared library to the file
+//! offsets that uprobes attach to, reading the library once.
+use std::{collections::HashMap, path::Path};
+
+use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SymbolError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{path} is not an ELF shared library: {source}")]
+    Parse { path: String, source: object::Error },
+}
+
+/// Symbol name → file offset, for every defined function symbol.
+pub fn function_offsets(path: &Path) -> Result<HashMap<String, u64>, SymbolError> {
+    let data = std::fs::read(path).map_err(|source| SymbolError::Read { path: path.display().to_string(), source })?;
+    let file = object::File::parse(&*data).map_err(|source| SymbolError::Parse { path: path.display().to_string(), source })?;
+    let mut out = HashMap::new();
+    for sym in file.dynamic_symbols().chain(file.symbols()) {
+        if sym.is_undefined() || sym.kind() != object::SymbolKind::Text {
+            continue;
+        }
+        let Ok(name) = sym.name() else { continue };
+        // Versioned names (name@VER) are reported without the version by object.
+        let Some(index) = sym.section_index() else { continue };
+        let Ok(section) = file.section_by_index(index) else { continue };
+        let Some((file_off, _)) = section.file_range() else { continue };
+        let Some(rel) = sym.address().checked_sub(section.address()) else { continue };
+        out.entry(name.to_string()).or_insert(file_off + rel);
+    }
+    Ok(out)
+}

@@ -1,0 +1,393 @@
+//! Live allocation state per process and device, built from decoded events.
+//!
+//! Failed calls are counted and change nothing. Everything held is bounded by
+//! `Limits`; what does not fit is counted in `Overflow`, never dropped silently.
+pub mod process;
+
+use std::collections::BTreeMap;
+
+use gpumem_common::{api_info, ApiClass, Event, DEVICE_UNKNOWN};
+pub use process::{Allocation, DeviceTotals, Memory, Process, VmmHandle};
+
+use process::{Mapping, PrimaryCtx};
+
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Live table entries (allocations, handles, mappings, reservations) across all processes.
+    pub max_entries: usize,
+    /// Processes kept, live or exited.
+    pub max_processes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_entries: 1 << 20, max_processes: 8192 }
+    }
+}
+
+/// What did not fit.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Overflow {
+    /// Allocations/handles not recorded because the table was full.
+    pub entries_dropped: u64,
+    /// Events of processes not recorded because the process table was full.
+    pub process_events_dropped: u64,
+}
+
+/// Memory released implicitly on one device (context destroyed, process exit).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Release {
+    pub device: i32,
+    pub bytes: u64,
+    pub allocs: u64,
+}
+
+/// What applying one event did, for rendering.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Device the event is attributed to (resolved from contexts if the call
+    /// itself names none).
+    pub device: i32,
+    /// Bytes the event concerns (for a free: the size that was freed).
+    pub size: u64,
+    /// Implicit releases (ctx destroy, primary ctx release/reset, exit).
+    pub released: Vec<Release>,
+    /// A free/release of something not in the table (predates the trace).
+    pub untracked: bool,
+    /// Not recorded: a table was full.
+    pub dropped: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct State {
+    pub limits: Limits,
+    pub processes: BTreeMap<u32, Process>,
+    pub overflow: Overflow,
+    entries: usize,
+    pub events: u64,
+}
+
+impl State {
+    pub fn new(limits: Limits) -> Self {
+        State { limits, ..Default::default() }
+    }
+
+    pub fn live_entries(&self) -> usize {
+        self.entries
+    }
+
+    pub fn apply(&mut self, ev: &Event) -> Applied {
+        self.events += 1;
+        if !self.processes.contains_key(&ev.pid) {
+            if self.processes.len() >= self.limits.max_processes && !self.evict_exited() {
+                self.overflow.process_events_dropped += 1;
+                return Applied { device: ev.device, size: ev.size, dropped: true, ..Default::default() };
+            }
+            self.processes.insert(ev.pid, Process::new(ev.pid));
+        }
+        let room = self.entries < self.limits.max_entries;
+        let proc = self.processes.get_mut(&ev.pid).expect("inserted above");
+        if proc.comm.is_empty() || ev.tid == ev.pid {
+            let comm = String::from_utf8_lossy(ev.comm_bytes()).into_owned();
+            if !comm.is_empty() {
+                proc.comm = comm;
+            }
+        }
+        if ev.api == gpumem_common::api::PROCESS_EXIT {
+            let before = proc.entries();
+            let released = release_all(proc);
+            proc.exited = true;
+            self.entries -= before;
+            return Applied { device: DEVICE_UNKNOWN, size: released.iter().map(|r| r.bytes).sum(), released, ..Default::default() };
+        }
+        let Some(info) = api_info(ev.api) else {
+            return Applied { device: ev.device, ..Default::default() };
+        };
+        proc.exited = false;
+        let stats = proc.apis.entry(ev.api).or_default();
+        stats.calls += 1;
+        if ev.result != 0 {
+            stats.failures += 1;
+            *stats.failures_by_result.entry(ev.result).or_default() += 1;
+            let device = if ev.device != DEVICE_UNKNOWN { ev.device } else { proc.current_device(ev.tid) };
+            return Applied { device, size: ev.size, ..Default::default() };
+        }
+        let before = proc.entries();
+        let applied = apply_success(proc, info.class, ev, room);
+        self.entries = self.entries + proc.entries() - before;
+        if applied.dropped {
+            self.overflow.entries_dropped += 1;
+        }
+        applied
+    }
+
+    /// Makes room by forgetting the oldest exited process. False if none.
+    fn evict_exited(&mut self) -> bool {
+        let victim = self.processes.iter().find(|(_, p)| p.exited).map(|(&pid, _)| pid);
+        match victim {
+            Some(pid) => {
+                if let Some(p) = self.processes.remove(&pid) {
+                    self.entries -= p.entries();
+                }
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool) -> Applied {
+    let mut out = Applied { device: ev.device, size: ev.size, ..Default::default() };
+    match class {
+        ApiClass::Init => {}
+        ApiClass::DeviceAlloc | ApiClass::HostAlloc => {
+            let memory = if class == ApiClass::HostAlloc { Memory::HostPinned } else { Memory::Device };
+            let device = if memory == Memory::HostPinned { DEVICE_UNKNOWN } else { p.current_device(ev.tid) };
+            out.device = device;
+            if !room {
+                out.dropped = true;
+                return out;
+            }
+            let alloc = Allocation { size: ev.size, device, memory, ctx: p.current_ctx(ev.tid), api: ev.api, ts_ns: ev.ts_ns };
+            // A pointer handed out twice means we missed its free: replace it.
+            if let Some(old) = p.allocs.insert(ev.addr, alloc) {
+                credit_free(p, &old);
+            }
+            match memory {
+                Memory::Device => {
+                    let t = p.totals_mut(device);
+                    t.live_bytes += ev.size;
+                    t.live_allocs += 1;
+                }
+                Memory::HostPinned => {
+                    p.host_pinned_bytes += ev.size;
+                    p.host_pinned_allocs += 1;
+                }
+            }
+        }
+        ApiClass::DeviceFree | ApiClass::HostFree => match p.allocs.remove(&ev.addr) {
+            Some(old) => {
+                out.device = old.device;
+                out.size = old.size;
+                credit_free(p, &old);
+            }
+            None => {
+                out.untracked = true;
+                p.untracked_frees += 1;
+                out.device = if class == ApiClass::HostFree { DEVICE_UNKNOWN } else { p.current_device(ev.tid) };
+            }
+        },
+        ApiClass::VmmCreate => {
+            let device = if ev.device != DEVICE_UNKNOWN { ev.device } else { p.current_device(ev.tid) };
+            out.device = device;
+            if !room {
+                out.dropped = true;
+                return out;
+            }
+            let h = VmmHandle { size: ev.size, device, mappings: 0, released: false, ts_ns: ev.ts_ns };
+            if let Some(old) = p.vmm_handles.insert(ev.handle, h) {
+                uncount_handle(p, &old);
+            }
+            let t = p.totals_mut(device);
+            t.live_bytes += ev.size;
+            t.live_allocs += 1;
+            t.vmm_physical_bytes += ev.size;
+            t.vmm_handles += 1;
+        }
+        ApiClass::VmmRelease => match p.vmm_handles.get_mut(&ev.handle) {
+            Some(h) => {
+                out.device = h.device;
+                out.size = h.size;
+                h.released = true;
+                // Physical memory goes only once no mapping refers to it.
+                if h.mappings == 0 {
+                    let h = p.vmm_handles.remove(&ev.handle).expect("present");
+                    out.released.push(Release { device: h.device, bytes: h.size, allocs: 1 });
+                    uncount_handle(p, &h);
+                }
+            }
+            None => out.untracked = true,
+        },
+        ApiClass::VmmMap => {
+            if let Some(h) = p.vmm_handles.get_mut(&ev.handle) {
+                h.mappings += 1;
+                out.device = h.device;
+            } else {
+                out.untracked = true;
+            }
+            if room {
+                p.mappings.insert(ev.addr, Mapping { size: ev.size, handle: ev.handle });
+            } else {
+                out.dropped = true;
+            }
+        }
+        ApiClass::VmmUnmap => {
+            // Unmap covers [addr, addr+size): every mapping starting inside it.
+            let end = ev.addr.saturating_add(ev.size);
+            let starts: Vec<u64> = p.mappings.range(ev.addr..end).map(|(&a, _)| a).collect();
+            if starts.is_empty() {
+                out.untracked = true;
+            }
+            for start in starts {
+                let m = p.mappings.remove(&start).expect("present");
+                if let Some(h) = p.vmm_handles.get_mut(&m.handle) {
+                    h.mappings = h.mappings.saturating_sub(1);
+                    out.device = h.device;
+                    if h.released && h.mappings == 0 {
+                        let h = p.vmm_handles.remove(&m.handle).expect("present");
+                        out.released.push(Release { device: h.device, bytes: h.size, allocs: 1 });
+                        uncount_handle(p, &h);
+                    }
+                }
+            }
+        }
+        ApiClass::VaReserve => {
+            let device = p.current_device(ev.tid);
+            out.device = device;
+            if !room {
+                out.dropped = true;
+                return out;
+            }
+            if let Some((old, dev)) = p.reservations.insert(ev.addr, (ev.size, device)) {
+                p.totals_mut(dev).reserved_bytes -= old;
+            }
+            p.totals_mut(device).reserved_bytes += ev.size;
+        }
+        ApiClass::VaFree => match p.reservations.remove(&ev.addr) {
+            Some((size, dev)) => {
+                out.device = dev;
+                out.size = size;
+                p.totals_mut(dev).reserved_bytes -= size;
+            }
+            None => out.untracked = true,
+        },
+        ApiClass::CtxRetainPrimary => {
+            p.ctx_device.insert(ev.handle, ev.device);
+            let prim = p.primary.entry(ev.device).or_insert(PrimaryCtx { ctx: ev.handle, refs: 0 });
+            prim.ctx = ev.handle;
+            prim.refs += 1;
+            p.last_ctx = Some(ev.handle);
+        }
+        ApiClass::CtxReleasePrimary => {
+            if let Some(prim) = p.primary.get_mut(&ev.device) {
+                // Only a release that we saw drop the count to zero destroys it:
+                // retains made before the trace are unknown.
+                if prim.refs > 0 {
+                    prim.refs -= 1;
+                    if prim.refs == 0 {
+                        let ctx = prim.ctx;
+                        out.released = release_ctx(p, ctx);
+                    }
+                }
+            }
+        }
+        ApiClass::CtxResetPrimary => {
+            if let Some(prim) = p.primary.get_mut(&ev.device) {
+                prim.refs = 0;
+                let ctx = prim.ctx;
+                out.released = release_ctx(p, ctx);
+            }
+        }
+        ApiClass::CtxCreate => {
+            // cuCtxCreate makes the new context current on the calling thread.
+            p.ctx_device.insert(ev.handle, ev.device);
+            p.thread_ctx.entry(ev.tid).or_default().push(ev.handle);
+            p.last_ctx = Some(ev.handle);
+        }
+        ApiClass::CtxSetCurrent => {
+            let stack = p.thread_ctx.entry(ev.tid).or_default();
+            stack.pop();
+            if ev.handle != 0 {
+                stack.push(ev.handle);
+            }
+            out.device = p.ctx_device.get(&ev.handle).copied().unwrap_or(DEVICE_UNKNOWN);
+        }
+        ApiClass::CtxPush => {
+            p.thread_ctx.entry(ev.tid).or_default().push(ev.handle);
+            out.device = p.ctx_device.get(&ev.handle).copied().unwrap_or(DEVICE_UNKNOWN);
+        }
+        ApiClass::CtxPop => {
+            if let Some(stack) = p.thread_ctx.get_mut(&ev.tid) {
+                stack.pop();
+            }
+            out.device = p.ctx_device.get(&ev.handle).copied().unwrap_or(DEVICE_UNKNOWN);
+        }
+        ApiClass::CtxDestroy => {
+            out.device = p.ctx_device.get(&ev.handle).copied().unwrap_or(DEVICE_UNKNOWN);
+            out.released = release_ctx(p, ev.handle);
+            out.size = out.released.iter().map(|r| r.bytes).sum();
+            p.ctx_device.remove(&ev.handle);
+            for stack in p.thread_ctx.values_mut() {
+                stack.retain(|&c| c != ev.handle);
+            }
+            if p.last_ctx == Some(ev.handle) {
+                p.last_ctx = None;
+            }
+            p.primary.retain(|_, prim| prim.ctx != ev.handle);
+        }
+        ApiClass::ProcessExit => {}
+    }
+    out
+}
+
+fn credit_free(p: &mut Process, a: &Allocation) {
+    match a.memory {
+        Memory::Device => {
+            let t = p.totals_mut(a.device);
+            t.live_bytes -= a.size;
+            t.live_allocs -= 1;
+        }
+        Memory::HostPinned => {
+            p.host_pinned_bytes -= a.size;
+            p.host_pinned_allocs -= 1;
+        }
+    }
+}
+
+fn uncount_handle(p: &mut Process, h: &VmmHandle) {
+    let t = p.totals_mut(h.device);
+    t.live_bytes -= h.size;
+    t.live_allocs -= 1;
+    t.vmm_physical_bytes -= h.size;
+    t.vmm_handles -= 1;
+}
+
+/// Frees every device allocation made in `ctx` (destroying a context frees
+/// its memory). VMM handles are not bound to a context and stay.
+fn release_ctx(p: &mut Process, ctx: u64) -> Vec<Release> {
+    let addrs: Vec<u64> = p.allocs.iter().filter(|(_, a)| a.ctx == ctx && a.memory == Memory::Device).map(|(&k, _)| k).collect();
+    let mut by_dev: BTreeMap<i32, Release> = BTreeMap::new();
+    for addr in addrs {
+        let a = p.allocs.remove(&addr).expect("present");
+        let r = by_dev.entry(a.device).or_insert(Release { device: a.device, bytes: 0, allocs: 0 });
+        r.bytes += a.size;
+        r.allocs += 1;
+        credit_free(p, &a);
+    }
+    by_dev.into_values().collect()
+}
+
+/// Process exit: the driver frees everything the process held.
+fn release_all(p: &mut Process) -> Vec<Release> {
+    let released: Vec<Release> = p
+        .devices
+        .iter()
+        .filter(|(_, t)| t.live_allocs > 0)
+        .map(|(&device, t)| Release { device, bytes: t.live_bytes, allocs: t.live_allocs })
+        .collect();
+    p.allocs.clear();
+    p.vmm_handles.clear();
+    p.mappings.clear();
+    p.reservations.clear();
+    p.devices.clear();
+    p.host_pinned_bytes = 0;
+    p.host_pinned_allocs = 0;
+    p.thread_ctx.clear();
+    p.ctx_device.clear();
+    p.primary.clear();
+    p.last_ctx = None;
+    released
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,115 @@
+//! One traced process: its live allocations, VMM handles, contexts and call
+//! statistics.
+use std::collections::{BTreeMap, HashMap};
+
+/// Where an allocation lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Memory {
+    Device,
+    /// Page-locked host memory (cuMemHostAlloc/cuMemAllocHost): host RAM, not VRAM.
+    HostPinned,
+}
+
+#[derive(Clone, Debug)]
+pub struct Allocation {
+    pub size: u64,
+    pub device: i32,
+    pub memory: Memory,
+    /// Context current when it was made; destroyed with it.
+    pub ctx: u64,
+    pub api: u32,
+    pub ts_ns: u64,
+}
+
+/// A cuMemCreate handle: physical memory, alive until released and unmapped.
+#[derive(Clone, Debug)]
+pub struct VmmHandle {
+    pub size: u64,
+    pub device: i32,
+    pub mappings: u32,
+    pub released: bool,
+    pub ts_ns: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Mapping {
+    pub size: u64,
+    pub handle: u64,
+}
+
+/// Live totals of one process on one device.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceTotals {
+    /// Device memory held: classic allocations plus VMM physical handles.
+    pub live_bytes: u64,
+    pub live_allocs: u64,
+    /// Part of live_bytes held as cuMemCreate handles.
+    pub vmm_physical_bytes: u64,
+    pub vmm_handles: u64,
+    /// Address space reserved with cuMemAddressReserve: not memory.
+    pub reserved_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ApiStats {
+    pub calls: u64,
+    pub failures: u64,
+    /// Count per nonzero CUresult.
+    pub failures_by_result: BTreeMap<u32, u64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct PrimaryCtx {
+    pub ctx: u64,
+    pub refs: u32,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Process {
+    pub pid: u32,
+    pub comm: String,
+    pub exited: bool,
+    pub allocs: HashMap<u64, Allocation>,
+    pub vmm_handles: HashMap<u64, VmmHandle>,
+    pub mappings: BTreeMap<u64, Mapping>,
+    /// Reserved VA ranges: start → (size, device).
+    pub reservations: BTreeMap<u64, (u64, i32)>,
+    pub devices: BTreeMap<i32, DeviceTotals>,
+    pub host_pinned_bytes: u64,
+    pub host_pinned_allocs: u64,
+    pub ctx_device: HashMap<u64, i32>,
+    pub primary: HashMap<i32, PrimaryCtx>,
+    /// Per thread context stack; the last entry is current.
+    pub thread_ctx: HashMap<u32, Vec<u64>>,
+    /// The last context created or retained: the device guess for threads
+    /// whose current context predates the trace.
+    pub last_ctx: Option<u64>,
+    pub apis: BTreeMap<u32, ApiStats>,
+    /// Frees of pointers allocated before tracing began (or not seen).
+    pub untracked_frees: u64,
+}
+
+impl Process {
+    pub fn new(pid: u32) -> Self {
+        Process { pid, ..Default::default() }
+    }
+
+    pub fn totals_mut(&mut self, device: i32) -> &mut DeviceTotals {
+        self.devices.entry(device).or_default()
+    }
+
+    /// Device of the calling thread's current context, if known.
+    pub fn current_device(&self, tid: u32) -> i32 {
+        let ctx = self.thread_ctx.get(&tid).and_then(|s| s.last().copied()).or(self.last_ctx);
+        ctx.and_then(|c| self.ctx_device.get(&c).copied()).unwrap_or(gpumem_common::DEVICE_UNKNOWN)
+    }
+
+    pub fn current_ctx(&self, tid: u32) -> u64 {
+        self.thread_ctx.get(&tid).and_then(|s| s.last().copied()).or(self.last_ctx).unwrap_or(0)
+    }
+
+    /// Number of table entries this process holds (for the global bound).
+    pub fn entries(&self) -> usize {
+        self.allocs.len() + self.vmm_handles.len() + self.mappings.len() + self.reservations.len()
+    }
+}

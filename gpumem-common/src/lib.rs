@@ -1,0 +1,248 @@
+//! The event ABI shared by gpumem's eBPF programs (`no_std`) and its agent.
+//!
+//! Everything here is `#[repr(C)]` with explicit padding and integer flags
+//! (never `bool` or Rust enums) so that both sides agree byte for byte.
+#![no_std]
+
+/// Identifiers of the traced calls. Stable numbers: they travel in events and
+/// in recordings, so never renumber; append.
+pub mod api {
+    pub const CU_INIT: u32 = 1;
+    pub const CU_MEM_ALLOC_V2: u32 = 2;
+    pub const CU_MEM_ALLOC_PITCH_V2: u32 = 3;
+    pub const CU_MEM_ALLOC_MANAGED: u32 = 4;
+    pub const CU_MEM_ALLOC_ASYNC: u32 = 5;
+    pub const CU_MEM_ALLOC_ASYNC_PTSZ: u32 = 6;
+    pub const CU_MEM_ALLOC_FROM_POOL_ASYNC: u32 = 7;
+    pub const CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ: u32 = 8;
+    pub const CU_MEM_HOST_ALLOC: u32 = 9;
+    pub const CU_MEM_ALLOC_HOST_V2: u32 = 10;
+    pub const CU_MEM_FREE_V2: u32 = 11;
+    pub const CU_MEM_FREE_ASYNC: u32 = 12;
+    pub const CU_MEM_FREE_ASYNC_PTSZ: u32 = 13;
+    pub const CU_MEM_FREE_HOST: u32 = 14;
+    pub const CU_MEM_CREATE: u32 = 15;
+    pub const CU_MEM_RELEASE: u32 = 16;
+    pub const CU_MEM_MAP: u32 = 17;
+    pub const CU_MEM_UNMAP: u32 = 18;
+    pub const CU_MEM_ADDRESS_RESERVE: u32 = 19;
+    pub const CU_MEM_ADDRESS_FREE: u32 = 20;
+    pub const CU_DEVICE_PRIMARY_CTX_RETAIN: u32 = 21;
+    pub const CU_DEVICE_PRIMARY_CTX_RELEASE_V2: u32 = 22;
+    pub const CU_DEVICE_PRIMARY_CTX_RESET_V2: u32 = 23;
+    pub const CU_CTX_CREATE_V2: u32 = 24;
+    pub const CU_CTX_CREATE_V3: u32 = 25;
+    pub const CU_CTX_CREATE_V4: u32 = 26;
+    pub const CU_CTX_SET_CURRENT: u32 = 27;
+    pub const CU_CTX_PUSH_CURRENT_V2: u32 = 28;
+    pub const CU_CTX_POP_CURRENT_V2: u32 = 29;
+    pub const CU_CTX_DESTROY_V2: u32 = 30;
+    /// Not a libcuda call: the `sched_process_exit` tracepoint for a traced process.
+    pub const PROCESS_EXIT: u32 = 100;
+    /// Highest id in use, for sizing tables.
+    pub const MAX: u32 = 100;
+}
+
+/// What a traced call does to memory state; decides how the agent applies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ApiClass {
+    Init,
+    DeviceAlloc,
+    DeviceFree,
+    HostAlloc,
+    HostFree,
+    VmmCreate,
+    VmmRelease,
+    VmmMap,
+    VmmUnmap,
+    VaReserve,
+    VaFree,
+    CtxRetainPrimary,
+    CtxReleasePrimary,
+    CtxResetPrimary,
+    CtxCreate,
+    CtxSetCurrent,
+    CtxPush,
+    CtxPop,
+    CtxDestroy,
+    ProcessExit,
+}
+
+/// One libcuda entry point that gpumem probes.
+#[derive(Clone, Copy, Debug)]
+pub struct ApiInfo {
+    pub id: u32,
+    /// Exported symbol name in libcuda.so.1.
+    pub symbol: &'static str,
+    pub class: ApiClass,
+    /// Required for a useful trace; optional ones (newer drivers only) are
+    /// skipped quietly when missing.
+    pub required: bool,
+}
+
+macro_rules! apis {
+    ($( $id:ident, $sym:literal, $class:ident, $req:literal; )*) => {
+        /// Every probed libcuda entry point, in id order.
+        pub const APIS: &[ApiInfo] = &[
+            $( ApiInfo { id: api::$id, symbol: $sym, class: ApiClass::$class, required: $req }, )*
+        ];
+    };
+}
+
+apis! {
+    CU_INIT, "cuInit", Init, true;
+    CU_MEM_ALLOC_V2, "cuMemAlloc_v2", DeviceAlloc, true;
+    CU_MEM_ALLOC_PITCH_V2, "cuMemAllocPitch_v2", DeviceAlloc, true;
+    CU_MEM_ALLOC_MANAGED, "cuMemAllocManaged", DeviceAlloc, true;
+    CU_MEM_ALLOC_ASYNC, "cuMemAllocAsync", DeviceAlloc, true;
+    CU_MEM_ALLOC_ASYNC_PTSZ, "cuMemAllocAsync_ptsz", DeviceAlloc, true;
+    CU_MEM_ALLOC_FROM_POOL_ASYNC, "cuMemAllocFromPoolAsync", DeviceAlloc, true;
+    CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ, "cuMemAllocFromPoolAsync_ptsz", DeviceAlloc, true;
+    CU_MEM_HOST_ALLOC, "cuMemHostAlloc", HostAlloc, true;
+    CU_MEM_ALLOC_HOST_V2, "cuMemAllocHost_v2", HostAlloc, true;
+    CU_MEM_FREE_V2, "cuMemFree_v2", DeviceFree, true;
+    CU_MEM_FREE_ASYNC, "cuMemFreeAsync", DeviceFree, true;
+    CU_MEM_FREE_ASYNC_PTSZ, "cuMemFreeAsync_ptsz", DeviceFree, true;
+    CU_MEM_FREE_HOST, "cuMemFreeHost", HostFree, true;
+    CU_MEM_CREATE, "cuMemCreate", VmmCreate, true;
+    CU_MEM_RELEASE, "cuMemRelease", VmmRelease, true;
+    CU_MEM_MAP, "cuMemMap", VmmMap, true;
+    CU_MEM_UNMAP, "cuMemUnmap", VmmUnmap, true;
+    CU_MEM_ADDRESS_RESERVE, "cuMemAddressReserve", VaReserve, true;
+    CU_MEM_ADDRESS_FREE, "cuMemAddressFree", VaFree, true;
+    CU_DEVICE_PRIMARY_CTX_RETAIN, "cuDevicePrimaryCtxRetain", CtxRetainPrimary, true;
+    CU_DEVICE_PRIMARY_CTX_RELEASE_V2, "cuDevicePrimaryCtxRelease_v2", CtxReleasePrimary, true;
+    CU_DEVICE_PRIMARY_CTX_RESET_V2, "cuDevicePrimaryCtxReset_v2", CtxResetPrimary, true;
+    CU_CTX_CREATE_V2, "cuCtxCreate_v2", CtxCreate, true;
+    CU_CTX_CREATE_V3, "cuCtxCreate_v3", CtxCreate, true;
+    CU_CTX_CREATE_V4, "cuCtxCreate_v4", CtxCreate, false;
+    CU_CTX_SET_CURRENT, "cuCtxSetCurrent", CtxSetCurrent, true;
+    CU_CTX_PUSH_CURRENT_V2, "cuCtxPushCurrent_v2", CtxPush, true;
+    CU_CTX_POP_CURRENT_V2, "cuCtxPopCurrent_v2", CtxPop, true;
+    CU_CTX_DESTROY_V2, "cuCtxDestroy_v2", CtxDestroy, true;
+}
+
+/// Looks up a probed API by id.
+pub fn api_info(id: u32) -> Option<&'static ApiInfo> {
+    APIS.iter().find(|a| a.id == id)
+}
+
+/// Device value when the call itself does not name one.
+pub const DEVICE_UNKNOWN: i32 = -1;
+
+/// `Event::flags` bits.
+pub mod flags {
+    /// Reading an out-pointer from user memory failed; `addr`/`handle` may be 0.
+    pub const OUT_READ_FAILED: u32 = 1 << 0;
+    /// `device` comes from the call's own arguments (cuMemCreate, ctx calls).
+    pub const DEVICE_FROM_ARGS: u32 = 1 << 1;
+}
+
+/// CUresult values that gpumem names.
+pub mod cu_result {
+    pub const SUCCESS: u32 = 0;
+    pub const INVALID_VALUE: u32 = 1;
+    pub const OUT_OF_MEMORY: u32 = 2;
+    pub const NOT_INITIALIZED: u32 = 3;
+    pub const NO_DEVICE: u32 = 100;
+    pub const INVALID_DEVICE: u32 = 101;
+    pub const INVALID_CONTEXT: u32 = 201;
+}
+
+pub const COMM_LEN: usize = 16;
+
+/// One traced call (or process exit), emitted at the call's return.
+///
+/// Field meaning by class:
+/// - allocs: `addr` = returned pointer, `size` = bytes (pitch × height for
+///   cuMemAllocPitch, with the pitch in `aux`);
+/// - frees: `addr` = pointer freed;
+/// - VMM create/release: `handle`; create also `size` and `device`;
+/// - VMM map/unmap, VA reserve/free: `addr` + `size` (+ `handle` for map);
+/// - context calls: `handle` = CUcontext, `device` where the call names one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Event {
+    /// CLOCK_MONOTONIC nanoseconds at return (bpf_ktime_get_ns).
+    pub ts_ns: u64,
+    pub latency_ns: u64,
+    pub addr: u64,
+    pub size: u64,
+    pub handle: u64,
+    pub aux: u64,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    pub api: u32,
+    /// CUresult returned by the call (0 = success).
+    pub result: u32,
+    pub device: i32,
+    pub flags: u32,
+    pub comm: [u8; COMM_LEN],
+}
+
+pub const EVENT_SIZE: usize = core::mem::size_of::<Event>();
+const _: () = assert!(EVENT_SIZE == 88);
+
+/// Indices into the eBPF `STATS` per-CPU array: things the kernel side could
+/// not do. Every one is surfaced by the agent.
+pub mod stat {
+    /// Ring buffer full: event lost.
+    pub const RINGBUF_FULL: u32 = 0;
+    /// In-flight call table full: the call's return cannot be decoded.
+    pub const PENDING_FULL: u32 = 1;
+    /// Return seen without its entry (probe attached mid-call): event lost.
+    pub const RETURN_WITHOUT_ENTRY: u32 = 2;
+    /// Traced-process table full: exits of some processes may be missed.
+    pub const TRACKED_FULL: u32 = 3;
+    /// Pid filter table full: a child of a `-c` command is not followed.
+    pub const FILTER_FULL: u32 = 4;
+    pub const COUNT: u32 = 5;
+    /// Names for reports, in index order.
+    pub const NAMES: [&str; COUNT as usize] =
+        ["ringbuf_full", "pending_full", "return_without_entry", "tracked_full", "filter_full"];
+}
+
+/// Filter modes for the `FILTER_MODE` global.
+pub mod filter {
+    /// Trace every process.
+    pub const ALL: u32 = 0;
+    /// Trace only tgids present in the `FILTER_PIDS` map.
+    pub const PIDS: u32 = 1;
+    /// `FILTER_PIDS` value: also add children forked by this process.
+    pub const FOLLOW_CHILDREN: u32 = 1;
+}
+
+/// Sizes of the kernel-side tables (also used by the agent for reporting).
+pub const RINGBUF_BYTES: u32 = 4 * 1024 * 1024;
+pub const PENDING_MAX: u32 = 16384;
+pub const TRACKED_MAX: u32 = 16384;
+pub const FILTER_MAX: u32 = 16384;
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: Event is repr(C), Copy, has no padding holes and every bit
+    // pattern is valid.
+    unsafe impl aya::Pod for super::Event {}
+}
+
+impl Event {
+    /// Decodes an event from ring-buffer bytes. Returns None for a short read.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Event> {
+        if bytes.len() < EVENT_SIZE {
+            return None;
+        }
+        // SAFETY: length checked; Event is plain old data valid for any bits;
+        // read_unaligned because ring-buffer records are only 8-byte aligned
+        // by convention.
+        Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr() as *const Event) })
+    }
+
+    /// The comm as text, up to its first NUL.
+    pub fn comm_bytes(&self) -> &[u8] {
+        let end = self.comm.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
+        &self.comm[..end]
+    }
+}

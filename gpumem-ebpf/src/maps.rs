@@ -1,0 +1,78 @@
+//! Maps and load-time globals shared by every probe family.
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, PerCpuArray, RingBuf},
+};
+use gpumem_common::{stat, FILTER_MAX, PENDING_MAX, RINGBUF_BYTES, TRACKED_MAX};
+
+/// Every event to userspace.
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
+
+/// What the kernel side could not do (indexed by `gpumem_common::stat`).
+#[map]
+pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
+
+/// Calls in flight: arguments saved at entry, keyed by thread and API.
+#[map]
+pub static PENDING: HashMap<PendingKey, Pending> = HashMap::with_max_entries(PENDING_MAX, 0);
+
+/// Processes that made a traced call, so that their exit is reported.
+#[map]
+pub static TRACKED: HashMap<u32, u32> = HashMap::with_max_entries(TRACKED_MAX, 0);
+
+/// With `FILTER_MODE == filter::PIDS`: the tgids to trace (value: FOLLOW_CHILDREN or 0).
+#[map]
+pub static FILTER_PIDS: HashMap<u32, u32> = HashMap::with_max_entries(FILTER_MAX, 0);
+
+/// Set by the agent at load time (`EbpfLoader::set_global`).
+#[no_mangle]
+pub static FILTER_MODE: u32 = 0;
+
+/// Offset of `child_pid` in the sched_process_fork record, read by the agent
+/// from tracefs so that a layout change cannot silently misread it.
+#[no_mangle]
+pub static FORK_CHILD_PID_OFFSET: u32 = 44;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PendingKey {
+    pub pid_tgid: u64,
+    pub api: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Pending {
+    pub ts_ns: u64,
+    pub args: [u64; 6],
+    /// Read at entry where the call's input is behind a pointer (cuMemCreate).
+    pub device: i32,
+    pub _pad: u32,
+}
+
+#[inline(always)]
+pub fn count(stat_index: u32) {
+    if let Some(slot) = STATS.get_ptr_mut(stat_index) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *slot += 1 };
+    }
+}
+
+#[inline(always)]
+pub fn filter_mode() -> u32 {
+    // SAFETY: read of a load-time constant; volatile so the compiler keeps
+    // the load that the agent's set_global patches.
+    unsafe { core::ptr::read_volatile(&FILTER_MODE) }
+}
+
+/// Whether events of this process are wanted.
+#[inline(always)]
+pub fn should_trace(tgid: u32) -> bool {
+    if filter_mode() == gpumem_common::filter::ALL {
+        return true;
+    }
+    // SAFETY: plain lookup; the value is copied out immediately.
+    unsafe { FILTER_PIDS.get(&tgid).is_some() }
+}

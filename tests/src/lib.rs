@@ -1,0 +1,198 @@
+//! Harness for gpumem's end-to-end tests: builds the C fixtures (synthetic
+//! libcuda.so.1 and workload programs), runs the real `gpumem` binary as root
+//! against real processes, and parses its JSON output.
+//!
+//! Nothing here skips: a test that cannot do its job (not root, binary not
+//! built, real NVIDIA library not fetched) fails with the reason.
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    sync::OnceLock,
+};
+
+use serde_json::Value;
+
+pub const MIB: u64 = 1024 * 1024;
+pub const KIB: u64 = 1024;
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// The cargo target directory (honours CARGO_TARGET_DIR).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace().join("target"))
+}
+
+/// The gpumem binary under test: $GPUMEM_BIN, or target/debug/gpumem.
+pub fn gpumem_bin() -> PathBuf {
+    let bin = std::env::var_os("GPUMEM_BIN").map(PathBuf::from).unwrap_or_else(|| target_dir().join("debug/gpumem"));
+    assert!(
+        bin.exists(),
+        "{} does not exist: build it first (`cargo build -p gpumem-agent`) or run `cargo xtask test`",
+        bin.display()
+    );
+    bin
+}
+
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "the end-to-end tests load eBPF and must run as root");
+}
+
+pub struct Fixtures {
+    pub dir: PathBuf,
+    /// The synthetic driver, named like the real one.
+    pub libcuda: PathBuf,
+    pub workload: PathBuf,
+}
+
+fn cc(args: &[&str]) {
+    let out = Command::new("cc").args(args).output().expect("running cc (install gcc)");
+    assert!(out.status.success(), "cc {:?} failed:\n{}", args, String::from_utf8_lossy(&out.stderr));
+}
+
+/// Builds the C fixtures once per test binary.
+pub fn fixtures() -> &'static Fixtures {
+    static F: OnceLock<Fixtures> = OnceLock::new();
+    F.get_or_init(|| {
+        let src = workspace().join("tests/fixtures");
+        let dir = target_dir().join("gpumem-fixtures");
+        let libdir = dir.join("fake");
+        std::fs::create_dir_all(&libdir).expect("creating the fixtures dir");
+        let libcuda = libdir.join("libcuda.so.1");
+        let workload = dir.join("workload");
+        let lib_tmp = libdir.join("libcuda.so.1.tmp");
+        cc(&["-shared", "-fPIC", "-O2", "-Wall", "-o", lib_tmp.to_str().unwrap(), src.join("fake_libcuda.c").to_str().unwrap(), "-lpthread"]);
+        // Replace by rename: a running process keeps the old inode intact.
+        std::fs::rename(&lib_tmp, &libcuda).expect("installing the synthetic libcuda");
+        cc(&["-O2", "-Wall", "-o", workload.to_str().unwrap(), src.join("workload.c").to_str().unwrap(), "-ldl", "-lpthread"]);
+        Fixtures { dir, libcuda, workload }
+    })
+}
+
+/// Where `cargo xtask nvidia-libs` leaves the real NVIDIA user-space libraries.
+pub fn real_libcuda() -> PathBuf {
+    let path = std::env::var_os("GPUMEM_REAL_LIBCUDA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("nvidia/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1"));
+    assert!(
+        path.exists(),
+        "the real NVIDIA libcuda is not at {}: fetch it with `cargo xtask nvidia-libs` (part of `cargo xtask test`)",
+        path.display()
+    );
+    path
+}
+
+/// A finished `gpumem trace --json` run.
+#[derive(Debug)]
+pub struct Trace {
+    pub events: Vec<Value>,
+    pub summary: Value,
+    pub status: std::process::ExitStatus,
+    pub stderr: String,
+}
+
+impl Trace {
+    pub fn of_type(&self, t: &str) -> Vec<&Value> {
+        self.events.iter().filter(|e| e["type"] == t).collect()
+    }
+
+    pub fn for_pid(&self, pid: u64) -> Vec<&Value> {
+        self.events.iter().filter(|e| e["pid"] == pid).collect()
+    }
+
+    /// The `released` list of a process's exit event, as (device, bytes, allocs).
+    pub fn released_at_exit(&self, pid: u64) -> Vec<(i64, u64, u64)> {
+        let exits: Vec<&Value> = self.events.iter().filter(|e| e["type"] == "exit" && e["pid"] == pid).collect();
+        assert_eq!(exits.len(), 1, "one exit event for pid {pid}: {:#?}", self.events);
+        released(exits[0])
+    }
+
+    pub fn summary_process(&self, pid: u64) -> &Value {
+        self.summary["processes"]
+            .as_array()
+            .expect("processes array")
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| panic!("pid {pid} not in summary {:#}", self.summary))
+    }
+
+    /// Pids seen in events, in order of first appearance.
+    pub fn pids(&self) -> Vec<u64> {
+        let mut pids = Vec::new();
+        for e in &self.events {
+            let p = e["pid"].as_u64().expect("pid");
+            if !pids.contains(&p) {
+                pids.push(p);
+            }
+        }
+        pids
+    }
+}
+
+/// (device, bytes, allocs) of an event's `released` list; device -1 = unknown.
+pub fn released(ev: &Value) -> Vec<(i64, u64, u64)> {
+    ev["released"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no released list in {ev}"))
+        .iter()
+        .map(|r| (r["device"].as_i64().unwrap_or(-1), r["bytes"].as_u64().unwrap(), r["allocs"].as_u64().unwrap()))
+        .collect()
+}
+
+pub fn run_gpumem(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(gpumem_bin());
+    cmd.args(args);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("running gpumem")
+}
+
+/// Runs `gpumem trace --json ARGS` and parses every line.
+pub fn trace(args: &[&str], envs: &[(&str, &str)]) -> Trace {
+    let mut full = vec!["trace", "--json"];
+    full.extend_from_slice(args);
+    let out = run_gpumem(&full, envs);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let mut events = Vec::new();
+    let mut summary = None;
+    for line in stdout.lines() {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}\nstderr: {stderr}"));
+        if v["type"] == "summary" {
+            assert!(summary.is_none(), "two summaries");
+            summary = Some(v);
+        } else {
+            assert!(summary.is_none(), "event after the summary: {line}");
+            events.push(v);
+        }
+    }
+    let summary = summary.unwrap_or_else(|| panic!("no summary; status {:?}\nstdout: {stdout}\nstderr: {stderr}", out.status));
+    Trace { events, summary, status: out.status, stderr }
+}
+
+/// Traces one workload scenario against the synthetic driver (attached by path).
+pub fn trace_workload(scenario: &str, envs: &[(&str, &str)]) -> Trace {
+    let f = fixtures();
+    let cmd = format!("{} {} {}", f.workload.display(), f.libcuda.display(), scenario);
+    let t = trace(&["--libcuda", f.libcuda.to_str().unwrap(), "-c", &cmd], envs);
+    assert!(t.status.success(), "workload {scenario} failed: {:?}\nstderr: {}", t.status, t.stderr);
+    assert_eq!(t.summary["lost_events"], 0, "events lost: {:#}", t.summary);
+    t
+}
+
+/// Sizes of the events of one type, in order.
+pub fn sizes(events: &[&Value]) -> Vec<u64> {
+    events.iter().map(|e| e["size"].as_u64().unwrap()).collect()
+}
+
+pub fn devices(events: &[&Value]) -> Vec<i64> {
+    events.iter().map(|e| e["device"].as_i64().unwrap_or(-1)).collect()
+}
+
+pub fn results(events: &[&Value]) -> Vec<u64> {
+    events.iter().map(|e| e["result"].as_u64().unwrap()).collect()
+}

@@ -1,0 +1,342 @@
+//! End-to-end: the real gpumem binary loads its eBPF programs, attaches to a
+//! real libcuda.so.1 (synthetic, or NVIDIA's own) and traces real processes.
+//! Run as root, one test at a time (`cargo xtask test` does both).
+use gpumem_tests::*;
+use serde_json::Value;
+
+fn api_stats<'a>(proc_summary: &'a Value, api: &str) -> &'a Value {
+    proc_summary["apis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["api"] == api)
+        .unwrap_or_else(|| panic!("{api} not in {proc_summary:#}"))
+}
+
+fn single_pid(t: &Trace) -> u64 {
+    let pids = t.pids();
+    assert_eq!(pids.len(), 1, "one traced process expected: {pids:?}");
+    pids[0]
+}
+
+fn assert_nothing_live(t: &Trace, pid: u64) {
+    let p = t.summary_process(pid);
+    assert_eq!(p["exited"], true, "{p:#}");
+    for d in p["devices"].as_array().unwrap() {
+        assert_eq!(d["live_bytes"], 0, "{p:#}");
+        assert_eq!(d["live_allocs"], 0, "{p:#}");
+    }
+    assert_eq!(p["host_pinned_bytes"], 0);
+}
+
+#[test]
+fn every_allocation_kind_with_exact_sizes() {
+    require_root();
+    let t = trace_workload("all_kinds", &[]);
+    let pid = single_pid(&t);
+
+    let allocs = t.of_type("alloc");
+    let apis: Vec<&str> = allocs.iter().map(|e| e["api"].as_str().unwrap()).collect();
+    assert_eq!(
+        apis,
+        [
+            "cuMemAlloc_v2",
+            "cuMemAllocPitch_v2",
+            "cuMemAllocManaged",
+            "cuMemAllocAsync",
+            "cuMemAllocAsync_ptsz",
+            "cuMemAllocFromPoolAsync",
+            "cuMemAllocFromPoolAsync_ptsz"
+        ]
+    );
+    assert_eq!(sizes(&allocs), [MIB, 1024 * 100, 2 * MIB, 3 * MIB, 4 * MIB, 5 * MIB, 6 * MIB]);
+    assert_eq!(devices(&allocs), [0; 7]);
+    assert_eq!(allocs[1]["pitch"], 1024, "pitch read back from *pPitch");
+    assert!(allocs.iter().all(|e| e["result"] == 0 && e["addr"] != "0x0" && e["latency_ns"].as_u64().unwrap() > 0));
+
+    let host = t.of_type("host_alloc");
+    assert_eq!(sizes(&host), [64 * KIB, 128 * KIB]);
+    assert_eq!(host.iter().map(|e| e["api"].as_str().unwrap()).collect::<Vec<_>>(), ["cuMemHostAlloc", "cuMemAllocHost_v2"]);
+    assert!(host.iter().all(|e| e["device"].is_null()), "pinned host memory has no device");
+
+    let frees = t.of_type("free");
+    assert_eq!(frees.iter().map(|e| e["api"].as_str().unwrap()).collect::<Vec<_>>(), ["cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz"]);
+    assert_eq!(sizes(&frees), [MIB, 3 * MIB, 4 * MIB], "a free reports the size it released");
+    assert_eq!(frees[0]["addr"], allocs[0]["addr"]);
+    assert_eq!(sizes(&t.of_type("host_free")), [64 * KIB]);
+
+    // Live at exit: pitch + managed + both pool allocations on device 0.
+    assert_eq!(t.released_at_exit(pid), [(0, 1024 * 100 + 13 * MIB, 4)]);
+    assert_nothing_live(&t, pid);
+    let p = t.summary_process(pid);
+    assert_eq!(p["comm"], "workload");
+    assert_eq!(api_stats(p, "cuMemAllocPitch_v2")["calls"], 1);
+    assert_eq!(api_stats(p, "cuMemHostAlloc")["calls"], 1);
+    for e in &t.events {
+        for key in ["type", "ts_ns", "pid", "tid", "comm", "api", "device", "addr", "size", "result", "latency_ns"] {
+            assert!(e.get(key).is_some(), "{key} missing in {e}");
+        }
+    }
+}
+
+#[test]
+fn failed_allocations_are_events_that_change_nothing() {
+    require_root();
+    let cap = (64 * MIB).to_string();
+    let t = trace_workload("oom", &[("GPUMEM_FAKE_CAPACITY", &cap)]);
+    let pid = single_pid(&t);
+    let allocs = t.of_type("alloc");
+    assert_eq!(results(&allocs), [0, 2, 1, 0]);
+    assert_eq!(allocs[1]["result_name"], "CUDA_ERROR_OUT_OF_MEMORY");
+    assert_eq!(allocs[1]["size"], 32 * MIB, "a failed allocation reports the size it asked for");
+    assert_eq!(allocs[1]["addr"], "0x0");
+    assert_eq!(t.released_at_exit(pid), [(0, 32 * MIB, 1)]);
+    let stats = api_stats(t.summary_process(pid), "cuMemAlloc_v2");
+    assert_eq!(stats["calls"], 4);
+    assert_eq!(stats["failures"], 2);
+    assert_eq!(stats["results"]["2"], 1);
+    assert_eq!(stats["results"]["1"], 1);
+}
+
+#[test]
+fn frees_that_fail_are_not_credited() {
+    require_root();
+    let t = trace_workload("bad_free", &[]);
+    let pid = single_pid(&t);
+    let frees = t.of_type("free");
+    assert_eq!(results(&frees), [1, 0, 1]);
+    assert_eq!(frees[1]["size"], 2 * MIB);
+    assert_eq!(t.released_at_exit(pid), [(0, MIB, 1)]);
+    let stats = api_stats(t.summary_process(pid), "cuMemFree_v2");
+    assert_eq!((stats["calls"].as_u64(), stats["failures"].as_u64()), (Some(3), Some(2)));
+}
+
+#[test]
+fn two_devices_through_two_contexts() {
+    require_root();
+    let t = trace_workload("two_devices", &[]);
+    let pid = single_pid(&t);
+    let allocs = t.of_type("alloc");
+    assert_eq!(sizes(&allocs), [10 * MIB, 20 * MIB, MIB, 2 * MIB, 3 * MIB]);
+    assert_eq!(devices(&allocs), [0, 1, 0, 1, 0]);
+    let creates = t.of_type("ctx_create");
+    assert_eq!(creates.iter().map(|e| e["api"].as_str().unwrap()).collect::<Vec<_>>(), ["cuCtxCreate_v2", "cuCtxCreate_v3"]);
+    assert_eq!(devices(&creates), [0, 1]);
+    // Destroying the device-1 context frees its memory implicitly.
+    let destroy = t.of_type("ctx_destroy");
+    assert_eq!(destroy.len(), 1);
+    assert_eq!(released(destroy[0]), [(1, 22 * MIB, 2)]);
+    assert_eq!(destroy[0]["handle"], creates[1]["handle"]);
+    assert_eq!(t.released_at_exit(pid), [(0, 14 * MIB, 3)]);
+}
+
+#[test]
+fn eight_threads_final_state_exact() {
+    require_root();
+    let t = trace_workload("threads", &[]);
+    let pid = single_pid(&t);
+    assert_eq!(t.of_type("alloc").len(), 1600);
+    assert_eq!(t.of_type("free").len(), 800);
+    let tids: std::collections::BTreeSet<u64> = t.of_type("alloc").iter().map(|e| e["tid"].as_u64().unwrap()).collect();
+    assert_eq!(tids.len(), 8, "allocations come from eight threads");
+    assert!(!tids.contains(&pid));
+    assert!(t.of_type("alloc").iter().all(|e| e["device"] == 0), "threads set the primary context of device 0");
+    assert_eq!(t.released_at_exit(pid), [(0, 100 * 4 * KIB * 36, 800)]);
+    assert_eq!(api_stats(t.summary_process(pid), "cuMemAlloc_v2")["calls"], 1600);
+}
+
+#[test]
+fn child_exiting_without_freeing_leaves_nothing_live() {
+    require_root();
+    let t = trace_workload("child_exit", &[]);
+    let pids = t.pids();
+    assert_eq!(pids.len(), 2, "the forked child is followed: {pids:?}");
+    let child = pids[0];
+    let parent = pids[1];
+    assert_eq!(sizes(&t.for_pid(child).into_iter().filter(|e| e["type"] == "alloc").collect::<Vec<_>>()), [16 * MIB, 16 * MIB]);
+    assert_eq!(t.released_at_exit(child), [(0, 32 * MIB, 2)]);
+    assert_eq!(t.released_at_exit(parent), []);
+    assert_nothing_live(&t, child);
+    assert_nothing_live(&t, parent);
+}
+
+#[test]
+fn expandable_segments_count_physical_handles_not_reservations() {
+    require_root();
+    let t = trace_workload("expandable", &[]);
+    let pid = single_pid(&t);
+    let reserve = t.of_type("va_reserve");
+    assert_eq!(sizes(&reserve), [1152 * MIB]);
+    let creates = t.of_type("vmm_create");
+    assert_eq!(sizes(&creates), [20 * MIB; 6]);
+    assert_eq!(devices(&creates), [0, 0, 0, 0, 0, 1], "the last handle names device 1 in prop->location");
+    assert_eq!(t.of_type("vmm_map").len(), 6);
+    let unmaps = t.of_type("vmm_unmap");
+    assert_eq!(unmaps.len(), 2);
+    // Handle 0 was unmapped before its release: the release frees it.
+    // Handle 1 was released while mapped: its unmap frees it.
+    assert_eq!(released(unmaps[0]), []);
+    assert_eq!(released(unmaps[1]), [(0, 20 * MIB, 1)]);
+    let releases = t.of_type("vmm_release");
+    assert_eq!(releases.len(), 2);
+    assert_eq!(releases[0]["handle"], creates[0]["handle"]);
+    assert_eq!(released(releases[0]), [(0, 20 * MIB, 1)], "unmapped handle: the release frees it");
+    assert_eq!(released(releases[1]), [], "still mapped: freed at its unmap");
+    assert_eq!(t.released_at_exit(pid), [(0, 60 * MIB, 3), (1, 20 * MIB, 1)]);
+}
+
+#[test]
+fn library_loaded_after_the_agent_started_is_attached() {
+    require_root();
+    let f = fixtures();
+    // A fresh copy: an inode no agent has seen, not in ld.so.cache, not given.
+    let dir = f.dir.join("late");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = dir.join("libcuda.so.1");
+    let _ = std::fs::remove_file(&lib);
+    std::fs::copy(&f.libcuda, &lib).unwrap();
+    let cmd = format!("{} {} late_load", f.workload.display(), lib.display());
+    let t = trace(&["-c", &cmd], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    assert!(t.stderr.contains(&format!("root{}", lib.display())), "attached through /proc/PID/root: {}", t.stderr);
+    let pid = single_pid(&t);
+    assert_eq!(sizes(&t.of_type("alloc")), [8 * MIB, 4 * MIB]);
+    assert_eq!(t.released_at_exit(pid), [(0, 4 * MIB, 1)]);
+}
+
+#[test]
+fn real_nvidia_driver_failures_are_reported_with_their_codes() {
+    require_root();
+    let real = real_libcuda();
+    let f = fixtures();
+    let cmd = format!("{} {} real_driver", f.workload.display(), real.display());
+    let t = trace(&["--libcuda", real.to_str().unwrap(), "-c", &cmd], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    assert!(t.stderr.contains("attached 2") || t.stderr.contains("attached 3"), "probes attached to the real driver: {}", t.stderr);
+    let pid = single_pid(&t);
+    let init = t.of_type("init");
+    assert_eq!(results(&init), [100]);
+    assert_eq!(init[0]["result_name"], "CUDA_ERROR_NO_DEVICE");
+    let allocs = t.of_type("alloc");
+    assert_eq!(results(&allocs), [3]);
+    assert_eq!(allocs[0]["result_name"], "CUDA_ERROR_NOT_INITIALIZED");
+    assert_eq!(allocs[0]["size"], MIB);
+    assert_eq!(t.released_at_exit(pid), []);
+    let p = t.summary_process(pid);
+    assert_eq!(api_stats(p, "cuMemAlloc_v2")["failures"], 1);
+    assert_eq!(api_stats(p, "cuInit")["results"]["100"], 1);
+}
+
+#[test]
+fn status_reports_probes_and_missing_symbols() {
+    require_root();
+    let f = fixtures();
+    let out = run_gpumem(&["status", "--json", "--libcuda", f.libcuda.to_str().unwrap(), "--no-discover"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["kernel"]["uprobes"], true);
+    assert_eq!(v["kernel"]["ring_buffer"], true);
+    let libs = v["libraries"].as_array().unwrap();
+    assert_eq!(libs.len(), 1);
+    let probes = libs[0]["probes"].as_array().unwrap();
+    let attached = probes.iter().filter(|p| p["status"] == "attached").count();
+    assert_eq!(attached, gpumem_common_api_count() - 1);
+    let v4 = probes.iter().find(|p| p["symbol"] == "cuCtxCreate_v4").unwrap();
+    assert_eq!(v4["status"], "not_exported");
+    assert_eq!(v4["required"], false);
+    let exit = v["tracepoints"].as_array().unwrap().iter().find(|t| t["tracepoint"] == "sched:sched_process_exit").unwrap();
+    assert_eq!(exit["attached"], true);
+}
+
+fn gpumem_common_api_count() -> usize {
+    30
+}
+
+#[test]
+fn status_on_the_real_driver_resolves_every_symbol() {
+    require_root();
+    let real = real_libcuda();
+    let out = run_gpumem(&["status", "--json", "--libcuda", real.to_str().unwrap(), "--no-discover"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let probes = v["libraries"][0]["probes"].as_array().unwrap().clone();
+    let not_attached: Vec<&Value> = probes.iter().filter(|p| p["status"] != "attached" && p["required"] != false).collect();
+    assert!(not_attached.is_empty(), "driver 535 exports every required entry point: {not_attached:#?}");
+}
+
+#[test]
+fn tracefs_is_mounted_when_missing() {
+    require_root();
+    // A fresh machine may come without tracefs: take it away and let gpumem mount it.
+    let _ = std::process::Command::new("umount").arg("/sys/kernel/tracing").status();
+    assert!(!std::path::Path::new("/sys/kernel/tracing/events").exists(), "could not unmount tracefs for the test");
+    let out = run_gpumem(&["status", "--json", "--no-discover"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("mounted tracefs")), "{v:#}");
+    assert_eq!(v["kernel"]["tracepoints"], true);
+    assert!(std::path::Path::new("/sys/kernel/tracing/events/sched").exists());
+}
+
+#[test]
+fn errors_are_one_line_with_nonzero_status() {
+    require_root();
+    // Unknown pid.
+    let out = run_gpumem(&["trace", "-p", "999999999"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim(), "gpumem: no process with pid 999999999");
+    // Bad flag values are usage errors (2), without a backtrace.
+    for args in [&["trace", "--duration", "-1"][..], &["trace", "--min-size", "lots"], &["trace", "-p", "abc"]] {
+        let out = run_gpumem(args, &[]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("error:"), "{err}");
+        assert!(!err.contains("panicked") && !err.contains("backtrace"), "{err}");
+    }
+    // A --libcuda path that does not exist.
+    let out = run_gpumem(&["trace", "--libcuda", "/nonexistent/libcuda.so.1", "--duration", "1"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--libcuda /nonexistent/libcuda.so.1"));
+    // Not root: drop to nobody.
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(gpumem_bin())
+        .arg("status")
+        .output()
+        .expect("setpriv (util-linux)");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("needs root"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+#[test]
+fn command_exit_status_is_passed_through() {
+    require_root();
+    let f = fixtures();
+    let t = trace(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-discover", "-c", "exit 7"], &[]);
+    assert_eq!(t.status.code(), Some(7));
+    assert!(t.events.is_empty());
+}
+
+#[test]
+fn pid_filter_and_display_filters() {
+    require_root();
+    let f = fixtures();
+    let cap = (64 * MIB).to_string();
+    // --failed-only shows only failures; the summary still counts everything.
+    let cmd = format!("{} {} oom", f.workload.display(), f.libcuda.display());
+    let t = trace(&["--libcuda", f.libcuda.to_str().unwrap(), "--failed-only", "-c", &cmd], &[("GPUMEM_FAKE_CAPACITY", &cap)]);
+    assert_eq!(results(&t.events.iter().collect::<Vec<_>>()), [2, 1]);
+    let pid = t.summary["processes"][0]["pid"].as_u64().unwrap();
+    assert_eq!(api_stats(t.summary_process(pid), "cuMemAlloc_v2")["calls"], 4);
+    // --min-size hides small events.
+    let cmd = format!("{} {} two_devices", f.workload.display(), f.libcuda.display());
+    let t = trace(&["--libcuda", f.libcuda.to_str().unwrap(), "--min-size", "10MiB", "-c", &cmd], &[]);
+    let shown: Vec<(String, u64)> = t.events.iter().map(|e| (e["type"].as_str().unwrap().to_string(), e["size"].as_u64().unwrap())).collect();
+    assert_eq!(
+        shown,
+        [("alloc".into(), 10 * MIB), ("alloc".into(), 20 * MIB), ("ctx_destroy".into(), 22 * MIB), ("exit".into(), 14 * MIB)]
+    );
+}
