@@ -64,6 +64,12 @@ pub struct TraceArgs {
     /// beyond it events are counted as dropped.
     #[arg(long, value_name = "N", default_value_t = 1 << 20)]
     pub max_allocations: usize,
+    /// Size of the kernel ring buffer in bytes (a power of two, at least 4096).
+    #[arg(long, value_name = "BYTES", value_parser = parse_ringbuf, default_value_t = gpumem_common::RINGBUF_BYTES)]
+    pub ringbuf_bytes: u32,
+    /// Fault injection for tests: do not read events for this long after start.
+    #[arg(long, value_name = "MS", hide = true)]
+    pub stall_reader_ms: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -95,6 +101,14 @@ fn parse_duration(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+fn parse_ringbuf(s: &str) -> Result<u32, String> {
+    let v = parse_bytes(s)?;
+    if v < 4096 || !v.is_power_of_two() || v > 1 << 30 {
+        return Err(format!("the ring buffer size must be a power of two between 4096 and 1GiB, got {v}"));
+    }
+    Ok(v as u32)
+}
+
 fn parse_bytes(s: &str) -> Result<u64, String> {
     // Binary units: GPU memory is sized in powers of two (64K = 65536).
     parse_size::Config::new().with_binary().parse_size(s).map_err(|e| format!("`{s}` is not a size in bytes ({e}); use e.g. 4096, 64K or 20MiB"))
@@ -121,6 +135,9 @@ mod tests {
         assert!(parse_duration("-1").is_err());
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("soon").is_err());
+        assert_eq!(parse_ringbuf("4096"), Ok(4096));
+        assert!(parse_ringbuf("5000").is_err());
+        assert!(parse_ringbuf("1024").is_err());
     }
 
     #[test]

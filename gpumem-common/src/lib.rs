@@ -246,3 +246,39 @@ impl Event {
         &self.comm[..end]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_fixed() {
+        assert_eq!(core::mem::size_of::<Event>(), 88);
+        assert_eq!(core::mem::align_of::<Event>(), 8);
+        assert_eq!(core::mem::offset_of!(Event, pid), 48);
+        assert_eq!(core::mem::offset_of!(Event, comm), 72);
+    }
+
+    #[test]
+    fn decodes_from_bytes_and_rejects_short_records() {
+        let mut bytes = [0u8; EVENT_SIZE];
+        bytes[48..52].copy_from_slice(&1234u32.to_ne_bytes());
+        bytes[56..60].copy_from_slice(&api::CU_MEM_ALLOC_V2.to_ne_bytes());
+        bytes[72..76].copy_from_slice(b"test");
+        let ev = Event::from_bytes(&bytes).expect("full record");
+        assert_eq!(ev.pid, 1234);
+        assert_eq!(ev.api, api::CU_MEM_ALLOC_V2);
+        assert_eq!(ev.comm_bytes(), b"test");
+        assert!(Event::from_bytes(&bytes[..EVENT_SIZE - 1]).is_none());
+    }
+
+    #[test]
+    fn api_ids_are_unique_and_known() {
+        for (i, a) in APIS.iter().enumerate() {
+            assert!(APIS[i + 1..].iter().all(|b| b.id != a.id && b.symbol != a.symbol), "{}", a.symbol);
+            assert!(a.id <= api::MAX);
+            assert_eq!(api_info(a.id).map(|x| x.symbol), Some(a.symbol));
+        }
+        assert!(api_info(api::PROCESS_EXIT).is_none());
+    }
+}

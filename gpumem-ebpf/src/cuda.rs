@@ -75,7 +75,8 @@ pub fn on_return(ctx: &RetProbeContext, api_id: u32) -> u32 {
     entry.write(ev);
     entry.submit(0);
 
-    if TRACKED.insert(&tgid, &1, 0).is_err() {
+    // SAFETY: plain lookup. Insert only when new: an update on every call costs.
+    if unsafe { TRACKED.get(&tgid) }.is_none() && TRACKED.insert(&tgid, &1, 0).is_err() {
         count(stat::TRACKED_FULL);
     }
     0

@@ -340,3 +340,23 @@ fn pid_filter_and_display_filters() {
         [("alloc".into(), 10 * MIB), ("alloc".into(), 20 * MIB), ("ctx_destroy".into(), 22 * MIB), ("exit".into(), 14 * MIB)]
     );
 }
+
+#[test]
+fn lost_events_are_counted_exactly() {
+    require_root();
+    let f = fixtures();
+    let cmd = format!("{} {} threads", f.workload.display(), f.libcuda.display());
+    // A one-page ring and a reader that starts late: most events cannot fit.
+    let t = trace(
+        &["--libcuda", f.libcuda.to_str().unwrap(), "--ringbuf-bytes", "4096", "--stall-reader-ms", "3000", "-c", &cmd],
+        &[],
+    );
+    assert!(t.status.success(), "{}", t.stderr);
+    let lost = &t.summary["lost"];
+    let ringbuf_full = lost["ringbuf_full"].as_u64().unwrap();
+    assert!(ringbuf_full > 1000, "{lost}");
+    assert_eq!(t.summary["lost_events"].as_u64().unwrap(), ringbuf_full, "{lost}");
+    // init + retain + 9 set_current + 1600 allocs + 800 frees + exit: every one
+    // either arrived or is counted as lost.
+    assert_eq!(t.events.len() as u64 + ringbuf_full, 1 + 1 + 9 + 1600 + 800 + 1);
+}

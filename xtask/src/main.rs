@@ -1,1 +1,110 @@
-fn main() {}
+//! `cargo xtask …`: everything a fresh machine needs, in one place.
+//!
+//! - `setup`: llvm-22-dev, bpf-linker 0.13.0 built for LLVM 22, rust-src (each only if missing)
+//! - `nvidia-libs`: NVIDIA's libcuda1/libnvidia-ml1 535 from Debian non-free, unpacked under target/nvidia
+//! - `demo`: the real agent tracing a leaky workload on the bundled synthetic driver
+//! - `test`: setup, nvidia-libs, build, then every test (end-to-end ones as root, one at a time)
+//! - `bench`: probe overhead as a ratio to empty probes on the same symbols
+mod bench;
+mod setup;
+
+use std::process::Command;
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "gpumem build, set-up, demo, test and benchmark helpers")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what building gpumem needs, when missing.
+    Setup,
+    /// Fetch NVIDIA's real user-space driver libraries (Debian non-free) into target/nvidia.
+    NvidiaLibs,
+    /// Trace a leaky workload on the bundled synthetic CUDA driver.
+    Demo,
+    /// Run every test (unit and end-to-end). Needs root.
+    Test {
+        /// Extra arguments for the test binaries (e.g. a test name filter).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Measure probe overhead against empty probes on the same symbols.
+    Bench {
+        /// alloc/free pairs per run
+        #[arg(long, default_value_t = 20000)]
+        pairs: u64,
+        /// runs of each configuration, interleaved
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
+    },
+}
+
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+pub fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+pub fn require_root(what: &str) -> Result<()> {
+    if !is_root() {
+        bail!("{what} needs root (it loads eBPF programs and installs packages); run it with sudo");
+    }
+    Ok(())
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0")))
+        .unwrap_or(false)
+}
+
+/// Builds the agent (debug) and returns its path.
+pub fn build_agent() -> Result<std::path::PathBuf> {
+    run(cargo().args(["build", "-p", "gpumem-agent"]))?;
+    Ok(gpumem_tests::target_dir().join("debug/gpumem"))
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::Setup => setup::setup(),
+        Cmd::NvidiaLibs => setup::nvidia_libs().map(|_| ()),
+        Cmd::Demo => {
+            require_root("the demo")?;
+            setup::setup()?;
+            let bin = build_agent()?;
+            let f = gpumem_tests::fixtures();
+            let cmd = format!("{} {} leaky", f.workload.display(), f.libcuda.display());
+            println!("\n$ gpumem trace --libcuda {} -c '{cmd}'\n", f.libcuda.display());
+            run(Command::new(bin).args(["trace", "--libcuda", f.libcuda.to_str().unwrap(), "-c", &cmd]))
+        }
+        Cmd::Test { args } => {
+            require_root("the test suite")?;
+            setup::setup()?;
+            setup::nvidia_libs()?;
+            build_agent()?;
+            // End-to-end tests load eBPF and mount/unmount tracefs: one at a time.
+            let mut test = cargo();
+            test.args(["test", "--workspace", "--", "--test-threads=1"]).args(&args);
+            run(&mut test)
+        }
+        Cmd::Bench { pairs, rounds } => {
+            require_root("the benchmark")?;
+            setup::setup()?;
+            bench::overhead(pairs, rounds)
+        }
+    }
+}

@@ -13,7 +13,7 @@ use crate::{
 pub fn run(args: StatusArgs) -> Result<()> {
     require_root()?;
     let mut notes = Vec::new();
-    let mut agent = Agent::load(Options { filter_pids: false, probe_set: ProbeSet::Full }).context("loading eBPF programs")?;
+    let mut agent = Agent::load(Options { filter_pids: false, probe_set: ProbeSet::Full, ringbuf_bytes: gpumem_common::RINGBUF_BYTES }).context("loading eBPF programs")?;
     // Features after load: loading mounts tracefs when it can.
     let features = features::detect();
     attach_given(&mut agent, &args.libcuda, |m| notes.push(m))?;

@@ -36,6 +36,8 @@ pub struct Session {
     pub probe_set: ProbeSet,
     /// Print nothing on stdout (benchmarks).
     pub quiet: bool,
+    pub ringbuf_bytes: u32,
+    pub stall_reader_ms: Option<u64>,
 }
 
 impl Session {
@@ -50,6 +52,8 @@ impl Session {
             limits: Limits { max_entries: a.max_allocations, ..Limits::default() },
             probe_set: ProbeSet::Full,
             quiet: false,
+            ringbuf_bytes: a.ringbuf_bytes,
+            stall_reader_ms: a.stall_reader_ms,
         }
     }
 }
@@ -137,7 +141,7 @@ pub fn run(s: Session) -> Result<ExitCode> {
 async fn run_async(s: Session) -> Result<ExitCode> {
     let say = |m: String| eprintln!("gpumem: {m}");
     let filter_pids = !s.pids.is_empty() || s.command.is_some();
-    let mut agent = Agent::load(Options { filter_pids, probe_set: s.probe_set }).context("loading eBPF programs")?;
+    let mut agent = Agent::load(Options { filter_pids, probe_set: s.probe_set, ringbuf_bytes: s.ringbuf_bytes }).context("loading eBPF programs")?;
     for note in &agent.notes {
         say(note.clone());
     }
@@ -178,6 +182,9 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut child_status = None;
+    if let Some(ms) = s.stall_reader_ms {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
 
     loop {
         tokio::select! {
@@ -264,6 +271,8 @@ impl Session {
             limits: Limits::default(),
             probe_set: if a.probes == "empty" { ProbeSet::Empty } else { ProbeSet::Full },
             quiet: true,
+            ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
+            stall_reader_ms: None,
         }
     }
 }

@@ -37,6 +37,8 @@ pub struct ProcessSummary {
     pub host_pinned_bytes: u64,
     pub host_pinned_allocs: u64,
     pub untracked_frees: u64,
+    /// Device bytes the process still held when it exited.
+    pub held_at_exit_bytes: u64,
     pub apis: Vec<ApiSummary>,
 }
 
@@ -77,6 +79,7 @@ impl Summary {
                 host_pinned_bytes: p.host_pinned_bytes,
                 host_pinned_allocs: p.host_pinned_allocs,
                 untracked_frees: p.untracked_frees,
+                held_at_exit_bytes: p.held_at_exit_bytes,
                 apis: p
                     .apis
                     .iter()
@@ -123,7 +126,11 @@ impl Summary {
             )?;
         }
         for p in &self.processes {
-            let state = if p.exited { " (exited)" } else { "" };
+            let state = match (p.exited, p.held_at_exit_bytes) {
+                (false, _) => String::new(),
+                (true, 0) => " (exited)".to_string(),
+                (true, held) => format!(" (exited holding {} it never freed)", bytes(held)),
+            };
             if p.devices.is_empty() && p.host_pinned_allocs == 0 {
                 writeln!(out, "{:>7} {:<15} {:>4} {:>12} {:>8}{}", p.pid, p.comm, "-", bytes(0), 0, state)?;
             }

@@ -125,7 +125,7 @@ impl<W: Write> Printer<W> {
             self.header = true;
             writeln!(
                 self.out,
-                "{:<10} {:>7} {:>7} {:<15} {:<11} {:<28} {:>3} {:<16} {:>11} {:<28} {:>9}",
+                "{:<10} {:>7} {:>7} {:<15} {:<11} {:<28} {:>3} {:<16} {:>11} {:<20} {:>9}",
                 "TIME(s)", "PID", "TID", "COMM", "TYPE", "API", "DEV", "ADDR", "SIZE", "RESULT", "LAT(us)"
             )?;
         }
@@ -147,7 +147,7 @@ impl<W: Write> Printer<W> {
         }
         writeln!(
             self.out,
-            "{:<10.6} {:>7} {:>7} {:<15} {:<11} {:<28} {:>3} {:<16} {:>11} {:<28} {:>9.1}{}",
+            "{:<10.6} {:>7} {:>7} {:<15} {:<11} {:<28} {:>3} {:<16} {:>11} {:<20} {:>9.1}{}",
             t,
             ev.pid,
             ev.tid,
@@ -169,5 +169,88 @@ impl<W: Write> Printer<W> {
 
     pub fn inner(&mut self) -> &mut W {
         &mut self.out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpumem_common::api;
+
+    use super::*;
+    use crate::state::Release;
+
+    fn event(api_id: u32) -> Event {
+        Event {
+            ts_ns: 5,
+            latency_ns: 7,
+            addr: 0x7f00,
+            size: 4096,
+            handle: 0x1001,
+            aux: 1024,
+            pid: 1,
+            tid: 2,
+            api: api_id,
+            result: 0,
+            device: 0,
+            flags: 0,
+            comm: *b"python3\0\0\0\0\0\0\0\0\0",
+        }
+    }
+
+    #[test]
+    fn json_keys_and_values() {
+        let applied = Applied { device: 1, size: 8192, ..Default::default() };
+        let v = event_json(&event(api::CU_MEM_ALLOC_PITCH_V2), &applied);
+        assert_eq!(v["type"], "alloc");
+        assert_eq!(v["api"], "cuMemAllocPitch_v2");
+        assert_eq!(v["addr"], "0x7f00");
+        assert_eq!(v["size"], 8192);
+        assert_eq!(v["device"], 1);
+        assert_eq!(v["pitch"], 1024);
+        assert_eq!(v["comm"], "python3");
+        assert_eq!(v["result_name"], "CUDA_SUCCESS");
+        assert!(v.get("handle").is_none());
+    }
+
+    #[test]
+    fn unknown_device_is_null_and_releases_are_listed() {
+        let applied = Applied {
+            device: DEVICE_UNKNOWN,
+            size: 3,
+            released: vec![Release { device: 0, bytes: 3, allocs: 1 }],
+            ..Default::default()
+        };
+        let v = event_json(&event(api::PROCESS_EXIT), &applied);
+        assert_eq!(v["type"], "exit");
+        assert!(v["device"].is_null());
+        assert_eq!(v["released"][0]["bytes"], 3);
+        let v = event_json(&event(api::CU_CTX_DESTROY_V2), &Applied::default());
+        assert_eq!(v["released"], serde_json::json!([]));
+        assert_eq!(v["handle"], "0x1001");
+    }
+
+    #[test]
+    fn filters() {
+        let f = Filter { min_size: 4096, failed_only: true };
+        let mut e = event(api::CU_MEM_ALLOC_V2);
+        let big = Applied { size: 4096, ..Default::default() };
+        let small = Applied { size: 4095, ..Default::default() };
+        assert!(!f.shows(&e, &big), "successful call hidden by --failed-only");
+        e.result = 2;
+        assert!(f.shows(&e, &big));
+        assert!(!f.shows(&e, &small));
+    }
+
+    #[test]
+    fn human_line_is_aligned() {
+        let mut p = Printer::new(Vec::new(), false, Filter::default());
+        p.event(&event(api::CU_MEM_ALLOC_V2), &Applied { device: 0, size: 4096, ..Default::default() }).unwrap();
+        let text = String::from_utf8(p.out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(lines[0].starts_with("TIME(s)"));
+        assert!(lines[1].contains("cuMemAlloc_v2") && lines[1].contains("4.0 KiB"));
+        let col = |l: &str, w: &str| l.find(w).unwrap();
+        assert_eq!(col(lines[0], "API"), col(lines[1], "cuMemAlloc_v2"));
     }
 }

@@ -44,6 +44,7 @@ pub struct Options {
     /// Trace only the processes added with `Agent::add_pid`.
     pub filter_pids: bool,
     pub probe_set: ProbeSet,
+    pub ringbuf_bytes: u32,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -128,6 +129,7 @@ impl Agent {
         let ebpf = EbpfLoader::new()
             .override_global("FILTER_MODE", &mode, true)
             .override_global("FORK_CHILD_PID_OFFSET", &fork_offset, true)
+            .map_max_entries("EVENTS", options.ringbuf_bytes)
             .load(EBPF_OBJECT)
             .map_err(ProbeError::Load)?;
         let mut agent = Agent { ebpf, options, seen: HashSet::new(), libraries: Vec::new(), tracepoints: Vec::new(), notes };

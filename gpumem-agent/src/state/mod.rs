@@ -97,6 +97,7 @@ impl State {
             let before = proc.entries();
             let released = release_all(proc);
             proc.exited = true;
+            proc.held_at_exit_bytes = released.iter().map(|r| r.bytes).sum();
             self.entries -= before;
             return Applied { device: DEVICE_UNKNOWN, size: released.iter().map(|r| r.bytes).sum(), released, ..Default::default() };
         }

@@ -87,6 +87,9 @@ pub struct Process {
     pub apis: BTreeMap<u32, ApiStats>,
     /// Frees of pointers allocated before tracing began (or not seen).
     pub untracked_frees: u64,
+    /// Device bytes still held when the process exited (freed by the driver,
+    /// never by the program: a leak hint).
+    pub held_at_exit_bytes: u64,
 }
 
 impl Process {

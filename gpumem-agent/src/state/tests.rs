@@ -1,0 +1,239 @@
+//! State fed with event sequences: exact live bytes per process and device.
+use gpumem_common::{api, Event, DEVICE_UNKNOWN};
+
+use super::*;
+
+const MIB: u64 = 1 << 20;
+
+fn ev(api_id: u32) -> Event {
+    Event {
+        ts_ns: 1,
+        latency_ns: 1,
+        addr: 0,
+        size: 0,
+        handle: 0,
+        aux: 0,
+        pid: 100,
+        tid: 100,
+        api: api_id,
+        result: 0,
+        device: DEVICE_UNKNOWN,
+        flags: 0,
+        comm: *b"python\0\0\0\0\0\0\0\0\0\0",
+    }
+}
+
+fn alloc(addr: u64, size: u64) -> Event {
+    Event { addr, size, ..ev(api::CU_MEM_ALLOC_V2) }
+}
+
+fn free(addr: u64) -> Event {
+    Event { addr, ..ev(api::CU_MEM_FREE_V2) }
+}
+
+fn retain(ctx: u64, device: i32) -> Event {
+    Event { handle: ctx, device, ..ev(api::CU_DEVICE_PRIMARY_CTX_RETAIN) }
+}
+
+fn set_current(ctx: u64) -> Event {
+    Event { handle: ctx, ..ev(api::CU_CTX_SET_CURRENT) }
+}
+
+fn totals(s: &State, pid: u32, dev: i32) -> DeviceTotals {
+    s.processes[&pid].devices.get(&dev).cloned().unwrap_or_default()
+}
+
+fn state() -> State {
+    let mut s = State::new(Limits::default());
+    s.apply(&retain(0xc0, 0));
+    s.apply(&set_current(0xc0));
+    s
+}
+
+#[test]
+fn alloc_and_free_track_live_bytes() {
+    let mut s = state();
+    s.apply(&alloc(0x1000, 4 * MIB));
+    s.apply(&alloc(0x2000, MIB));
+    let a = s.apply(&free(0x1000));
+    assert_eq!((a.device, a.size), (0, 4 * MIB));
+    assert_eq!(totals(&s, 100, 0), DeviceTotals { live_bytes: MIB, live_allocs: 1, ..Default::default() });
+    assert_eq!(s.live_entries(), 1);
+}
+
+#[test]
+fn failed_calls_count_but_change_nothing() {
+    let mut s = state();
+    s.apply(&alloc(0x1000, MIB));
+    s.apply(&Event { result: 2, ..alloc(0, 8 * MIB) });
+    s.apply(&Event { result: 1, ..free(0x1000) });
+    assert_eq!(totals(&s, 100, 0).live_bytes, MIB);
+    let st = &s.processes[&100].apis[&api::CU_MEM_ALLOC_V2];
+    assert_eq!((st.calls, st.failures), (2, 1));
+    assert_eq!(st.failures_by_result.get(&2), Some(&1));
+    assert_eq!(s.processes[&100].apis[&api::CU_MEM_FREE_V2].failures, 1);
+}
+
+#[test]
+fn free_of_unknown_pointer_is_untracked() {
+    let mut s = state();
+    let a = s.apply(&free(0xdead));
+    assert!(a.untracked);
+    assert_eq!(s.processes[&100].untracked_frees, 1);
+    assert_eq!(totals(&s, 100, 0).live_bytes, 0);
+}
+
+#[test]
+fn device_follows_thread_context() {
+    let mut s = state();
+    s.apply(&retain(0xc1, 1));
+    s.apply(&Event { tid: 101, ..set_current(0xc1) });
+    s.apply(&Event { tid: 101, ..alloc(0x1000, 2 * MIB) });
+    s.apply(&alloc(0x2000, 3 * MIB));
+    assert_eq!(totals(&s, 100, 1).live_bytes, 2 * MIB);
+    assert_eq!(totals(&s, 100, 0).live_bytes, 3 * MIB);
+}
+
+#[test]
+fn context_stack_push_pop() {
+    let mut s = State::new(Limits::default());
+    s.apply(&Event { handle: 0xa, device: 0, ..ev(api::CU_CTX_CREATE_V2) });
+    s.apply(&Event { handle: 0xb, device: 1, ..ev(api::CU_CTX_CREATE_V3) });
+    s.apply(&alloc(0x1, 10));
+    s.apply(&Event { handle: 0xb, ..ev(api::CU_CTX_POP_CURRENT_V2) });
+    s.apply(&alloc(0x2, 20));
+    s.apply(&Event { handle: 0xb, ..ev(api::CU_CTX_PUSH_CURRENT_V2) });
+    s.apply(&alloc(0x3, 40));
+    assert_eq!(totals(&s, 100, 1).live_bytes, 50);
+    assert_eq!(totals(&s, 100, 0).live_bytes, 20);
+    // Destroying ctx b frees its memory on device 1.
+    let a = s.apply(&Event { handle: 0xb, ..ev(api::CU_CTX_DESTROY_V2) });
+    assert_eq!(a.released, vec![Release { device: 1, bytes: 50, allocs: 2 }]);
+    assert_eq!(totals(&s, 100, 1).live_bytes, 0);
+    assert_eq!(totals(&s, 100, 0).live_bytes, 20);
+}
+
+#[test]
+fn primary_context_release_frees_only_at_zero_refs() {
+    let mut s = state();
+    s.apply(&retain(0xc0, 0)); // second reference
+    s.apply(&alloc(0x1, MIB));
+    let a = s.apply(&Event { device: 0, ..ev(api::CU_DEVICE_PRIMARY_CTX_RELEASE_V2) });
+    assert!(a.released.is_empty());
+    let a = s.apply(&Event { device: 0, ..ev(api::CU_DEVICE_PRIMARY_CTX_RELEASE_V2) });
+    assert_eq!(a.released, vec![Release { device: 0, bytes: MIB, allocs: 1 }]);
+    // A release we cannot pair with a retain (made before the trace) frees nothing.
+    s.apply(&alloc(0x2, MIB));
+    let a = s.apply(&Event { device: 0, ..ev(api::CU_DEVICE_PRIMARY_CTX_RELEASE_V2) });
+    assert!(a.released.is_empty());
+}
+
+#[test]
+fn vmm_physical_bytes_are_handles_not_reservations() {
+    let mut s = state();
+    s.apply(&Event { addr: 0x100000, size: 1152 * MIB, ..ev(api::CU_MEM_ADDRESS_RESERVE) });
+    for i in 0..3u64 {
+        s.apply(&Event { handle: 10 + i, size: 20 * MIB, device: 0, ..ev(api::CU_MEM_CREATE) });
+        s.apply(&Event { addr: 0x100000 + i * 20 * MIB, size: 20 * MIB, handle: 10 + i, ..ev(api::CU_MEM_MAP) });
+    }
+    let t = totals(&s, 100, 0);
+    assert_eq!((t.live_bytes, t.vmm_physical_bytes, t.vmm_handles, t.reserved_bytes), (60 * MIB, 60 * MIB, 3, 1152 * MIB));
+    // Released while mapped: still held until unmapped.
+    let a = s.apply(&Event { handle: 10, ..ev(api::CU_MEM_RELEASE) });
+    assert!(a.released.is_empty());
+    assert_eq!(totals(&s, 100, 0).live_bytes, 60 * MIB);
+    let a = s.apply(&Event { addr: 0x100000, size: 20 * MIB, ..ev(api::CU_MEM_UNMAP) });
+    assert_eq!(a.released, vec![Release { device: 0, bytes: 20 * MIB, allocs: 1 }]);
+    // Unmapped first, then released: the release frees it.
+    s.apply(&Event { addr: 0x100000 + 20 * MIB, size: 20 * MIB, ..ev(api::CU_MEM_UNMAP) });
+    let a = s.apply(&Event { handle: 11, ..ev(api::CU_MEM_RELEASE) });
+    assert_eq!(a.released, vec![Release { device: 0, bytes: 20 * MIB, allocs: 1 }]);
+    s.apply(&Event { addr: 0x100000, size: 1152 * MIB, ..ev(api::CU_MEM_ADDRESS_FREE) });
+    let t = totals(&s, 100, 0);
+    assert_eq!((t.live_bytes, t.vmm_handles, t.reserved_bytes), (20 * MIB, 1, 0));
+}
+
+#[test]
+fn one_unmap_can_cover_several_mappings() {
+    let mut s = state();
+    for i in 0..4u64 {
+        s.apply(&Event { handle: i + 1, size: MIB, device: 0, ..ev(api::CU_MEM_CREATE) });
+        s.apply(&Event { addr: 0x1000_0000 + i * MIB, size: MIB, handle: i + 1, ..ev(api::CU_MEM_MAP) });
+        s.apply(&Event { handle: i + 1, ..ev(api::CU_MEM_RELEASE) });
+    }
+    let a = s.apply(&Event { addr: 0x1000_0000, size: 3 * MIB, ..ev(api::CU_MEM_UNMAP) });
+    assert_eq!(a.released.iter().map(|r| r.bytes).sum::<u64>(), 3 * MIB);
+    assert_eq!(totals(&s, 100, 0).live_bytes, MIB);
+}
+
+#[test]
+fn exit_releases_everything() {
+    let mut s = state();
+    s.apply(&alloc(0x1, MIB));
+    s.apply(&Event { addr: 0x9, size: 4096, ..ev(api::CU_MEM_HOST_ALLOC) });
+    s.apply(&Event { handle: 7, size: 2 * MIB, device: 1, ..ev(api::CU_MEM_CREATE) });
+    let a = s.apply(&ev(api::PROCESS_EXIT));
+    assert_eq!(a.released, vec![Release { device: 0, bytes: MIB, allocs: 1 }, Release { device: 1, bytes: 2 * MIB, allocs: 1 }]);
+    let p = &s.processes[&100];
+    assert!(p.exited);
+    assert_eq!(p.held_at_exit_bytes, 3 * MIB);
+    assert!(p.devices.is_empty());
+    assert_eq!(p.host_pinned_bytes, 0);
+    assert_eq!(s.live_entries(), 0);
+}
+
+#[test]
+fn host_pinned_memory_is_not_device_memory() {
+    let mut s = state();
+    s.apply(&Event { addr: 0x9, size: 4096, ..ev(api::CU_MEM_ALLOC_HOST_V2) });
+    assert_eq!(s.processes[&100].host_pinned_bytes, 4096);
+    assert_eq!(totals(&s, 100, 0).live_bytes, 0);
+    let a = s.apply(&Event { addr: 0x9, ..ev(api::CU_MEM_FREE_HOST) });
+    assert_eq!(a.size, 4096);
+    assert_eq!(s.processes[&100].host_pinned_bytes, 0);
+}
+
+#[test]
+fn full_table_counts_what_it_drops() {
+    let mut s = State::new(Limits { max_entries: 2, max_processes: 8 });
+    s.apply(&retain(0xc0, 0));
+    s.apply(&set_current(0xc0));
+    s.apply(&alloc(0x1, 10));
+    s.apply(&alloc(0x2, 10));
+    let a = s.apply(&alloc(0x3, 10));
+    assert!(a.dropped);
+    assert_eq!(s.overflow.entries_dropped, 1);
+    assert_eq!(totals(&s, 100, 0).live_allocs, 2);
+    // Room again after a free.
+    s.apply(&free(0x1));
+    assert!(!s.apply(&alloc(0x3, 10)).dropped);
+}
+
+#[test]
+fn full_process_table_evicts_exited_then_counts() {
+    let mut s = State::new(Limits { max_entries: 100, max_processes: 2 });
+    s.apply(&Event { pid: 1, ..ev(api::CU_INIT) });
+    s.apply(&Event { pid: 2, ..ev(api::CU_INIT) });
+    assert!(s.apply(&Event { pid: 3, ..ev(api::CU_INIT) }).dropped);
+    assert_eq!(s.overflow.process_events_dropped, 1);
+    s.apply(&Event { pid: 1, ..ev(api::PROCESS_EXIT) });
+    assert!(!s.apply(&Event { pid: 3, ..ev(api::CU_INIT) }).dropped);
+    assert!(!s.processes.contains_key(&1));
+}
+
+#[test]
+fn pointer_reused_without_seen_free_replaces_old_allocation() {
+    let mut s = state();
+    s.apply(&alloc(0x1, 10));
+    s.apply(&alloc(0x1, 30));
+    assert_eq!(totals(&s, 100, 0), DeviceTotals { live_bytes: 30, live_allocs: 1, ..Default::default() });
+}
+
+#[test]
+fn comm_comes_from_the_main_thread() {
+    let mut s = State::new(Limits::default());
+    s.apply(&Event { tid: 101, comm: *b"pt_worker\0\0\0\0\0\0\0", ..ev(api::CU_INIT) });
+    assert_eq!(s.processes[&100].comm, "pt_worker");
+    s.apply(&ev(api::CU_INIT));
+    assert_eq!(s.processes[&100].comm, "python");
+}

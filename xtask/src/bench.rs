@@ -1,0 +1,77 @@
+//! Probe overhead, measured side by side in one run: the same workload with
+//! no probes, with empty uprobe+uretprobe programs on the same symbols, and
+//! with gpumem's probes. Absolute times are noisy here; ratios are the result.
+use std::process::Command;
+
+use anyhow::{bail, Context as _, Result};
+
+fn churn_ns(cmd: &mut Command) -> Result<(u64, u64)> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |k: &str| -> Option<u64> { text.split_whitespace().find_map(|w| w.strip_prefix(k)).and_then(|v| v.parse().ok()) };
+    match (field("churn_calls="), field("churn_ns=")) {
+        (Some(c), Some(n)) => Ok((c, n)),
+        _ => bail!("no churn timing in the workload output: {text}"),
+    }
+}
+
+/// A finished gpumem leaves a child that removes its uprobes (a few seconds
+/// on this kernel); until it is gone the probes still fire, so wait for it.
+fn wait_for_detach() -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let busy = std::fs::read_dir("/proc")?.flatten().any(|e| {
+            std::fs::read_to_string(e.path().join("comm")).map(|c| c.trim() == "gpumem").unwrap_or(false)
+        });
+        if !busy {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("a gpumem process is still running after 60 s; stop it before benchmarking");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    v[v.len() / 2]
+}
+
+pub fn overhead(pairs: u64, rounds: u32) -> Result<()> {
+    let bin = crate::build_agent()?;
+    let f = gpumem_tests::fixtures();
+    let lib = f.libcuda.to_str().unwrap();
+    let workload = format!("{} {} churn", f.workload.display(), lib);
+    let n = pairs.to_string();
+    let (mut none, mut empty, mut full) = (Vec::new(), Vec::new(), Vec::new());
+    let mut calls = 0;
+    for round in 0..rounds {
+        wait_for_detach()?;
+        let (c, t) = churn_ns(Command::new(&f.workload).args([lib, "churn"]).env("GPUMEM_BENCH_N", &n))?;
+        calls = c;
+        none.push(t as f64 / c as f64);
+        for (set, out) in [("empty", &mut empty), ("full", &mut full)] {
+            let (c, t) = churn_ns(
+                Command::new(&bin)
+                    .args(["bench", "--probes", set, "--no-discover", "--libcuda", lib, "-c", &workload])
+                    .env("GPUMEM_BENCH_N", &n),
+            )?;
+            out.push(t as f64 / c as f64);
+            wait_for_detach()?;
+        }
+        eprintln!("round {}: none {:.0} ns/call, empty {:.0} ns/call, gpumem {:.0} ns/call", round + 1, none[round as usize], empty[round as usize], full[round as usize]);
+    }
+    let (none, empty, full) = (median(none), median(empty), median(full));
+    let empty_cost = empty - none;
+    let full_cost = full - none;
+    println!("probe overhead on cuMemAlloc_v2/cuMemFree_v2 ({calls} calls per run, median of {rounds} interleaved runs):");
+    println!("  no probes           {none:>9.0} ns/call");
+    println!("  empty probes        {empty:>9.0} ns/call  (+{empty_cost:.0} ns: uprobe+uretprobe floor)");
+    println!("  gpumem probes       {full:>9.0} ns/call  (+{full_cost:.0} ns)");
+    println!("  ratio gpumem/empty  {:>9.2}  (added cost per call)", full_cost / empty_cost);
+    Ok(())
+}

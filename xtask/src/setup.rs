@@ -1,0 +1,90 @@
+//! Installing build prerequisites and fetching NVIDIA's libraries, idempotently.
+use std::{path::PathBuf, process::Command};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::run;
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+const APT_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev", "gcc", "util-linux"];
+
+fn installed(pkg: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", pkg])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+fn home_cargo_bin() -> PathBuf {
+    PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cargo/bin")
+}
+
+pub fn setup() -> Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    if !missing.is_empty() {
+        eprintln!("xtask: installing {}", missing.join(" "));
+        run(Command::new("apt-get").arg("update"))?;
+        run(Command::new("apt-get").args(["install", "-y", "--no-install-recommends"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+
+    let linker = home_cargo_bin().join("bpf-linker");
+    let have = Command::new(&linker).arg("--version").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    if !have.contains(BPF_LINKER_VERSION) {
+        eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} for LLVM 22 (about 5 minutes)");
+        run(crate::cargo()
+            .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--locked", "--no-default-features", "--features", "llvm-22"])
+            .env("LLVM_PREFIX", "/usr/lib/llvm-22"))?;
+    }
+
+    let components = Command::new("rustup").args(["component", "list", "--installed"]).output().context("running rustup")?;
+    if !String::from_utf8_lossy(&components.stdout).lines().any(|l| l.starts_with("rust-src")) {
+        eprintln!("xtask: adding rust-src (the eBPF crate builds core from source)");
+        run(Command::new("rustup").args(["component", "add", "rust-src"]))?;
+    }
+    Ok(())
+}
+
+const NONFREE_SOURCES: &str = "/etc/apt/sources.list.d/gpumem-debian-nonfree.sources";
+
+/// NVIDIA's user-space driver libraries, version 535 from Debian bookworm
+/// non-free, unpacked (not installed: installing pulls the whole driver stack).
+pub fn nvidia_libs() -> Result<PathBuf> {
+    let dest = gpumem_tests::target_dir().join("nvidia");
+    let libcuda = dest.join("usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1");
+    if libcuda.exists() {
+        return Ok(libcuda);
+    }
+    if !std::path::Path::new(NONFREE_SOURCES).exists() {
+        std::fs::write(
+            NONFREE_SOURCES,
+            "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\nComponents: non-free\n\
+             Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
+        )
+        .with_context(|| format!("writing {NONFREE_SOURCES} (needs root)"))?;
+    }
+    run(Command::new("apt-get").args([
+        "update",
+        &format!("-o=Dir::Etc::sourcelist={NONFREE_SOURCES}"),
+        "-o=Dir::Etc::sourceparts=-",
+        "-o=APT::Get::List-Cleanup=0",
+    ]))?;
+    let debs = dest.join("debs");
+    std::fs::create_dir_all(&debs)?;
+    run(Command::new("apt-get").args(["download", "libcuda1", "libnvidia-ml1"]).current_dir(&debs))?;
+    for entry in std::fs::read_dir(&debs)? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.ends_with(".deb") {
+            continue;
+        }
+        if !name.contains("_535.") {
+            bail!("expected driver 535 from Debian bookworm, got {name}");
+        }
+        run(Command::new("dpkg").arg("-x").arg(&path).arg(&dest))?;
+    }
+    if !libcuda.exists() {
+        bail!("{} is missing after unpacking libcuda1", libcuda.display());
+    }
+    Ok(libcuda)
+}
