@@ -360,3 +360,82 @@ fn lost_events_are_counted_exactly() {
     // either arrived or is counted as lost.
     assert_eq!(t.events.len() as u64 + ringbuf_full, 1 + 1 + 9 + 1600 + 800 + 1);
 }
+
+/// Starts `gpumem trace --json ARGS` in the background and waits until its
+/// probes are attached (its "attached" line on stderr).
+fn start_agent(args: &[&str]) -> (std::process::Child, std::thread::JoinHandle<String>) {
+    use std::io::{BufRead as _, BufReader};
+    let mut child = std::process::Command::new(gpumem_bin())
+        .args(["trace", "--json"])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "agent ended before attaching: {seen}");
+        seen.push_str(&line);
+        if line.contains("attached") {
+            break;
+        }
+    }
+    let rest = std::thread::spawn(move || {
+        let mut s = seen;
+        for line in stderr.lines() {
+            s.push_str(&line.unwrap());
+            s.push('\n');
+        }
+        s
+    });
+    (child, rest)
+}
+
+fn finish_agent(child: std::process::Child, stderr: std::thread::JoinHandle<String>) -> Vec<Value> {
+    let out = child.wait_with_output().unwrap();
+    let stderr = stderr.join().unwrap();
+    assert!(out.status.success(), "{stderr}");
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn system_wide_trace_sees_processes_started_later() {
+    require_root();
+    let f = fixtures();
+    let (agent, stderr) = start_agent(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-discover", "--duration", "4"]);
+    let st = std::process::Command::new(&f.workload).args([f.libcuda.to_str().unwrap(), "bad_free"]).status().unwrap();
+    assert!(st.success());
+    let lines = finish_agent(agent, stderr);
+    let summary = lines.last().unwrap();
+    assert_eq!(summary["type"], "summary");
+    let frees: Vec<&Value> = lines.iter().filter(|e| e["type"] == "free").collect();
+    assert_eq!(results(&frees), [1, 0, 1]);
+    let pid = frees[0]["pid"].as_u64().unwrap();
+    let exit = lines.iter().find(|e| e["type"] == "exit" && e["pid"] == pid).expect("exit event");
+    assert_eq!(released(exit), [(0, MIB, 1)]);
+    assert!(summary["discovery"]["scans"].as_u64().unwrap() == 0, "--no-discover scans nothing");
+}
+
+#[test]
+fn pid_option_traces_a_running_process_until_it_exits() {
+    require_root();
+    let f = fixtures();
+    // late_load sleeps 2 s before its first CUDA call.
+    let mut workload = std::process::Command::new(&f.workload).args([f.libcuda.to_str().unwrap(), "late_load"]).spawn().unwrap();
+    let pid = workload.id().to_string();
+    // A second process doing the same calls at the same time must not show up.
+    let other = std::process::Command::new(&f.workload).args([f.libcuda.to_str().unwrap(), "late_load"]).spawn().unwrap();
+    let (agent, stderr) = start_agent(&["-p", &pid, "--libcuda", f.libcuda.to_str().unwrap()]);
+    assert!(workload.wait().unwrap().success());
+    // The agent ends by itself once the traced process is gone.
+    let lines = finish_agent(agent, stderr);
+    let _ = other.wait_with_output();
+    let events: Vec<&Value> = lines.iter().filter(|e| e["type"] != "summary").collect();
+    assert!(events.iter().all(|e| e["pid"].to_string() == pid), "only the -p process is traced");
+    let allocs: Vec<&Value> = events.iter().copied().filter(|e| e["type"] == "alloc").collect();
+    assert_eq!(sizes(&allocs), [8 * MIB, 4 * MIB]);
+    let exit = events.iter().find(|e| e["type"] == "exit").expect("exit event");
+    assert_eq!(released(exit), [(0, 4 * MIB, 1)]);
+}

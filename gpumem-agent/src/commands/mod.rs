@@ -87,7 +87,10 @@ pub fn attach_discovered(agent: &mut Agent, args: &LibcudaArgs, with_ld_cache: b
             Err(e) => say(format!("note: {e}")),
         }
     }
-    found.extend(discover::from_processes(std::process::id()));
+    let began = std::time::Instant::now();
+    let (libs, processes) = discover::from_processes(std::process::id());
+    agent.scan_stats.record(began.elapsed(), processes);
+    found.extend(libs);
     for lib in found {
         if agent.knows(&lib) {
             continue;

@@ -178,7 +178,7 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     };
     let began = Instant::now();
     let deadline = s.duration.map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d));
-    let mut tick = tokio::time::interval(DISCOVERY_INTERVAL);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + DISCOVERY_INTERVAL, DISCOVERY_INTERVAL);
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut child_status = None;
@@ -220,7 +220,8 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     reader.drain_now(|ev| sink.on_event(ev));
 
     let lost = LostEvents::from_stats(&agent.kernel_stats()?, reader.malformed);
-    let summary = Summary::build(&sink.state, lost, began.elapsed().as_secs_f64(), agent.attached_probe_count());
+    let summary =
+        Summary::build(&sink.state, lost, began.elapsed().as_secs_f64(), agent.attached_probe_count(), agent.scan_stats.clone());
     if !s.quiet {
         let out = sink.printer.inner();
         if s.json {

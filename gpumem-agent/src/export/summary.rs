@@ -6,6 +6,7 @@ use serde::Serialize;
 use super::names::{api_name, bytes, result_name};
 use crate::{
     events::LostEvents,
+    probes::discover::ScanStats,
     state::{Overflow, State},
 };
 
@@ -53,10 +54,12 @@ pub struct Summary {
     pub lost: LostEvents,
     pub state_overflow: Overflow,
     pub probes_attached: usize,
+    /// Cost of the periodic /proc scans for new libcuda copies.
+    pub discovery: ScanStats,
 }
 
 impl Summary {
-    pub fn build(state: &State, lost: LostEvents, duration_s: f64, probes_attached: usize) -> Self {
+    pub fn build(state: &State, lost: LostEvents, duration_s: f64, probes_attached: usize, discovery: ScanStats) -> Self {
         let processes = state
             .processes
             .values()
@@ -101,6 +104,7 @@ impl Summary {
             lost,
             state_overflow: state.overflow.clone(),
             probes_attached,
+            discovery,
         }
     }
 

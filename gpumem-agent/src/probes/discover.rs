@@ -101,17 +101,40 @@ pub fn libcuda_in_maps(maps: &str) -> Vec<String> {
     out
 }
 
-/// Scans every process's maps for libcuda copies. Unreadable processes
-/// (exited meanwhile, or kernel threads) are skipped.
-pub fn from_processes(skip_pid: u32) -> Vec<Library> {
+/// What the periodic scans of /proc cost, for the summary.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ScanStats {
+    pub scans: u64,
+    pub total_us: u64,
+    pub max_us: u64,
+    /// Processes whose maps the last scan read.
+    pub last_processes: u64,
+}
+
+impl ScanStats {
+    pub fn record(&mut self, took: std::time::Duration, processes: u64) {
+        let us = took.as_micros() as u64;
+        self.scans += 1;
+        self.total_us += us;
+        self.max_us = self.max_us.max(us);
+        self.last_processes = processes;
+    }
+}
+
+/// Scans every process's maps for libcuda copies; returns them and how many
+/// processes were read. Unreadable processes (exited meanwhile, kernel
+/// threads) are skipped.
+pub fn from_processes(skip_pid: u32) -> (Vec<Library>, u64) {
     let mut libs = Vec::new();
-    let Ok(dir) = fs::read_dir("/proc") else { return libs };
+    let mut read = 0;
+    let Ok(dir) = fs::read_dir("/proc") else { return (libs, 0) };
     for entry in dir.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
         if pid == skip_pid {
             continue;
         }
         let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else { continue };
+        read += 1;
         for path in libcuda_in_maps(&maps) {
             let through_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
             if let Ok(lib) = stat_library(&through_root, Source::ProcessMaps { pid }) {
@@ -119,7 +142,7 @@ pub fn from_processes(skip_pid: u32) -> Vec<Library> {
             }
         }
     }
-    libs
+    (libs, read)
 }
 
 #[cfg(test)]

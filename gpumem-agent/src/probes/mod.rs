@@ -93,6 +93,8 @@ pub struct Agent {
     pub libraries: Vec<LibraryReport>,
     pub tracepoints: Vec<TracepointReport>,
     pub notes: Vec<String>,
+    /// Cost of looking for new libcuda copies in /proc.
+    pub scan_stats: discover::ScanStats,
 }
 
 fn entry_program(symbol: &str, set: ProbeSet) -> String {
@@ -132,7 +134,7 @@ impl Agent {
             .map_max_entries("EVENTS", options.ringbuf_bytes)
             .load(EBPF_OBJECT)
             .map_err(ProbeError::Load)?;
-        let mut agent = Agent { ebpf, options, seen: HashSet::new(), libraries: Vec::new(), tracepoints: Vec::new(), notes };
+        let mut agent = Agent { ebpf, options, seen: HashSet::new(), libraries: Vec::new(), tracepoints: Vec::new(), notes, scan_stats: Default::default() };
         let mut names: Vec<String> = Vec::new();
         for api in APIS {
             names.push(entry_program(api.symbol, agent.options.probe_set));
