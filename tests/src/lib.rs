@@ -142,7 +142,26 @@ pub fn released(ev: &Value) -> Vec<(i64, u64, u64)> {
         .collect()
 }
 
+/// A finished gpumem leaves a child that removes its uprobes (a few seconds
+/// on this kernel, holding a kernel lock that attaching also takes). Until it
+/// is gone the probes still fire and a new agent attaches slowly, so tests
+/// and benchmarks wait for it.
+pub fn wait_for_detach() {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let busy = std::fs::read_dir("/proc").expect("/proc").flatten().any(|e| {
+            std::fs::read_to_string(e.path().join("comm")).map(|c| c.trim() == "gpumem").unwrap_or(false)
+        });
+        if !busy {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "a gpumem process is still running after 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 pub fn run_gpumem(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    wait_for_detach();
     let mut cmd = Command::new(gpumem_bin());
     cmd.args(args);
     for (k, v) in envs {

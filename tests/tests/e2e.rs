@@ -195,11 +195,14 @@ fn library_loaded_after_the_agent_started_is_attached() {
     let lib = dir.join("libcuda.so.1");
     let _ = std::fs::remove_file(&lib);
     std::fs::copy(&f.libcuda, &lib).unwrap();
+    // The workload calls 1 s after loading the library: every call, from
+    // cuInit on, is traced only if the library was attached within a second.
     let cmd = format!("{} {} late_load", f.workload.display(), lib.display());
     let t = trace(&["-c", &cmd], &[]);
     assert!(t.status.success(), "{}", t.stderr);
     assert!(t.stderr.contains(&format!("root{}", lib.display())), "attached through /proc/PID/root: {}", t.stderr);
     let pid = single_pid(&t);
+    assert_eq!(t.of_type("init").len(), 1, "cuInit, 1 s after the load, is traced");
     assert_eq!(sizes(&t.of_type("alloc")), [8 * MIB, 4 * MIB]);
     assert_eq!(t.released_at_exit(pid), [(0, 4 * MIB, 1)]);
 }
@@ -365,6 +368,7 @@ fn lost_events_are_counted_exactly() {
 /// probes are attached (its "attached" line on stderr).
 fn start_agent(args: &[&str]) -> (std::process::Child, std::thread::JoinHandle<String>) {
     use std::io::{BufRead as _, BufReader};
+    wait_for_detach();
     let mut child = std::process::Command::new(gpumem_bin())
         .args(["trace", "--json"])
         .args(args)
@@ -422,11 +426,20 @@ fn system_wide_trace_sees_processes_started_later() {
 fn pid_option_traces_a_running_process_until_it_exits() {
     require_root();
     let f = fixtures();
-    // late_load sleeps 2 s before its first CUDA call.
-    let mut workload = std::process::Command::new(&f.workload).args([f.libcuda.to_str().unwrap(), "late_load"]).spawn().unwrap();
+    wait_for_detach();
+    // late_load waits 3 s before its first CUDA call: time for the agent to start.
+    let mut workload = std::process::Command::new(&f.workload)
+        .args([f.libcuda.to_str().unwrap(), "late_load"])
+        .env("GPUMEM_WORKLOAD_DELAY_MS", "3000")
+        .spawn()
+        .unwrap();
     let pid = workload.id().to_string();
     // A second process doing the same calls at the same time must not show up.
-    let other = std::process::Command::new(&f.workload).args([f.libcuda.to_str().unwrap(), "late_load"]).spawn().unwrap();
+    let other = std::process::Command::new(&f.workload)
+        .args([f.libcuda.to_str().unwrap(), "late_load"])
+        .env("GPUMEM_WORKLOAD_DELAY_MS", "3000")
+        .spawn()
+        .unwrap();
     let (agent, stderr) = start_agent(&["-p", &pid, "--libcuda", f.libcuda.to_str().unwrap()]);
     assert!(workload.wait().unwrap().success());
     // The agent ends by itself once the traced process is gone.

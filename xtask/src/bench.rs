@@ -18,24 +18,6 @@ fn churn_ns(cmd: &mut Command) -> Result<(u64, u64)> {
     }
 }
 
-/// A finished gpumem leaves a child that removes its uprobes (a few seconds
-/// on this kernel); until it is gone the probes still fire, so wait for it.
-fn wait_for_detach() -> Result<()> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let busy = std::fs::read_dir("/proc")?.flatten().any(|e| {
-            std::fs::read_to_string(e.path().join("comm")).map(|c| c.trim() == "gpumem").unwrap_or(false)
-        });
-        if !busy {
-            return Ok(());
-        }
-        if std::time::Instant::now() > deadline {
-            bail!("a gpumem process is still running after 60 s; stop it before benchmarking");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
     v[v.len() / 2]
@@ -50,7 +32,7 @@ pub fn overhead(pairs: u64, rounds: u32) -> Result<()> {
     let (mut none, mut empty, mut full) = (Vec::new(), Vec::new(), Vec::new());
     let mut calls = 0;
     for round in 0..rounds {
-        wait_for_detach()?;
+        gpumem_tests::wait_for_detach();
         let (c, t) = churn_ns(Command::new(&f.workload).args([lib, "churn"]).env("GPUMEM_BENCH_N", &n))?;
         calls = c;
         none.push(t as f64 / c as f64);
@@ -61,7 +43,7 @@ pub fn overhead(pairs: u64, rounds: u32) -> Result<()> {
                     .env("GPUMEM_BENCH_N", &n),
             )?;
             out.push(t as f64 / c as f64);
-            wait_for_detach()?;
+            gpumem_tests::wait_for_detach();
         }
         eprintln!("round {}: none {:.0} ns/call, empty {:.0} ns/call, gpumem {:.0} ns/call", round + 1, none[round as usize], empty[round as usize], full[round as usize]);
     }

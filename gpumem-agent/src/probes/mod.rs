@@ -97,6 +97,22 @@ pub struct Agent {
     pub scan_stats: discover::ScanStats,
 }
 
+/// Context calls first, then frees, then allocations: a process that calls
+/// while we attach then sees its allocations attributed to the right device,
+/// and at worst a free of something we never saw allocated.
+fn attach_order() -> Vec<&'static gpumem_common::ApiInfo> {
+    use gpumem_common::ApiClass::*;
+    let rank = |c: gpumem_common::ApiClass| match c {
+        CtxRetainPrimary | CtxReleasePrimary | CtxResetPrimary | CtxCreate | CtxSetCurrent | CtxPush | CtxPop | CtxDestroy => 0,
+        Init => 1,
+        DeviceFree | HostFree | VmmRelease | VmmUnmap | VaFree => 2,
+        _ => 3,
+    };
+    let mut apis: Vec<_> = APIS.iter().collect();
+    apis.sort_by_key(|a| rank(a.class));
+    apis
+}
+
 fn entry_program(symbol: &str, set: ProbeSet) -> String {
     match set {
         ProbeSet::Full => format!("e_{symbol}"),
@@ -203,7 +219,7 @@ impl Agent {
         match symbols::function_offsets(&lib.path) {
             Err(e) => report.error = Some(e.to_string()),
             Ok(offsets) => {
-                for api in APIS {
+                for api in attach_order() {
                     let status = match offsets.get(api.symbol) {
                         None => ProbeStatus::NotExported { required: api.required },
                         Some(&offset) => match self.attach_symbol(api.symbol, offset, &lib.path) {
@@ -213,6 +229,7 @@ impl Agent {
                     };
                     report.probes.push(SymbolReport { symbol: api.symbol, status });
                 }
+                report.probes.sort_by_key(|p| APIS.iter().position(|a| a.symbol == p.symbol));
             }
         }
         self.libraries.push(report);
