@@ -1,4 +1,5 @@
 //! gpumem: who holds GPU memory on this host, and why.
+mod analysis;
 mod cli;
 mod commands;
 mod events;

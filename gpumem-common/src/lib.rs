@@ -37,10 +37,15 @@ pub mod api {
     pub const CU_CTX_PUSH_CURRENT_V2: u32 = 28;
     pub const CU_CTX_POP_CURRENT_V2: u32 = 29;
     pub const CU_CTX_DESTROY_V2: u32 = 30;
+    pub const CU_MEM_GET_INFO_V2: u32 = 31;
     /// Not a libcuda call: the `sched_process_exit` tracepoint for a traced process.
     pub const PROCESS_EXIT: u32 = 100;
+    /// Not a libcuda call: the `oom:mark_victim` tracepoint (host OOM kill).
+    /// `pid`/`comm` are the victim's, `tid` the task that triggered the kill;
+    /// `addr` total_vm, `size` anon_rss, `handle` file_rss, `aux` shmem_rss, in kB.
+    pub const OOM_KILL: u32 = 101;
     /// Highest id in use, for sizing tables.
-    pub const MAX: u32 = 100;
+    pub const MAX: u32 = 101;
 }
 
 /// What a traced call does to memory state; decides how the agent applies it.
@@ -66,6 +71,8 @@ pub enum ApiClass {
     CtxPush,
     CtxPop,
     CtxDestroy,
+    /// cuMemGetInfo_v2: free bytes in `size`, total in `aux`.
+    MemGetInfo,
     ProcessExit,
 }
 
@@ -121,6 +128,7 @@ apis! {
     CU_CTX_PUSH_CURRENT_V2, "cuCtxPushCurrent_v2", CtxPush, true;
     CU_CTX_POP_CURRENT_V2, "cuCtxPopCurrent_v2", CtxPop, true;
     CU_CTX_DESTROY_V2, "cuCtxDestroy_v2", CtxDestroy, true;
+    CU_MEM_GET_INFO_V2, "cuMemGetInfo_v2", MemGetInfo, true;
 }
 
 /// Looks up a probed API by id.
@@ -215,6 +223,20 @@ pub mod filter {
     pub const FOLLOW_CHILDREN: u32 = 1;
 }
 
+/// Indices into the eBPF `OOM_OFFSETS` global: where oom:mark_victim keeps
+/// each field on this kernel (read from tracefs; `FIELD_ABSENT` if missing).
+pub mod oom_field {
+    pub const PID: usize = 0;
+    pub const COMM: usize = 1;
+    pub const TOTAL_VM: usize = 2;
+    pub const ANON_RSS: usize = 3;
+    pub const FILE_RSS: usize = 4;
+    pub const SHMEM_RSS: usize = 5;
+    pub const COUNT: usize = 6;
+    pub const NAMES: [&str; COUNT] = ["pid", "comm", "total_vm", "anon_rss", "file_rss", "shmem_rss"];
+    pub const FIELD_ABSENT: u32 = u32::MAX;
+}
+
 /// Sizes of the kernel-side tables (also used by the agent for reporting).
 pub const RINGBUF_BYTES: u32 = 4 * 1024 * 1024;
 pub const PENDING_MAX: u32 = 16384;
@@ -280,5 +302,6 @@ mod tests {
             assert_eq!(api_info(a.id).map(|x| x.symbol), Some(a.symbol));
         }
         assert!(api_info(api::PROCESS_EXIT).is_none());
+        assert!(api_info(api::OOM_KILL).is_none());
     }
 }

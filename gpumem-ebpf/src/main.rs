@@ -8,6 +8,7 @@
 
 mod cuda;
 mod maps;
+mod oom;
 mod process;
 mod vmm;
 
@@ -61,11 +62,17 @@ probe_pair! {
     e_cuCtxPushCurrent_v2, r_cuCtxPushCurrent_v2, CU_CTX_PUSH_CURRENT_V2;
     e_cuCtxPopCurrent_v2, r_cuCtxPopCurrent_v2, CU_CTX_POP_CURRENT_V2;
     e_cuCtxDestroy_v2, r_cuCtxDestroy_v2, CU_CTX_DESTROY_V2;
+    e_cuMemGetInfo_v2, r_cuMemGetInfo_v2, CU_MEM_GET_INFO_V2;
 }
 
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     process::on_exit(&ctx)
+}
+
+#[tracepoint]
+pub fn mark_victim(ctx: TracePointContext) -> u32 {
+    oom::on_mark_victim(&ctx)
 }
 
 #[tracepoint]

@@ -34,6 +34,10 @@ pub static FILTER_MODE: u32 = 0;
 #[no_mangle]
 pub static FORK_CHILD_PID_OFFSET: u32 = 44;
 
+/// Offsets of oom:mark_victim fields on this kernel (see `gpumem_common::oom_field`).
+#[no_mangle]
+pub static OOM_OFFSETS: [u32; gpumem_common::oom_field::COUNT] = [gpumem_common::oom_field::FIELD_ABSENT; gpumem_common::oom_field::COUNT];
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct PendingKey {

@@ -243,16 +243,12 @@ fn status_reports_probes_and_missing_symbols() {
     assert_eq!(libs.len(), 1);
     let probes = libs[0]["probes"].as_array().unwrap();
     let attached = probes.iter().filter(|p| p["status"] == "attached").count();
-    assert_eq!(attached, gpumem_common_api_count() - 1);
+    assert_eq!(attached, gpumem_common::APIS.len() - 1, "all but cuCtxCreate_v4");
     let v4 = probes.iter().find(|p| p["symbol"] == "cuCtxCreate_v4").unwrap();
     assert_eq!(v4["status"], "not_exported");
     assert_eq!(v4["required"], false);
     let exit = v["tracepoints"].as_array().unwrap().iter().find(|t| t["tracepoint"] == "sched:sched_process_exit").unwrap();
     assert_eq!(exit["attached"], true);
-}
-
-fn gpumem_common_api_count() -> usize {
-    30
 }
 
 #[test]
@@ -451,4 +447,109 @@ fn pid_option_traces_a_running_process_until_it_exits() {
     assert_eq!(sizes(&allocs), [8 * MIB, 4 * MIB]);
     let exit = events.iter().find(|e| e["type"] == "exit").expect("exit event");
     assert_eq!(released(exit), [(0, 4 * MIB, 1)]);
+}
+
+/// Runs the bad_free workload inside a new cgroup directory and returns the trace.
+fn trace_in_cgroup(cgroup_dir: &std::path::Path) -> Trace {
+    let f = fixtures();
+    std::fs::create_dir_all(cgroup_dir).expect("creating the test cgroup");
+    let procs = cgroup_dir.join("cgroup.procs");
+    let cmd = format!("echo $$ > {} && exec {} {} bad_free", procs.display(), f.workload.display(), f.libcuda.display());
+    // The agent reads /proc/PID/cgroup when it first sees the process: keep it alive a moment.
+    let t = trace(&["--libcuda", f.libcuda.to_str().unwrap(), "-c", &cmd], &[("GPUMEM_WORKLOAD_HOLD_MS", "500")]);
+    // Leaf first, then the parents this test made (they are empty now).
+    let mut dir = cgroup_dir.to_path_buf();
+    while dir.file_name().is_some_and(|n| n != "memory" && n != "unified") {
+        if std::fs::remove_dir(&dir).is_err() {
+            break;
+        }
+        dir.pop();
+    }
+    assert!(t.status.success(), "{}", t.stderr);
+    t
+}
+
+const TEST_POD_UID: &str = "6b1c2d3e-4f50-4a1b-9c2d-3e4f5a6b7c8d";
+const TEST_CONTAINER: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+#[test]
+fn kubernetes_pod_and_container_from_cgroup_v1_cgroupfs() {
+    require_root();
+    let dir = std::path::PathBuf::from(format!("/sys/fs/cgroup/memory/kubepods/burstable/pod{TEST_POD_UID}/{TEST_CONTAINER}"));
+    let t = trace_in_cgroup(&dir);
+    let allocs = t.of_type("alloc");
+    assert_eq!(allocs.len(), 2);
+    for e in &allocs {
+        assert_eq!(e["pod_uid"], TEST_POD_UID, "{e}");
+        assert_eq!(e["container"], TEST_CONTAINER, "{e}");
+        assert_eq!(e["ns_pid"], e["pid"], "same pid namespace");
+    }
+    let p = t.summary_process(allocs[0]["pid"].as_u64().unwrap());
+    assert_eq!(p["pod_uid"], TEST_POD_UID);
+}
+
+#[test]
+fn kubernetes_pod_and_container_from_cgroup_v2_systemd() {
+    require_root();
+    let uid = TEST_POD_UID.replace('-', "_");
+    let dir = std::path::PathBuf::from(format!(
+        "/sys/fs/cgroup/unified/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid}.slice/cri-containerd-{TEST_CONTAINER}.scope"
+    ));
+    let t = trace_in_cgroup(&dir);
+    let allocs = t.of_type("alloc");
+    assert_eq!(allocs.len(), 2);
+    for e in &allocs {
+        assert_eq!(e["pod_uid"], TEST_POD_UID, "{e}");
+        assert_eq!(e["container"], TEST_CONTAINER, "{e}");
+    }
+}
+
+#[test]
+fn cuda_oom_with_enough_reported_free_is_fragmentation() {
+    require_root();
+    let limit = (256 * MIB).to_string();
+    let t = trace_workload("fragmented", &[("GPUMEM_FAKE_MAX_CONTIGUOUS", &limit)]);
+    let infos = t.of_type("mem_info");
+    assert_eq!(sizes(&infos), [1024 * MIB, 224 * MIB], "free bytes read from cuMemGetInfo_v2");
+    let ooms = t.of_type("cuda_oom");
+    assert_eq!(ooms.len(), 2);
+    assert_eq!((ooms[0]["size"].as_u64(), ooms[0]["reported_free"].as_u64(), ooms[0]["fragmentation"].as_bool()), (Some(512 * MIB), Some(1024 * MIB), Some(true)));
+    assert_eq!((ooms[1]["size"].as_u64(), ooms[1]["reported_free"].as_u64(), ooms[1]["fragmentation"].as_bool()), (Some(240 * MIB), Some(224 * MIB), Some(false)));
+    // The snapshot names who held the device: the process itself, 800 MiB in 4.
+    let pid = single_pid(&t);
+    assert_eq!(ooms[1]["holders"][0]["pid"], pid);
+    assert_eq!(ooms[1]["holders"][0]["bytes"], 800 * MIB);
+    assert_eq!(ooms[1]["holders"][0]["allocs"], 4);
+    assert_eq!(ooms[0]["holders"], serde_json::json!([]), "nothing was held at the first failure");
+    let oom = &t.summary["oom"];
+    assert_eq!((oom["cuda_ooms"].as_u64(), oom["fragmentation_ooms"].as_u64()), (Some(2), Some(1)));
+}
+
+#[test]
+fn host_oom_kill_in_a_memory_cgroup_names_victim_and_gpu_holdings() {
+    require_root();
+    let f = fixtures();
+    let cg = std::path::Path::new("/sys/fs/cgroup/memory/gpumem-oom-test");
+    let _ = std::fs::remove_dir(cg);
+    std::fs::create_dir_all(cg).expect("creating a memory cgroup (cgroup v1 memory controller)");
+    std::fs::write(cg.join("memory.limit_in_bytes"), (64 * MIB).to_string()).unwrap();
+    let _ = std::fs::write(cg.join("memory.memsw.limit_in_bytes"), (64 * MIB).to_string());
+    let cmd = format!("echo $$ > {}/cgroup.procs && exec {} {} hog", cg.display(), f.workload.display(), f.libcuda.display());
+    let t = trace(&["--libcuda", f.libcuda.to_str().unwrap(), "-c", &cmd], &[]);
+    let _ = std::fs::remove_dir(cg);
+    assert_eq!(t.status.code(), Some(128 + 9), "the command was OOM-killed: {}", t.stderr);
+    let kills = t.of_type("oom_kill");
+    assert_eq!(kills.len(), 1, "{:#?}", t.events);
+    let k = kills[0];
+    let pid = single_pid(&t);
+    assert_eq!(k["pid"], pid);
+    assert_eq!(k["comm"], "workload");
+    assert_eq!(k["trigger_pid"], pid, "the hog triggered its own kill");
+    assert_eq!(released(&serde_json::json!({"released": k["gpu_holdings"]})), [(0, 100 * MIB, 1)]);
+    assert_eq!(k["memcg"], true);
+    assert_eq!(k["memcg_path"], "/gpumem-oom-test");
+    assert!(k["anon_rss_bytes"].as_u64().unwrap() > 32 * MIB, "{k}");
+    // Then the kill's exit releases the GPU memory.
+    assert_eq!(t.released_at_exit(pid), [(0, 100 * MIB, 1)]);
+    assert_eq!(t.summary["oom"]["host_oom_kills"], 1);
 }

@@ -19,7 +19,7 @@ use crate::{
         trace::{Filter, Printer},
     },
     probes::{Agent, Options, ProbeSet},
-    state::{Limits, State},
+    state::{container, Limits, State},
 };
 
 /// How often new libcuda copies are looked for (the issue asks for < 1 s).
@@ -249,9 +249,22 @@ struct Sink<W: std::io::Write> {
 
 impl<W: std::io::Write> Sink<W> {
     fn on_event(&mut self, ev: &gpumem_common::Event) {
-        let applied = self.state.apply(ev);
+        let mut applied = self.state.apply(ev);
+        if let Some(kill) = applied.oom_kill.as_mut() {
+            // The victim may already be gone; the triggering task shares its cgroup in a memcg OOM.
+            kill.memcg = container::limited_memory_cgroup(ev.pid).or_else(|| container::limited_memory_cgroup(ev.tid));
+        }
+        let proc = self.state.processes.get_mut(&ev.pid);
+        // Looked up once per process, while it is alive; a process that is
+        // already gone when its first event is read keeps trying on the next.
+        let container = proc.and_then(|p| {
+            if p.container.is_none() && ev.api != gpumem_common::api::PROCESS_EXIT {
+                p.container = container::lookup(ev.pid);
+            }
+            p.container.as_ref()
+        });
         if !self.quiet && self.write_error.is_none() {
-            if let Err(e) = self.printer.event(ev, &applied) {
+            if let Err(e) = self.printer.event(ev, &applied, container) {
                 self.write_error = Some(e);
             }
         }

@@ -3,8 +3,10 @@ use gpumem_common::{api, api_info, ApiClass};
 
 /// The `type` of an event in trace output.
 pub fn event_type(api_id: u32) -> &'static str {
-    if api_id == api::PROCESS_EXIT {
-        return "exit";
+    match api_id {
+        api::PROCESS_EXIT => return "exit",
+        api::OOM_KILL => return "oom_kill",
+        _ => {}
     }
     match api_info(api_id).map(|a| a.class) {
         Some(ApiClass::Init) => "init",
@@ -26,14 +28,17 @@ pub fn event_type(api_id: u32) -> &'static str {
         Some(ApiClass::CtxPush) => "ctx_push",
         Some(ApiClass::CtxPop) => "ctx_pop",
         Some(ApiClass::CtxDestroy) => "ctx_destroy",
+        Some(ApiClass::MemGetInfo) => "mem_info",
         Some(ApiClass::ProcessExit) => "exit",
         None => "unknown",
     }
 }
 
 pub fn api_name(api_id: u32) -> &'static str {
-    if api_id == api::PROCESS_EXIT {
-        return "sched_process_exit";
+    match api_id {
+        api::PROCESS_EXIT => return "sched_process_exit",
+        api::OOM_KILL => return "oom:mark_victim",
+        _ => {}
     }
     api_info(api_id).map(|a| a.symbol).unwrap_or("unknown")
 }
@@ -85,6 +90,7 @@ mod tests {
         assert_eq!(event_type(api::CU_MEM_ALLOC_PITCH_V2), "alloc");
         assert_eq!(event_type(api::CU_MEM_ADDRESS_RESERVE), "va_reserve");
         assert_eq!(event_type(api::PROCESS_EXIT), "exit");
+        assert_eq!(event_type(api::OOM_KILL), "oom_kill");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::names::{api_name, bytes, result_name};
 use crate::{
     events::LostEvents,
     probes::discover::ScanStats,
-    state::{Overflow, State},
+    state::{OomCounters, Overflow, State},
 };
 
 #[derive(Debug, Serialize)]
@@ -40,6 +40,9 @@ pub struct ProcessSummary {
     pub untracked_frees: u64,
     /// Device bytes the process still held when it exited.
     pub held_at_exit_bytes: u64,
+    pub container: Option<String>,
+    pub pod_uid: Option<String>,
+    pub ns_pid: Option<u32>,
     pub apis: Vec<ApiSummary>,
 }
 
@@ -56,6 +59,7 @@ pub struct Summary {
     pub probes_attached: usize,
     /// Cost of the periodic /proc scans for new libcuda copies.
     pub discovery: ScanStats,
+    pub oom: OomCounters,
 }
 
 impl Summary {
@@ -83,6 +87,9 @@ impl Summary {
                 host_pinned_allocs: p.host_pinned_allocs,
                 untracked_frees: p.untracked_frees,
                 held_at_exit_bytes: p.held_at_exit_bytes,
+                container: p.container.as_ref().and_then(|c| c.container.clone()),
+                pod_uid: p.container.as_ref().and_then(|c| c.pod_uid.clone()),
+                ns_pid: p.container.as_ref().and_then(|c| c.ns_pid),
                 apis: p
                     .apis
                     .iter()
@@ -105,6 +112,7 @@ impl Summary {
             state_overflow: state.overflow.clone(),
             probes_attached,
             discovery,
+            oom: state.oom.clone(),
         }
     }
 
@@ -153,6 +161,10 @@ impl Summary {
                     state
                 )?;
             }
+            if let Some(c) = &p.container {
+                let pod = p.pod_uid.as_deref().map(|u| format!(", pod {u}")).unwrap_or_default();
+                writeln!(out, "{:>7} {:<15} container {}{pod}", p.pid, p.comm, &c[..12.min(c.len())])?;
+            }
             if p.host_pinned_allocs > 0 {
                 writeln!(out, "{:>7} {:<15} {:>4} {:>12} {:>8}   (pinned host memory)", p.pid, p.comm, "host", bytes(p.host_pinned_bytes), p.host_pinned_allocs)?;
             }
@@ -172,6 +184,14 @@ impl Summary {
                     writeln!(out, "{:>7} {:<30} {:>8} {:>8}  {}", p.pid, a.api, a.calls, a.failures, results.join(", "))?;
                 }
             }
+        }
+        let o = &self.oom;
+        if o.cuda_ooms + o.host_oom_kills > 0 {
+            writeln!(
+                out,
+                "\nOUT OF MEMORY: {} CUDA allocation(s) failed with out-of-memory ({} while enough was reported free: fragmentation), {} host OOM kill(s)",
+                o.cuda_ooms, o.fragmentation_ooms, o.host_oom_kills
+            )?;
         }
         if self.lost_events > 0 {
             writeln!(

@@ -6,7 +6,7 @@ use gpumem_common::{api, api_info, ApiClass, Event, DEVICE_UNKNOWN};
 use serde_json::{json, Value};
 
 use super::names::{api_name, bytes, event_type, result_name};
-use crate::state::Applied;
+use crate::state::{container::ContainerInfo, Applied, CudaOom, Release};
 
 /// Which events are shown (state always sees every event).
 #[derive(Clone, Copy, Debug, Default)]
@@ -52,8 +52,29 @@ fn has_handle(api_id: u32) -> bool {
     )
 }
 
+fn releases_json(rs: &[Release]) -> Value {
+    rs.iter().map(|r| json!({"device": device_value(r.device), "bytes": r.bytes, "allocs": r.allocs})).collect()
+}
+
+/// The extra `cuda_oom` object that follows an allocation failing with out-of-memory.
+pub fn cuda_oom_json(ev: &Event, oom: &CudaOom) -> Value {
+    json!({
+        "type": "cuda_oom",
+        "ts_ns": ev.ts_ns,
+        "pid": ev.pid,
+        "tid": ev.tid,
+        "comm": String::from_utf8_lossy(ev.comm_bytes()),
+        "api": api_name(ev.api),
+        "device": device_value(oom.device),
+        "size": oom.requested,
+        "reported_free": oom.reported_free,
+        "fragmentation": oom.fragmentation,
+        "holders": oom.holders,
+    })
+}
+
 /// The JSON object of one event.
-pub fn event_json(ev: &Event, applied: &Applied) -> Value {
+pub fn event_json(ev: &Event, applied: &Applied, container: Option<&ContainerInfo>) -> Value {
     let mut v = json!({
         "type": event_type(ev.api),
         "ts_ns": ev.ts_ns,
@@ -68,6 +89,10 @@ pub fn event_json(ev: &Event, applied: &Applied) -> Value {
         "latency_ns": ev.latency_ns,
     });
     let obj = v.as_object_mut().expect("object");
+    let c = container.cloned().unwrap_or_default();
+    obj.insert("container".into(), json!(c.container));
+    obj.insert("pod_uid".into(), json!(c.pod_uid));
+    obj.insert("ns_pid".into(), json!(c.ns_pid));
     if let Some(name) = result_name(ev.result) {
         obj.insert("result_name".into(), json!(name));
     }
@@ -81,12 +106,18 @@ pub fn event_json(ev: &Event, applied: &Applied) -> Value {
     if !applied.released.is_empty()
         || matches!(event_type(ev.api), "exit" | "ctx_destroy" | "ctx_release" | "ctx_reset" | "vmm_release" | "vmm_unmap")
     {
-        let released: Vec<Value> = applied
-            .released
-            .iter()
-            .map(|r| json!({"device": device_value(r.device), "bytes": r.bytes, "allocs": r.allocs}))
-            .collect();
-        obj.insert("released".into(), Value::Array(released));
+        obj.insert("released".into(), releases_json(&applied.released));
+    }
+    if let Some(kill) = &applied.oom_kill {
+        obj.insert("trigger_pid".into(), json!(ev.tid));
+        obj.insert("total_vm_bytes".into(), json!(ev.addr * 1024));
+        obj.insert("anon_rss_bytes".into(), json!(ev.size * 1024));
+        obj.insert("file_rss_bytes".into(), json!(ev.handle * 1024));
+        obj.insert("shmem_rss_bytes".into(), json!(ev.aux * 1024));
+        obj.insert("memcg".into(), json!(kill.memcg.is_some()));
+        obj.insert("memcg_path".into(), json!(kill.memcg));
+        obj.insert("gpu_holdings".into(), releases_json(&kill.holdings));
+        obj.insert("size".into(), json!(kill.holdings.iter().map(|r| r.bytes).sum::<u64>()));
     }
     if applied.untracked {
         obj.insert("untracked".into(), json!(true));
@@ -113,13 +144,18 @@ impl<W: Write> Printer<W> {
         Printer { out, json, filter, start_ns: None, header: false }
     }
 
-    pub fn event(&mut self, ev: &Event, applied: &Applied) -> io::Result<()> {
+    pub fn event(&mut self, ev: &Event, applied: &Applied, container: Option<&ContainerInfo>) -> io::Result<()> {
         if !self.filter.shows(ev, applied) {
             return Ok(());
         }
         if self.json {
-            serde_json::to_writer(&mut self.out, &event_json(ev, applied))?;
-            return writeln!(self.out);
+            serde_json::to_writer(&mut self.out, &event_json(ev, applied, container))?;
+            writeln!(self.out)?;
+            if let Some(oom) = &applied.cuda_oom {
+                serde_json::to_writer(&mut self.out, &cuda_oom_json(ev, oom))?;
+                writeln!(self.out)?;
+            }
+            return Ok(());
         }
         if !self.header {
             self.header = true;
@@ -145,6 +181,16 @@ impl<W: Write> Printer<W> {
         if applied.untracked {
             extra.push_str(" (untracked)");
         }
+        if let Some(kill) = &applied.oom_kill {
+            let held: Vec<String> = kill.holdings.iter().map(|r| format!("dev {}: {} in {}", r.device, bytes(r.bytes), r.allocs)).collect();
+            extra = format!(
+                " HOST OOM KILL, triggered by pid {}, anon rss {}, {}; GPU memory held: {}",
+                ev.tid,
+                bytes(ev.size * 1024),
+                kill.memcg.as_deref().map_or("host-wide".to_string(), |p| format!("memory cgroup {p}")),
+                if held.is_empty() { "none".to_string() } else { held.join(", ") }
+            );
+        }
         writeln!(
             self.out,
             "{:<10.6} {:>7} {:>7} {:<15} {:<11} {:<28} {:>3} {:<16} {:>11} {:<20} {:>9.1}{}",
@@ -160,7 +206,21 @@ impl<W: Write> Printer<W> {
             result,
             ev.latency_ns as f64 / 1e3,
             extra
-        )
+        )?;
+        if let Some(oom) = &applied.cuda_oom {
+            let free = oom.reported_free.map_or("not reported".to_string(), |f| format!("{} reported free", bytes(f)));
+            let holders: Vec<String> = oom.holders.iter().map(|h| format!("{} ({}) {}", h.pid, h.comm, bytes(h.bytes))).collect();
+            writeln!(
+                self.out,
+                "           CUDA OOM on device {}: {} requested, {}{}; holders: {}",
+                oom.device,
+                bytes(oom.requested),
+                free,
+                if oom.fragmentation { " -> FRAGMENTATION (enough memory was free)" } else { "" },
+                if holders.is_empty() { "none traced".to_string() } else { holders.join(", ") }
+            )?;
+        }
+        Ok(())
     }
 
     pub fn flush(&mut self) -> io::Result<()> {
@@ -200,7 +260,7 @@ mod tests {
     #[test]
     fn json_keys_and_values() {
         let applied = Applied { device: 1, size: 8192, ..Default::default() };
-        let v = event_json(&event(api::CU_MEM_ALLOC_PITCH_V2), &applied);
+        let v = event_json(&event(api::CU_MEM_ALLOC_PITCH_V2), &applied, None);
         assert_eq!(v["type"], "alloc");
         assert_eq!(v["api"], "cuMemAllocPitch_v2");
         assert_eq!(v["addr"], "0x7f00");
@@ -210,6 +270,10 @@ mod tests {
         assert_eq!(v["comm"], "python3");
         assert_eq!(v["result_name"], "CUDA_SUCCESS");
         assert!(v.get("handle").is_none());
+        assert!(v["container"].is_null() && v["pod_uid"].is_null() && v["ns_pid"].is_null());
+        let c = ContainerInfo { container: Some("ab".into()), pod_uid: Some("u".into()), ns_pid: Some(7), ..Default::default() };
+        let v = event_json(&event(api::CU_MEM_ALLOC_V2), &applied, Some(&c));
+        assert_eq!((v["container"].as_str(), v["pod_uid"].as_str(), v["ns_pid"].as_u64()), (Some("ab"), Some("u"), Some(7)));
     }
 
     #[test]
@@ -220,11 +284,11 @@ mod tests {
             released: vec![Release { device: 0, bytes: 3, allocs: 1 }],
             ..Default::default()
         };
-        let v = event_json(&event(api::PROCESS_EXIT), &applied);
+        let v = event_json(&event(api::PROCESS_EXIT), &applied, None);
         assert_eq!(v["type"], "exit");
         assert!(v["device"].is_null());
         assert_eq!(v["released"][0]["bytes"], 3);
-        let v = event_json(&event(api::CU_CTX_DESTROY_V2), &Applied::default());
+        let v = event_json(&event(api::CU_CTX_DESTROY_V2), &Applied::default(), None);
         assert_eq!(v["released"], serde_json::json!([]));
         assert_eq!(v["handle"], "0x1001");
     }
@@ -244,7 +308,7 @@ mod tests {
     #[test]
     fn human_line_is_aligned() {
         let mut p = Printer::new(Vec::new(), false, Filter::default());
-        p.event(&event(api::CU_MEM_ALLOC_V2), &Applied { device: 0, size: 4096, ..Default::default() }).unwrap();
+        p.event(&event(api::CU_MEM_ALLOC_V2), &Applied { device: 0, size: 4096, ..Default::default() }, None).unwrap();
         let text = String::from_utf8(p.out).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2);

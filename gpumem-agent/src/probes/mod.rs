@@ -12,7 +12,7 @@ use aya::{
     programs::{uprobe::UProbeScope, TracePoint, UProbe},
     Ebpf, EbpfLoader,
 };
-use gpumem_common::{filter, stat, APIS};
+use gpumem_common::{filter, oom_field, stat, APIS};
 pub use discover::{Library, Source};
 
 /// The eBPF object built by build.rs.
@@ -143,10 +143,19 @@ impl Agent {
                 0
             }
         };
+        // Where oom:mark_victim keeps its fields on this kernel; a field it
+        // lacks (older kernels have only pid) is left out of the events.
+        let mut oom_offsets = [oom_field::FIELD_ABSENT; oom_field::COUNT];
+        for (i, name) in oom_field::NAMES.iter().enumerate() {
+            if let Ok(off) = tracefs::field_offset("oom", "mark_victim", name) {
+                oom_offsets[i] = off;
+            }
+        }
         let mode = if options.filter_pids { filter::PIDS } else { filter::ALL };
         let ebpf = EbpfLoader::new()
             .override_global("FILTER_MODE", &mode, true)
             .override_global("FORK_CHILD_PID_OFFSET", &fork_offset, true)
+            .override_global("OOM_OFFSETS", &oom_offsets, true)
             .map_max_entries("EVENTS", options.ringbuf_bytes)
             .load(EBPF_OBJECT)
             .map_err(ProbeError::Load)?;
@@ -162,7 +171,7 @@ impl Agent {
             let prog: &mut UProbe = agent.program(&name)?;
             prog.load().map_err(|source| ProbeError::Program { program: name.clone(), source })?;
         }
-        agent.attach_tracepoints(fork_offset != 0);
+        agent.attach_tracepoints(fork_offset != 0, oom_offsets[oom_field::PID] != oom_field::FIELD_ABSENT);
         Ok(agent)
     }
 
@@ -177,10 +186,17 @@ impl Agent {
         prog.try_into().map_err(|source| ProbeError::Program { program: name.to_string(), source })
     }
 
-    fn attach_tracepoints(&mut self, fork_known: bool) {
+    fn attach_tracepoints(&mut self, fork_known: bool, oom_known: bool) {
         let mut wanted = vec![("sched", "sched_process_exit")];
         if self.options.filter_pids && fork_known {
             wanted.push(("sched", "sched_process_fork"));
+        }
+        // Host OOM kills. Kernels with kprobes could also use oom_kill_process;
+        // the tracepoint runs in the triggering task, which names it just as well.
+        if oom_known {
+            wanted.push(("oom", "mark_victim"));
+        } else {
+            self.notes.push("oom:mark_victim has no pid field here: host OOM kills are not traced".into());
         }
         for (category, name) in wanted {
             let result = (|| -> Result<(), String> {
@@ -189,9 +205,18 @@ impl Agent {
                 prog.attach(category, name).map_err(|e| format!("attach: {e}"))?;
                 Ok(())
             })();
-            let tracepoint = if name == "sched_process_exit" { "sched:sched_process_exit" } else { "sched:sched_process_fork" };
+            let tracepoint = match name {
+                "sched_process_exit" => "sched:sched_process_exit",
+                "sched_process_fork" => "sched:sched_process_fork",
+                _ => "oom:mark_victim",
+            };
             if let Err(e) = &result {
-                self.notes.push(format!("{tracepoint} not attached ({e}): exits will not release memory"));
+                let consequence = match name {
+                    "sched_process_exit" => "exits will not release memory",
+                    "sched_process_fork" => "children of -c commands are not followed",
+                    _ => "host OOM kills are not traced",
+                };
+                self.notes.push(format!("{tracepoint} not attached ({e}): {consequence}"));
             }
             self.tracepoints.push(TracepointReport { tracepoint, attached: result.is_ok(), error: result.err() });
         }

@@ -2,6 +2,7 @@
 //!
 //! Failed calls are counted and change nothing. Everything held is bounded by
 //! `Limits`; what does not fit is counted in `Overflow`, never dropped silently.
+pub mod container;
 pub mod process;
 
 use std::collections::BTreeMap;
@@ -42,9 +43,55 @@ pub struct Release {
     pub allocs: u64,
 }
 
+/// A process holding memory on a device, for OOM snapshots.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Holder {
+    pub pid: u32,
+    pub comm: String,
+    pub bytes: u64,
+    pub allocs: u64,
+}
+
+/// A CUDA allocation that failed with out-of-memory, and who held the device.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct CudaOom {
+    pub device: i32,
+    pub requested: u64,
+    /// Free bytes the process's own last cuMemGetInfo_v2 reported for the device.
+    pub reported_free: Option<u64>,
+    /// Failed although at least the requested size was reported free.
+    pub fragmentation: bool,
+    /// Largest holders of the device, most first (at most `OOM_TOP_HOLDERS`).
+    pub holders: Vec<Holder>,
+}
+
+pub const OOM_TOP_HOLDERS: usize = 5;
+
+/// A host OOM kill as the state saw it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OomKill {
+    /// The victim's GPU memory per device at that moment.
+    pub holdings: Vec<Release>,
+    /// The limited memory cgroup the kill happened in (filled by the caller,
+    /// which can read /proc); None for a host-wide kill or when unknown.
+    pub memcg: Option<String>,
+}
+
+/// Out-of-memory counts kept for the summary and the exporter.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OomCounters {
+    pub cuda_ooms: u64,
+    pub fragmentation_ooms: u64,
+    pub host_oom_kills: u64,
+}
+
 /// What applying one event did, for rendering.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Applied {
+    /// Host OOM kill: the victim's GPU holdings per device at that moment.
+    pub oom_kill: Option<OomKill>,
+    /// A CUDA allocation failed with out-of-memory.
+    pub cuda_oom: Option<CudaOom>,
     /// Device the event is attributed to (resolved from contexts if the call
     /// itself names none).
     pub device: i32,
@@ -65,6 +112,7 @@ pub struct State {
     pub overflow: Overflow,
     entries: usize,
     pub events: u64,
+    pub oom: OomCounters,
 }
 
 impl State {
@@ -78,6 +126,12 @@ impl State {
 
     pub fn apply(&mut self, ev: &Event) -> Applied {
         self.events += 1;
+        if ev.api == gpumem_common::api::OOM_KILL {
+            // The victim need not be a CUDA process: do not create one for it.
+            self.oom.host_oom_kills += 1;
+            let holdings = self.processes.get(&ev.pid).map(holdings).unwrap_or_default();
+            return Applied { device: DEVICE_UNKNOWN, oom_kill: Some(OomKill { holdings, memcg: None }), ..Default::default() };
+        }
         if !self.processes.contains_key(&ev.pid) {
             if self.processes.len() >= self.limits.max_processes && !self.evict_exited() {
                 self.overflow.process_events_dropped += 1;
@@ -111,7 +165,18 @@ impl State {
             stats.failures += 1;
             *stats.failures_by_result.entry(ev.result).or_default() += 1;
             let device = if ev.device != DEVICE_UNKNOWN { ev.device } else { proc.current_device(ev.tid) };
-            return Applied { device, size: ev.size, ..Default::default() };
+            let mut applied = Applied { device, size: ev.size, ..Default::default() };
+            if ev.result == gpumem_common::cu_result::OUT_OF_MEMORY && matches!(info.class, ApiClass::DeviceAlloc | ApiClass::VmmCreate) {
+                let reported_free = proc.reported_free.get(&device).map(|&(free, _)| free);
+                let fragmentation = reported_free.is_some_and(|free| free >= ev.size);
+                self.oom.cuda_ooms += 1;
+                if fragmentation {
+                    self.oom.fragmentation_ooms += 1;
+                }
+                let holders = self.top_holders(device, OOM_TOP_HOLDERS);
+                applied.cuda_oom = Some(CudaOom { device, requested: ev.size, reported_free, fragmentation, holders });
+            }
+            return applied;
         }
         let before = proc.entries();
         let applied = apply_success(proc, info.class, ev, room);
@@ -120,6 +185,21 @@ impl State {
             self.overflow.entries_dropped += 1;
         }
         applied
+    }
+
+    /// The processes holding the most memory on a device, most first.
+    pub fn top_holders(&self, device: i32, n: usize) -> Vec<Holder> {
+        let mut holders: Vec<Holder> = self
+            .processes
+            .values()
+            .filter_map(|p| {
+                let t = p.devices.get(&device)?;
+                (t.live_allocs > 0).then(|| Holder { pid: p.pid, comm: p.comm.clone(), bytes: t.live_bytes, allocs: t.live_allocs })
+            })
+            .collect();
+        holders.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
+        holders.truncate(n);
+        holders
     }
 
     /// Makes room by forgetting the oldest exited process. False if none.
@@ -326,9 +406,23 @@ fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool) -> Ap
             }
             p.primary.retain(|_, prim| prim.ctx != ev.handle);
         }
+        ApiClass::MemGetInfo => {
+            let device = p.current_device(ev.tid);
+            out.device = device;
+            p.reported_free.insert(device, (ev.size, ev.aux));
+        }
         ApiClass::ProcessExit => {}
     }
     out
+}
+
+/// A process's live device memory per device.
+fn holdings(p: &Process) -> Vec<Release> {
+    p.devices
+        .iter()
+        .filter(|(_, t)| t.live_allocs > 0)
+        .map(|(&device, t)| Release { device, bytes: t.live_bytes, allocs: t.live_allocs })
+        .collect()
 }
 
 fn credit_free(p: &mut Process, a: &Allocation) {
@@ -370,12 +464,7 @@ fn release_ctx(p: &mut Process, ctx: u64) -> Vec<Release> {
 
 /// Process exit: the driver frees everything the process held.
 fn release_all(p: &mut Process) -> Vec<Release> {
-    let released: Vec<Release> = p
-        .devices
-        .iter()
-        .filter(|(_, t)| t.live_allocs > 0)
-        .map(|(&device, t)| Release { device, bytes: t.live_bytes, allocs: t.live_allocs })
-        .collect();
+    let released = holdings(p);
     p.allocs.clear();
     p.vmm_handles.clear();
     p.mappings.clear();
@@ -387,6 +476,7 @@ fn release_all(p: &mut Process) -> Vec<Release> {
     p.ctx_device.clear();
     p.primary.clear();
     p.last_ctx = None;
+    p.reported_free.clear();
     released
 }
 

@@ -90,6 +90,10 @@ pub struct Process {
     /// Device bytes still held when the process exited (freed by the driver,
     /// never by the program: a leak hint).
     pub held_at_exit_bytes: u64,
+    /// Last (free, total) bytes the process's own cuMemGetInfo_v2 reported, per device.
+    pub reported_free: HashMap<i32, (u64, u64)>,
+    /// Container and pod, looked up from /proc when the process is first seen.
+    pub container: Option<super::container::ContainerInfo>,
 }
 
 impl Process {

@@ -237,3 +237,36 @@ fn comm_comes_from_the_main_thread() {
     s.apply(&ev(api::CU_INIT));
     assert_eq!(s.processes[&100].comm, "python");
 }
+
+#[test]
+fn cuda_oom_snapshot_and_fragmentation() {
+    let mut s = state();
+    s.apply(&alloc(0x1, 300 * MIB));
+    s.apply(&Event { pid: 200, tid: 200, ..retain(0xd0, 0) });
+    s.apply(&Event { pid: 200, tid: 200, ..set_current(0xd0) });
+    s.apply(&Event { pid: 200, tid: 200, ..alloc(0x2, 500 * MIB) });
+    // No cuMemGetInfo seen: not called fragmentation.
+    let a = s.apply(&Event { result: 2, ..alloc(0, 64 * MIB) });
+    let oom = a.cuda_oom.expect("snapshot");
+    assert_eq!((oom.device, oom.requested, oom.reported_free, oom.fragmentation), (0, 64 * MIB, None, false));
+    assert_eq!(oom.holders.iter().map(|h| (h.pid, h.bytes)).collect::<Vec<_>>(), [(200, 500 * MIB), (100, 300 * MIB)]);
+    // The process saw 100 MiB free, then 64 MiB failed: fragmentation.
+    s.apply(&Event { size: 100 * MIB, aux: 1024 * MIB, ..ev(api::CU_MEM_GET_INFO_V2) });
+    assert!(s.apply(&Event { result: 2, ..alloc(0, 64 * MIB) }).cuda_oom.unwrap().fragmentation);
+    assert!(!s.apply(&Event { result: 2, ..alloc(0, 128 * MIB) }).cuda_oom.unwrap().fragmentation);
+    // Other failures are not OOMs.
+    assert!(s.apply(&Event { result: 1, ..alloc(0, 0) }).cuda_oom.is_none());
+    assert_eq!(s.oom, OomCounters { cuda_ooms: 3, fragmentation_ooms: 1, host_oom_kills: 0 });
+}
+
+#[test]
+fn host_oom_kill_reports_victim_holdings_without_creating_processes() {
+    let mut s = state();
+    s.apply(&alloc(0x1, 7 * MIB));
+    let a = s.apply(&Event { pid: 100, tid: 300, ..ev(api::OOM_KILL) });
+    assert_eq!(a.oom_kill.unwrap().holdings, vec![Release { device: 0, bytes: 7 * MIB, allocs: 1 }]);
+    let a = s.apply(&Event { pid: 999, tid: 999, ..ev(api::OOM_KILL) });
+    assert!(a.oom_kill.unwrap().holdings.is_empty());
+    assert!(!s.processes.contains_key(&999), "a non-CUDA victim is not a traced process");
+    assert_eq!(s.oom.host_oom_kills, 2);
+}

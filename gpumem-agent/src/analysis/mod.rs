@@ -1,0 +1,2 @@
+//! Analyses over state: they read state and never talk to the kernel.
+pub mod growth;
