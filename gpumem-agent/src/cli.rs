@@ -19,6 +19,10 @@ pub struct Cli {
 pub enum Command {
     /// Stream CUDA memory events as they happen, then summarise per process and device.
     Trace(TraceArgs),
+    /// Find GPU memory leaks: after tracing, the allocations still outstanding and
+    /// older than --older-than, per process and device, grouped by allocation stack,
+    /// with a growth verdict per process.
+    Leaks(LeaksArgs),
     /// Show kernel features, every libcuda found and every probe attached or skipped.
     Status(StatusArgs),
     /// Attach probes and wait, for overhead measurements (see `cargo xtask bench`).
@@ -73,6 +77,34 @@ pub struct TraceArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct LeaksArgs {
+    /// Trace only this process (repeatable). Tracing ends when all of them have exited.
+    #[arg(short = 'p', long = "pid", value_name = "PID", conflicts_with = "command")]
+    pub pids: Vec<u32>,
+    /// Start this command (run by /bin/sh) and trace it and its children. The report
+    /// comes when it exits or at --duration, whichever is first (the command is left running).
+    #[arg(short = 'c', long = "command", value_name = "CMD")]
+    pub command: Option<String>,
+    /// Trace for this many seconds, then report (default: until Ctrl-C or the command exits).
+    #[arg(long, value_name = "SECONDS", value_parser = parse_duration)]
+    pub duration: Option<f64>,
+    /// Report only allocations at least this old when the report is made.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0, value_parser = parse_age)]
+    pub older_than: f64,
+    /// Show the largest N stacks per process and device.
+    #[arg(short = 'n', long = "top", value_name = "N", default_value_t = 10)]
+    pub top: usize,
+    #[command(flatten)]
+    pub libcuda: LibcudaArgs,
+    /// Print the report as one JSON object (`"type":"leaks"`).
+    #[arg(long)]
+    pub json: bool,
+    /// Most live allocations kept in memory; beyond it allocations are counted as dropped.
+    #[arg(long, value_name = "N", default_value_t = 1 << 20)]
+    pub max_allocations: usize,
+}
+
+#[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
     pub libcuda: LibcudaArgs,
@@ -97,6 +129,14 @@ fn parse_duration(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
     if !v.is_finite() || v <= 0.0 {
         return Err(format!("duration must be a positive number of seconds, got `{s}`"));
+    }
+    Ok(v)
+}
+
+fn parse_age(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("age must be zero or a positive number of seconds, got `{s}`"));
     }
     Ok(v)
 }

@@ -2,47 +2,63 @@
 //! records, and counting every event that did not arrive.
 
 use aya::maps::{MapData, RingBuf};
-use gpumem_common::{stat, Event};
+use gpumem_common::{flags, stat, Event, StackEvent, STACK_EVENT_SIZE};
 use tokio::io::unix::AsyncFd;
 
 pub struct EventReader {
     ring: AsyncFd<RingBuf<MapData>>,
     /// Records shorter than an Event (ABI mismatch): counted, never misread.
     pub malformed: u64,
+    /// Reused buffer for records that carry a stack (8 KiB: not on the stack).
+    stack_buf: Box<StackEvent>,
 }
+
+/// A decoded record: every event, and for allocations the caller's stack.
+pub type Handler<'a> = dyn FnMut(&Event, Option<&StackEvent>) + 'a;
 
 impl EventReader {
     pub fn new(ring: RingBuf<MapData>) -> std::io::Result<Self> {
         // SAFETY: the RingBuf owns its map fd and lives inside the AsyncFd,
         // so the fd stays open and unchanged for the AsyncFd's lifetime.
         let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }?;
-        Ok(EventReader { ring, malformed: 0 })
+        // SAFETY: StackEvent is plain old data; all zeroes is a valid value.
+        let stack_buf = unsafe { Box::<StackEvent>::new_zeroed().assume_init() };
+        Ok(EventReader { ring, malformed: 0, stack_buf })
     }
 
     /// Waits until records are available, then hands every available one to `f`.
-    pub async fn read(&mut self, mut f: impl FnMut(&Event)) -> std::io::Result<usize> {
+    /// Waits until records are available; take them with `drain_now`.
+    pub async fn readable(&mut self) -> std::io::Result<()> {
         let mut guard = self.ring.readable_mut().await?;
-        let n = drain(guard.get_inner_mut(), &mut self.malformed, &mut f);
+        // Cleared before draining: a record arriving during the drain is
+        // either drained or signals readiness again.
         guard.clear_ready();
-        // Records may have arrived between the last read and clear_ready.
-        Ok(n + drain(self.ring.get_mut(), &mut self.malformed, &mut f))
+        Ok(())
     }
 
     /// Hands every record available now to `f`, without waiting.
-    pub fn drain_now(&mut self, mut f: impl FnMut(&Event)) -> usize {
-        drain(self.ring.get_mut(), &mut self.malformed, &mut f)
+    pub fn drain_now(&mut self, f: &mut Handler<'_>) -> usize {
+        drain(self.ring.get_mut(), &mut self.malformed, &mut self.stack_buf, f)
     }
 }
 
-fn drain(ring: &mut RingBuf<MapData>, malformed: &mut u64, f: &mut impl FnMut(&Event)) -> usize {
+fn drain(ring: &mut RingBuf<MapData>, malformed: &mut u64, buf: &mut StackEvent, f: &mut Handler<'_>) -> usize {
     let mut n = 0;
     while let Some(item) = ring.next() {
-        match Event::from_bytes(&item) {
-            Some(ev) => {
-                f(&ev);
-                n += 1;
-            }
-            None => *malformed += 1,
+        let Some(ev) = Event::from_bytes(&item) else {
+            *malformed += 1;
+            continue;
+        };
+        n += 1;
+        if ev.flags & flags::HAS_STACK == 0 {
+            f(&ev, None);
+        } else if item.len() >= STACK_EVENT_SIZE {
+            // SAFETY: length checked; StackEvent is plain old data.
+            unsafe { std::ptr::copy_nonoverlapping(item.as_ptr(), (buf as *mut StackEvent).cast::<u8>(), STACK_EVENT_SIZE) };
+            f(&ev, Some(buf));
+        } else {
+            *malformed += 1;
+            f(&ev, None);
         }
     }
     n

@@ -5,6 +5,7 @@ mod commands;
 mod events;
 mod export;
 mod probes;
+mod stacks;
 mod state;
 
 use std::process::ExitCode;
@@ -16,6 +17,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Trace(args) => commands::trace::run(commands::trace::Session::from_args(args)),
+        Command::Leaks(args) => commands::trace::run(commands::trace::Session::for_leaks(args)),
         Command::Status(args) => commands::status::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => commands::trace::run(commands::trace::Session::for_bench(args)),
     };

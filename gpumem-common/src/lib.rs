@@ -145,6 +145,8 @@ pub mod flags {
     pub const OUT_READ_FAILED: u32 = 1 << 0;
     /// `device` comes from the call's own arguments (cuMemCreate, ctx calls).
     pub const DEVICE_FROM_ARGS: u32 = 1 << 1;
+    /// The record is a `StackEvent`: the event followed by the caller's stack.
+    pub const HAS_STACK: u32 = 1 << 2;
 }
 
 /// CUresult values that gpumem names.
@@ -193,6 +195,32 @@ pub struct Event {
 
 pub const EVENT_SIZE: usize = core::mem::size_of::<Event>();
 const _: () = assert!(EVENT_SIZE == 88);
+
+/// Bytes of user stack copied with each successful allocation, from the
+/// caller's stack pointer up: enough for deep -O2 stacks without frame
+/// pointers (perf's default for DWARF unwinding is the same 8 KiB).
+pub const STACK_BYTES: usize = 8192;
+/// The stack is copied in chunks; a chunk that cannot be read (the top of
+/// the stack) ends the copy.
+pub const STACK_CHUNK: usize = 512;
+
+/// A successful allocation with the caller's registers and stack, taken at
+/// the call's return: `ip` is the return address in the caller, `sp` and
+/// `bp` the caller's registers, `data[..len]` the stack from `sp` up.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct StackEvent {
+    pub event: Event,
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    pub len: u32,
+    pub _pad: u32,
+    pub data: [u8; STACK_BYTES],
+}
+
+pub const STACK_EVENT_SIZE: usize = core::mem::size_of::<StackEvent>();
+const _: () = assert!(STACK_EVENT_SIZE == EVENT_SIZE + 32 + STACK_BYTES);
 
 /// Indices into the eBPF `STATS` per-CPU array: things the kernel side could
 /// not do. Every one is surfaced by the agent.

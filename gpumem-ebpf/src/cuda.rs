@@ -8,7 +8,7 @@ use gpumem_common::{api, flags, stat, Event, DEVICE_UNKNOWN};
 
 use crate::{
     maps::{count, should_trace, Pending, PendingKey, EVENTS, PENDING, TRACKED},
-    vmm,
+    stack, vmm,
 };
 
 #[inline(always)]
@@ -52,10 +52,6 @@ pub fn on_return(ctx: &RetProbeContext, api_id: u32) -> u32 {
     // CUresult is a C enum (int): the low 32 bits of rax.
     let result = ctx.ret::<u64>() as u32;
 
-    let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
-        count(stat::RINGBUF_FULL);
-        return 0;
-    };
     let mut ev = Event {
         ts_ns: now,
         latency_ns: now.wrapping_sub(pending.ts_ns),
@@ -72,14 +68,39 @@ pub fn on_return(ctx: &RetProbeContext, api_id: u32) -> u32 {
         comm: bpf_get_current_comm().unwrap_or([0u8; 16]),
     };
     decode(api_id, &pending, result == 0, &mut ev);
-    entry.write(ev);
-    entry.submit(0);
+    if result == 0 && wants_stack(api_id) {
+        stack::emit_with_stack(ctx, ev);
+    } else {
+        match EVENTS.reserve::<Event>(0) {
+            Some(mut entry) => {
+                entry.write(ev);
+                entry.submit(0);
+            }
+            None => count(stat::RINGBUF_FULL),
+        }
+    }
 
     // SAFETY: plain lookup. Insert only when new: an update on every call costs.
     if unsafe { TRACKED.get(&tgid) }.is_none() && TRACKED.insert(&tgid, &1, 0).is_err() {
         count(stat::TRACKED_FULL);
     }
     0
+}
+
+/// Allocations whose caller's stack is recorded (for leak finding).
+#[inline(always)]
+fn wants_stack(api_id: u32) -> bool {
+    matches!(
+        api_id,
+        api::CU_MEM_ALLOC_V2
+            | api::CU_MEM_ALLOC_PITCH_V2
+            | api::CU_MEM_ALLOC_MANAGED
+            | api::CU_MEM_ALLOC_ASYNC
+            | api::CU_MEM_ALLOC_ASYNC_PTSZ
+            | api::CU_MEM_ALLOC_FROM_POOL_ASYNC
+            | api::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ
+            | api::CU_MEM_CREATE
+    )
 }
 
 /// Reads a value the call wrote through an out-pointer.

@@ -10,6 +10,7 @@ mod cuda;
 mod maps;
 mod oom;
 mod process;
+mod stack;
 mod vmm;
 
 use aya_ebpf::{

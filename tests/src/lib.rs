@@ -67,7 +67,18 @@ pub fn fixtures() -> &'static Fixtures {
         cc(&["-shared", "-fPIC", "-O2", "-Wall", "-o", lib_tmp.to_str().unwrap(), src.join("fake_libcuda.c").to_str().unwrap(), "-lpthread"]);
         // Replace by rename: a running process keeps the old inode intact.
         std::fs::rename(&lib_tmp, &libcuda).expect("installing the synthetic libcuda");
-        cc(&["-O2", "-Wall", "-o", workload.to_str().unwrap(), src.join("workload.c").to_str().unwrap(), "-ldl", "-lpthread"]);
+        // No frame pointers, like libcuda and PyTorch: stacks must come from .eh_frame.
+        cc(&[
+            "-O2",
+            "-g",
+            "-fomit-frame-pointer",
+            "-Wall",
+            "-o",
+            workload.to_str().unwrap(),
+            src.join("workload.c").to_str().unwrap(),
+            "-ldl",
+            "-lpthread",
+        ]);
         Fixtures { dir, libcuda, workload }
     })
 }

@@ -553,3 +553,98 @@ fn host_oom_kill_in_a_memory_cgroup_names_victim_and_gpu_holdings() {
     assert_eq!(t.released_at_exit(pid), [(0, 100 * MIB, 1)]);
     assert_eq!(t.summary["oom"]["host_oom_kills"], 1);
 }
+
+fn leaks(args: &[&str], envs: &[(&str, &str)]) -> Value {
+    let mut full = vec!["leaks", "--json"];
+    full.extend_from_slice(args);
+    let out = run_gpumem(&full, envs);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "one JSON object: {stdout}");
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["type"], "leaks");
+    v
+}
+
+fn function_names(group: &Value) -> Vec<String> {
+    group["frames"].as_array().unwrap().iter().map(|f| f["function"].as_str().unwrap_or("?").to_string()).collect()
+}
+
+#[test]
+fn leaks_names_the_leaking_function_and_its_callers_without_frame_pointers() {
+    require_root();
+    let f = fixtures();
+    let log = f.dir.join("leak.log");
+    let _ = std::fs::remove_file(&log);
+    let cmd = format!("{} {} deep_leak", f.workload.display(), f.libcuda.display());
+    let v = leaks(
+        &["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0.5", "--duration", "3", "-c", &cmd],
+        &[("GPUMEM_LEAK_LOG", log.to_str().unwrap()), ("GPUMEM_STEPS", "60")],
+    );
+    let procs = v["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1, "{v:#}");
+    let p = &procs[0];
+    assert_eq!(p["comm"], "workload");
+    assert_eq!(p["device"], 0);
+
+    let groups = p["stacks"].as_array().unwrap();
+    let leak = groups.iter().find(|g| function_names(g).first().map(String::as_str) == Some("leak_buffer")).expect("a leak_buffer stack");
+    // The leaking function and its callers, unwound from .eh_frame (no frame pointers).
+    assert_eq!(function_names(leak)[..3], ["leak_buffer", "train_step", "run_model"], "{leak:#}");
+    assert!(leak["frames"][0]["file"].as_str().unwrap().ends_with("workload.c"), "file:line from DWARF: {leak:#}");
+    assert!(leak["frames"][0]["line"].as_u64().unwrap() > 0);
+    // Exact bytes: every leak older than 0.5 s at the report, 4 MiB each.
+    let cutoff = v["now_ns"].as_u64().unwrap() - 500_000_000;
+    let stamps: Vec<u64> = std::fs::read_to_string(&log).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let near = stamps.iter().filter(|&&t| t.abs_diff(cutoff) < 2_000_000).count();
+    let older = stamps.iter().filter(|&&t| t < cutoff).count() as u64;
+    let count = leak["count"].as_u64().unwrap();
+    assert!(count == older || (near > 0 && count.abs_diff(older) <= near as u64), "{count} leaks reported, {older} made before the cut-off");
+    assert!(count >= 15, "{count}");
+    assert_eq!(leak["bytes"].as_u64().unwrap(), count * 4 * MIB);
+
+    // The weights are outstanding (memleak semantics) under their own stack, once.
+    let weights = groups.iter().find(|g| function_names(g).first().map(String::as_str) == Some("load_weights")).expect("weights");
+    assert_eq!((weights["count"].as_u64(), weights["bytes"].as_u64()), (Some(1), Some(256 * MIB)));
+    // Freed activations never show up.
+    assert!(groups.iter().all(|g| function_names(g).first().map(String::as_str) != Some("train_step")), "{groups:#?}");
+    assert_eq!(groups.len(), 2, "{groups:#?}");
+    assert_eq!(p["outstanding_bytes"].as_u64().unwrap(), 256 * MIB + count * 4 * MIB);
+
+    // Growth: the leak (40 MiB/s), not the weights.
+    let g = &p["growth"];
+    assert_eq!(g["leaking"], true, "{g}");
+    let rate = g["rate_bytes_per_s"].as_f64().unwrap() / MIB as f64;
+    assert!((30.0..50.0).contains(&rate), "{rate} MiB/s");
+
+    let st = &v["stacks"];
+    assert!(st["captured"].as_u64().unwrap() >= count + 1);
+    assert_eq!(st["unwind_failed"], 0);
+}
+
+#[test]
+fn leaks_after_exit_reports_nothing() {
+    require_root();
+    let f = fixtures();
+    let cmd = format!("{} {} deep_leak", f.workload.display(), f.libcuda.display());
+    // The process leaks, then exits: the driver frees everything, no leak remains.
+    let v = leaks(&["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0", "-c", &cmd], &[("GPUMEM_STEPS", "5")]);
+    assert_eq!(v["processes"], serde_json::json!([]), "{v:#}");
+    assert!(v["stacks"]["captured"].as_u64().unwrap() >= 6);
+}
+
+#[test]
+fn growth_detector_ignores_a_warm_up_that_plateaus() {
+    require_root();
+    let f = fixtures();
+    // 10 steps (1 s) of leaking, then 3 s quiet: the live bytes plateau.
+    let cmd = format!("{} {} deep_leak", f.workload.display(), f.libcuda.display());
+    let v = leaks(
+        &["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0", "--duration", "4", "-c", &cmd],
+        &[("GPUMEM_STEPS", "10"), ("GPUMEM_WORKLOAD_HOLD_MS", "6000")],
+    );
+    let g = &v["processes"][0]["growth"];
+    assert_eq!(g["leaking"], false, "{g}");
+    assert_eq!(g["reason"], "plateau", "{g}");
+}

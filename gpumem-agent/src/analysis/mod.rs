@@ -1,2 +1,3 @@
 //! Analyses over state: they read state and never talk to the kernel.
 pub mod growth;
+pub mod leaks;

@@ -1,6 +1,6 @@
 //! `gpumem trace`: attach, stream events, keep state, summarise at the end.
 use std::{
-    io::BufWriter,
+    io::{BufWriter, IsTerminal as _, Write as _},
     ffi::CString,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     process::ExitCode,
@@ -14,11 +14,14 @@ use super::{attach_discovered, attach_given, require_root};
 use crate::{
     cli::{LibcudaArgs, TraceArgs},
     events::{EventReader, LostEvents},
+    analysis::leaks::{self, GrowthTracker},
     export::{
+        leaks::LeaksReport,
         summary::Summary,
-        trace::{Filter, Printer},
+        trace::{cuda_oom_json, event_json, Filter, Printer},
     },
     probes::{Agent, Options, ProbeSet},
+    stacks::Stacks,
     state::{container, Limits, State},
 };
 
@@ -38,6 +41,14 @@ pub struct Session {
     pub quiet: bool,
     pub ringbuf_bytes: u32,
     pub stall_reader_ms: Option<u64>,
+    /// `gpumem leaks`: report outstanding allocations instead of events.
+    pub leaks: Option<LeaksOptions>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct LeaksOptions {
+    pub older_than_s: f64,
+    pub top: usize,
 }
 
 impl Session {
@@ -54,6 +65,24 @@ impl Session {
             quiet: false,
             ringbuf_bytes: a.ringbuf_bytes,
             stall_reader_ms: a.stall_reader_ms,
+            leaks: None,
+        }
+    }
+
+    pub fn for_leaks(a: crate::cli::LeaksArgs) -> Self {
+        Session {
+            pids: a.pids,
+            command: a.command,
+            duration: a.duration,
+            filter: Filter::default(),
+            libcuda: a.libcuda,
+            json: a.json,
+            limits: Limits { max_entries: a.max_allocations, ..Limits::default() },
+            probe_set: ProbeSet::Full,
+            quiet: true,
+            ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
+            stall_reader_ms: None,
+            leaks: Some(LeaksOptions { older_than_s: a.older_than, top: a.top }),
         }
     }
 }
@@ -172,10 +201,15 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     let stdout = std::io::stdout();
     let mut sink = Sink {
         state: State::new(s.limits),
+        stacks: Stacks::default(),
         printer: Printer::new(BufWriter::new(stdout.lock()), s.json, s.filter),
         quiet: s.quiet,
         write_error: None,
+        ooms: Vec::new(),
     };
+    let mut growth = GrowthTracker::default();
+    let mut sample = tokio::time::interval(GROWTH_SAMPLE_INTERVAL);
+    let progress = s.leaks.is_some() && !s.json && std::io::stderr().is_terminal();
     let began = Instant::now();
     let deadline = s.duration.map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + DISCOVERY_INTERVAL, DISCOVERY_INTERVAL);
@@ -188,9 +222,17 @@ async fn run_async(s: Session) -> Result<ExitCode> {
 
     loop {
         tokio::select! {
-            r = reader.read(|ev| sink.on_event(ev)) => {
+            r = reader.readable() => {
                 r.context("reading events")?;
+                reader.drain_now(&mut |ev, stack| sink.on_event(ev, stack));
                 let _ = sink.printer.flush();
+            }
+            _ = sample.tick(), if s.leaks.is_some() => {
+                let t = began.elapsed().as_secs_f64();
+                growth.sample(&sink.state, t);
+                if progress {
+                    show_progress(t, s.duration, &sink.state);
+                }
             }
             _ = tick.tick() => {
                 attach_discovered(&mut agent, &s.libcuda, false, say);
@@ -217,11 +259,50 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     }
     // The command's exit event is already in the ring; take what is there.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    reader.drain_now(|ev| sink.on_event(ev));
-
+    reader.drain_now(&mut |ev, stack| sink.on_event(ev, stack));
+    if progress {
+        eprint!("\r\x1b[K");
+    }
     let lost = LostEvents::from_stats(&agent.kernel_stats()?, reader.malformed);
-    let summary =
+    if let Some(opts) = s.leaks {
+        let now_ns = leaks::monotonic_ns();
+        let processes = leaks::find(
+            &sink.state,
+            &mut sink.stacks,
+            &mut growth,
+            now_ns,
+            (opts.older_than_s * 1e9) as u64,
+            opts.top,
+        );
+        let report = LeaksReport {
+            kind: "leaks",
+            duration_s: began.elapsed().as_secs_f64(),
+            now_ns,
+            older_than_s: opts.older_than_s,
+            processes,
+            oom: sink.state.oom.clone(),
+            oom_events: std::mem::take(&mut sink.ooms),
+            stacks: sink.stacks.stats.clone(),
+            lost_events: lost.total(),
+        };
+        let mut out = std::io::stdout().lock();
+        if s.json {
+            report.write_json(&mut out)?;
+        } else {
+            report.write_human(&mut out)?;
+        }
+        out.flush()?;
+        drop(reader);
+        agent.detach_in_background();
+        return Ok(match child_status {
+            Some(st) => ExitCode::from(exit_code(st)),
+            None => ExitCode::SUCCESS,
+        });
+    }
+
+    let mut summary =
         Summary::build(&sink.state, lost, began.elapsed().as_secs_f64(), agent.attached_probe_count(), agent.scan_stats.clone());
+    summary.stacks = sink.stacks.stats.clone();
     if !s.quiet {
         let out = sink.printer.inner();
         if s.json {
@@ -242,17 +323,48 @@ async fn run_async(s: Session) -> Result<ExitCode> {
 /// Where events go: state always, the printer unless quiet.
 struct Sink<W: std::io::Write> {
     state: State,
+    stacks: Stacks,
     printer: Printer<W>,
     quiet: bool,
     write_error: Option<std::io::Error>,
+    /// OOM records (cuda_oom, oom_kill) for the leaks report.
+    ooms: Vec<serde_json::Value>,
+}
+
+const MAX_OOM_RECORDS: usize = 100;
+/// How often live bytes are sampled for the growth detector.
+const GROWTH_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// One status line on a terminal: time left (or elapsed), processes, live bytes.
+fn show_progress(t: f64, duration: Option<f64>, state: &State) {
+    let live: u64 = state.processes.values().flat_map(|p| p.devices.values()).map(|d| d.live_bytes).sum();
+    let procs = state.processes.values().filter(|p| !p.exited).count();
+    let time = match duration {
+        Some(d) => format!("{:.0} s left", (d - t).max(0.0)),
+        None => format!("{t:.0} s (Ctrl-C to report)"),
+    };
+    eprint!("\r\x1b[Kgpumem leaks: {time}, {procs} process(es), {} live", crate::export::names::bytes(live));
 }
 
 impl<W: std::io::Write> Sink<W> {
-    fn on_event(&mut self, ev: &gpumem_common::Event) {
-        let mut applied = self.state.apply(ev);
+    fn on_event(&mut self, ev: &gpumem_common::Event, stack: Option<&gpumem_common::StackEvent>) {
+        let stack_id = stack.and_then(|s| self.stacks.record(s));
+        let mut applied = self.state.apply_with_stack(ev, stack_id);
+        if ev.api == gpumem_common::api::PROCESS_EXIT {
+            self.stacks.forget_process(ev.pid);
+        }
         if let Some(kill) = applied.oom_kill.as_mut() {
             // The victim may already be gone; the triggering task shares its cgroup in a memcg OOM.
             kill.memcg = container::limited_memory_cgroup(ev.pid).or_else(|| container::limited_memory_cgroup(ev.tid));
+        }
+        // Kept for reports that come at the end (leaks); bounded.
+        if self.ooms.len() < MAX_OOM_RECORDS {
+            if let Some(oom) = &applied.cuda_oom {
+                self.ooms.push(cuda_oom_json(ev, oom));
+            }
+            if applied.oom_kill.is_some() {
+                self.ooms.push(event_json(ev, &applied, None));
+            }
         }
         let proc = self.state.processes.get_mut(&ev.pid);
         // Looked up once per process, while it is alive; a process that is
@@ -287,6 +399,7 @@ impl Session {
             quiet: true,
             ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
             stall_reader_ms: None,
+            leaks: None,
         }
     }
 }

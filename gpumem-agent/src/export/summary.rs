@@ -7,6 +7,7 @@ use super::names::{api_name, bytes, result_name};
 use crate::{
     events::LostEvents,
     probes::discover::ScanStats,
+    stacks::StackStats,
     state::{OomCounters, Overflow, State},
 };
 
@@ -60,6 +61,8 @@ pub struct Summary {
     /// Cost of the periodic /proc scans for new libcuda copies.
     pub discovery: ScanStats,
     pub oom: OomCounters,
+    /// Allocation stacks: how many, what they cost.
+    pub stacks: StackStats,
 }
 
 impl Summary {
@@ -113,6 +116,7 @@ impl Summary {
             probes_attached,
             discovery,
             oom: state.oom.clone(),
+            stacks: StackStats::default(),
         }
     }
 

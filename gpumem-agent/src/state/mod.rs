@@ -125,6 +125,11 @@ impl State {
     }
 
     pub fn apply(&mut self, ev: &Event) -> Applied {
+        self.apply_with_stack(ev, None)
+    }
+
+    /// Applies an event whose caller's stack was unwound to `stack`.
+    pub fn apply_with_stack(&mut self, ev: &Event, stack: Option<crate::stacks::StackId>) -> Applied {
         self.events += 1;
         if ev.api == gpumem_common::api::OOM_KILL {
             // The victim need not be a CUDA process: do not create one for it.
@@ -179,7 +184,7 @@ impl State {
             return applied;
         }
         let before = proc.entries();
-        let applied = apply_success(proc, info.class, ev, room);
+        let applied = apply_success(proc, info.class, ev, room, stack);
         self.entries = self.entries + proc.entries() - before;
         if applied.dropped {
             self.overflow.entries_dropped += 1;
@@ -217,7 +222,7 @@ impl State {
     }
 }
 
-fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool) -> Applied {
+fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool, stack: Option<crate::stacks::StackId>) -> Applied {
     let mut out = Applied { device: ev.device, size: ev.size, ..Default::default() };
     match class {
         ApiClass::Init => {}
@@ -229,7 +234,7 @@ fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool) -> Ap
                 out.dropped = true;
                 return out;
             }
-            let alloc = Allocation { size: ev.size, device, memory, ctx: p.current_ctx(ev.tid), api: ev.api, ts_ns: ev.ts_ns };
+            let alloc = Allocation { size: ev.size, device, memory, ctx: p.current_ctx(ev.tid), api: ev.api, ts_ns: ev.ts_ns, stack };
             // A pointer handed out twice means we missed its free: replace it.
             if let Some(old) = p.allocs.insert(ev.addr, alloc) {
                 credit_free(p, &old);
@@ -265,7 +270,7 @@ fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool) -> Ap
                 out.dropped = true;
                 return out;
             }
-            let h = VmmHandle { size: ev.size, device, mappings: 0, released: false, ts_ns: ev.ts_ns };
+            let h = VmmHandle { size: ev.size, device, mappings: 0, released: false, ts_ns: ev.ts_ns, stack };
             if let Some(old) = p.vmm_handles.insert(ev.handle, h) {
                 uncount_handle(p, &old);
             }

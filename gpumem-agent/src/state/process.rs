@@ -19,6 +19,8 @@ pub struct Allocation {
     pub ctx: u64,
     pub api: u32,
     pub ts_ns: u64,
+    /// The caller's stack, when it was captured and unwound.
+    pub stack: Option<crate::stacks::StackId>,
 }
 
 /// A cuMemCreate handle: physical memory, alive until released and unmapped.
@@ -29,6 +31,7 @@ pub struct VmmHandle {
     pub mappings: u32,
     pub released: bool,
     pub ts_ns: u64,
+    pub stack: Option<crate::stacks::StackId>,
 }
 
 #[derive(Clone, Debug)]

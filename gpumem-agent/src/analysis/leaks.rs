@@ -1,0 +1,198 @@
+//! memleak semantics for GPU memory: allocations still outstanding and older
+//! than a threshold, per process and device, grouped by allocation stack,
+//! with the growth verdict of the process's live bytes.
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use super::growth::{GrowthConfig, Series, Verdict};
+use crate::{
+    stacks::{Frame, StackId, Stacks},
+    state::{Memory, State},
+};
+
+#[derive(Debug, Serialize)]
+pub struct LeakGroup {
+    /// None when the stack could not be captured or unwound.
+    pub stack_id: Option<String>,
+    pub count: u64,
+    pub bytes: u64,
+    pub oldest_age_s: f64,
+    pub frames: Vec<Frame>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProcessLeaks {
+    pub pid: u32,
+    pub comm: String,
+    pub container: Option<String>,
+    pub pod_uid: Option<String>,
+    pub ns_pid: Option<u32>,
+    pub device: Option<i32>,
+    /// Outstanding allocations older than the threshold.
+    pub outstanding_bytes: u64,
+    pub outstanding_allocs: u64,
+    /// Everything live on the device now, young or old.
+    pub live_bytes: u64,
+    pub growth: Option<Verdict>,
+    /// Largest groups first, at most `top`.
+    pub stacks: Vec<LeakGroup>,
+    /// Groups beyond `top`, not shown.
+    pub more_stacks: usize,
+}
+
+#[derive(Default)]
+struct Group {
+    count: u64,
+    bytes: u64,
+    oldest_ts: u64,
+}
+
+/// Live bytes per (pid, device), sampled over the session for the growth detector.
+#[derive(Default)]
+pub struct GrowthTracker {
+    series: BTreeMap<(u32, i32), Series>,
+}
+
+/// Samples kept per (pid, device): 4 minutes at the 0.1 s sampling interval.
+const SERIES_CAP: usize = 2400;
+
+impl GrowthTracker {
+    pub fn sample(&mut self, state: &State, t_s: f64) {
+        for p in state.processes.values().filter(|p| !p.exited) {
+            for (&dev, totals) in &p.devices {
+                self.series.entry((p.pid, dev)).or_insert_with(|| Series::new(SERIES_CAP)).push(t_s, totals.live_bytes);
+            }
+        }
+    }
+
+    pub fn verdict(&mut self, pid: u32, device: i32) -> Option<Verdict> {
+        Some(self.series.get_mut(&(pid, device))?.assess(&GrowthConfig::default()))
+    }
+}
+
+/// Finds outstanding allocations older than `older_than_ns` at `now_ns`.
+pub fn find(state: &State, stacks: &mut Stacks, growth: &mut GrowthTracker, now_ns: u64, older_than_ns: u64, top: usize) -> Vec<ProcessLeaks> {
+    let mut out = Vec::new();
+    for p in state.processes.values().filter(|p| !p.exited) {
+        let mut per_dev: BTreeMap<i32, HashMap<Option<StackId>, Group>> = BTreeMap::new();
+        let mut add = |dev: i32, stack: Option<StackId>, size: u64, ts: u64| {
+            if now_ns.saturating_sub(ts) < older_than_ns {
+                return;
+            }
+            let g = per_dev.entry(dev).or_default().entry(stack).or_insert(Group { oldest_ts: u64::MAX, ..Default::default() });
+            g.count += 1;
+            g.bytes += size;
+            g.oldest_ts = g.oldest_ts.min(ts);
+        };
+        for a in p.allocs.values().filter(|a| a.memory == Memory::Device) {
+            add(a.device, a.stack, a.size, a.ts_ns);
+        }
+        for h in p.vmm_handles.values() {
+            add(h.device, h.stack, h.size, h.ts_ns);
+        }
+        for (dev, groups) in per_dev {
+            let mut groups: Vec<(Option<StackId>, Group)> = groups.into_iter().collect();
+            groups.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)));
+            let outstanding_bytes = groups.iter().map(|(_, g)| g.bytes).sum();
+            let outstanding_allocs = groups.iter().map(|(_, g)| g.count).sum();
+            let more_stacks = groups.len().saturating_sub(top);
+            let shown = groups
+                .into_iter()
+                .take(top)
+                .map(|(id, g)| LeakGroup {
+                    stack_id: id.map(|i| format!("{i:016x}")),
+                    count: g.count,
+                    bytes: g.bytes,
+                    oldest_age_s: now_ns.saturating_sub(g.oldest_ts) as f64 / 1e9,
+                    frames: id.map(|i| stacks.frames(i)).unwrap_or_default(),
+                })
+                .collect();
+            let c = p.container.clone().unwrap_or_default();
+            out.push(ProcessLeaks {
+                pid: p.pid,
+                comm: p.comm.clone(),
+                container: c.container,
+                pod_uid: c.pod_uid,
+                ns_pid: c.ns_pid,
+                device: (dev != gpumem_common::DEVICE_UNKNOWN).then_some(dev),
+                outstanding_bytes,
+                outstanding_allocs,
+                live_bytes: p.devices.get(&dev).map_or(0, |t| t.live_bytes),
+                growth: growth.verdict(p.pid, dev),
+                stacks: shown,
+                more_stacks,
+            });
+        }
+    }
+    out.sort_by(|a, b| b.outstanding_bytes.cmp(&a.outstanding_bytes));
+    out
+}
+
+/// CLOCK_MONOTONIC now, the clock of the events' `ts_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use gpumem_common::{api, Event, DEVICE_UNKNOWN};
+
+    use super::*;
+    use crate::state::Limits;
+
+    fn ev(api_id: u32, addr: u64, size: u64, ts_ns: u64) -> Event {
+        Event {
+            ts_ns,
+            latency_ns: 1,
+            addr,
+            size,
+            handle: 0,
+            aux: 0,
+            pid: 7,
+            tid: 7,
+            api: api_id,
+            result: 0,
+            device: DEVICE_UNKNOWN,
+            flags: 0,
+            comm: *b"train\0\0\0\0\0\0\0\0\0\0\0",
+        }
+    }
+
+    #[test]
+    fn groups_old_outstanding_allocations_by_stack() {
+        let mut s = State::new(Limits::default());
+        s.apply(&Event { handle: 0xc, device: 0, ..ev(api::CU_CTX_CREATE_V2, 0, 0, 0) });
+        // Weights (stack 1), leaks (stack 2), a young allocation (stack 2), a freed one.
+        s.apply_with_stack(&ev(api::CU_MEM_ALLOC_V2, 0x100, 256, 1_000), Some(1));
+        for i in 0..5 {
+            s.apply_with_stack(&ev(api::CU_MEM_ALLOC_V2, 0x200 + i, 4, 2_000 + i), Some(2));
+        }
+        s.apply_with_stack(&ev(api::CU_MEM_ALLOC_V2, 0x300, 4, 9_500), Some(2));
+        s.apply_with_stack(&ev(api::CU_MEM_ALLOC_V2, 0x400, 64, 1_500), Some(3));
+        s.apply(&ev(api::CU_MEM_FREE_V2, 0x400, 0, 1_600));
+        let mut stacks = Stacks::default();
+        let found = find(&s, &mut stacks, &mut GrowthTracker::default(), 10_000, 1_000, 10);
+        assert_eq!(found.len(), 1);
+        let p = &found[0];
+        assert_eq!((p.device, p.outstanding_bytes, p.outstanding_allocs, p.live_bytes), (Some(0), 276, 6, 280));
+        let groups: Vec<(Option<&str>, u64, u64)> = p.stacks.iter().map(|g| (g.stack_id.as_deref(), g.count, g.bytes)).collect();
+        assert_eq!(groups, [(Some("0000000000000001"), 1, 256), (Some("0000000000000002"), 5, 20)]);
+        assert!((p.stacks[0].oldest_age_s - 9e-6).abs() < 1e-9);
+        // Top 1: the rest is counted.
+        let found = find(&s, &mut stacks, &mut GrowthTracker::default(), 10_000, 1_000, 1);
+        assert_eq!((found[0].stacks.len(), found[0].more_stacks), (1, 1));
+    }
+
+    #[test]
+    fn exited_processes_have_no_leaks() {
+        let mut s = State::new(Limits::default());
+        s.apply(&Event { handle: 0xc, device: 0, ..ev(api::CU_CTX_CREATE_V2, 0, 0, 0) });
+        s.apply(&ev(api::CU_MEM_ALLOC_V2, 0x100, 256, 1_000));
+        s.apply(&ev(api::PROCESS_EXIT, 0, 0, 2_000));
+        assert!(find(&s, &mut Stacks::default(), &mut GrowthTracker::default(), 10_000, 0, 10).is_empty());
+    }
+}

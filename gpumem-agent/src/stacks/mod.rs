@@ -1,0 +1,124 @@
+//! Allocation stacks: unwound from the stack slice each allocation event
+//! carries, deduplicated by id, symbolized on demand.
+pub mod symbolize;
+pub mod unwind;
+
+use std::{
+    collections::{hash_map::DefaultHasher, HashMap},
+    hash::{Hash as _, Hasher as _},
+    time::Instant,
+};
+
+use gpumem_common::StackEvent;
+use serde::Serialize;
+pub use symbolize::Frame;
+use unwind::{ModuleCache, ProcessUnwinder, RawFrame};
+
+pub type StackId = u64;
+
+/// Deepest stack kept.
+pub const MAX_FRAMES: usize = 64;
+/// Distinct stacks kept; beyond it new stacks are counted and not stored.
+pub const MAX_STACKS: usize = 65536;
+/// Processes whose unwind state is kept.
+const MAX_PROCESSES: usize = 1024;
+
+/// What stack capture and unwinding cost, for the summary.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StackStats {
+    pub captured: u64,
+    pub unique: u64,
+    /// Stack bytes copied from the kernel, in total.
+    pub bytes_copied: u64,
+    /// Stacks with no frame at all (process gone before we could read its maps).
+    pub unwind_failed: u64,
+    /// New stacks not stored because the table was full.
+    pub table_full: u64,
+    pub unwind_ns_total: u64,
+    pub frames_total: u64,
+    pub max_depth: u64,
+}
+
+impl StackStats {
+    pub fn mean_bytes(&self) -> f64 {
+        if self.captured == 0 { 0.0 } else { self.bytes_copied as f64 / self.captured as f64 }
+    }
+    pub fn mean_unwind_us(&self) -> f64 {
+        if self.captured == 0 { 0.0 } else { self.unwind_ns_total as f64 / self.captured as f64 / 1e3 }
+    }
+    pub fn mean_depth(&self) -> f64 {
+        if self.captured == 0 { 0.0 } else { self.frames_total as f64 / self.captured as f64 }
+    }
+}
+
+#[derive(Default)]
+pub struct Stacks {
+    modules: ModuleCache,
+    unwinders: HashMap<u32, ProcessUnwinder>,
+    table: HashMap<StackId, Vec<RawFrame>>,
+    symbolizer: symbolize::Symbolizer,
+    pub stats: StackStats,
+}
+
+impl Stacks {
+    /// Unwinds one captured stack and returns its id.
+    pub fn record(&mut self, rec: &StackEvent) -> Option<StackId> {
+        let began = Instant::now();
+        let pid = rec.event.pid;
+        let len = (rec.len as usize).min(rec.data.len());
+        self.stats.captured += 1;
+        self.stats.bytes_copied += len as u64;
+        if !self.unwinders.contains_key(&pid) {
+            if self.unwinders.len() >= MAX_PROCESSES {
+                self.unwinders.clear();
+            }
+            if let Some(u) = ProcessUnwinder::new(pid, &mut self.modules) {
+                self.unwinders.insert(pid, u);
+            }
+        }
+        let frames = match self.unwinders.get_mut(&pid) {
+            Some(u) => {
+                let (mut frames, unknown) = u.unwind(rec.ip, rec.sp, rec.bp, &rec.data[..len], MAX_FRAMES);
+                if unknown && u.refresh(&mut self.modules).is_some() {
+                    // A library loaded since we read the maps (dlopen).
+                    frames = u.unwind(rec.ip, rec.sp, rec.bp, &rec.data[..len], MAX_FRAMES).0;
+                }
+                frames
+            }
+            None => Vec::new(),
+        };
+        self.stats.unwind_ns_total += began.elapsed().as_nanos() as u64;
+        if frames.is_empty() {
+            self.stats.unwind_failed += 1;
+            return None;
+        }
+        self.stats.frames_total += frames.len() as u64;
+        self.stats.max_depth = self.stats.max_depth.max(frames.len() as u64);
+        let mut h = DefaultHasher::new();
+        for f in &frames {
+            f.module.hash(&mut h);
+            f.file_offset.hash(&mut h);
+        }
+        let id = h.finish();
+        if !self.table.contains_key(&id) {
+            if self.table.len() >= MAX_STACKS {
+                self.stats.table_full += 1;
+                return None;
+            }
+            self.table.insert(id, frames);
+            self.stats.unique += 1;
+        }
+        Some(id)
+    }
+
+    /// Forgets a process's unwind state (it exited).
+    pub fn forget_process(&mut self, pid: u32) {
+        self.unwinders.remove(&pid);
+    }
+
+    /// The symbolized frames of a stack, innermost first.
+    pub fn frames(&mut self, id: StackId) -> Vec<Frame> {
+        let Some(raw) = self.table.get(&id) else { return Vec::new() };
+        raw.iter().map(|f| self.symbolizer.frame(f)).collect()
+    }
+}

@@ -1,0 +1,72 @@
+//! Turning (module, file offset) into function, offset and file:line with
+//! blazesym, cached per frame.
+use std::{collections::HashMap, sync::Arc};
+
+use blazesym::symbolize::{source::Elf, source::Source, Input, Symbolized};
+use serde::Serialize;
+
+use super::unwind::RawFrame;
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Frame {
+    /// Function name (demangled), or None when the module has no symbol for it.
+    pub function: Option<String>,
+    /// Offset of the call site in the function.
+    pub offset: Option<u64>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// The module's path as the process sees it.
+    pub module: Arc<str>,
+    pub module_offset: u64,
+}
+
+impl Frame {
+    /// `function+0x1c (file.c:42) [module]`
+    pub fn display(&self) -> String {
+        let module = self.module.rsplit('/').next().unwrap_or(&self.module);
+        let mut s = match (&self.function, self.offset) {
+            (Some(f), Some(o)) => format!("{f}+{o:#x}"),
+            (Some(f), None) => f.clone(),
+            _ => format!("{:#x}", self.module_offset),
+        };
+        if let (Some(file), Some(line)) = (&self.file, self.line) {
+            let file = file.rsplit('/').next().unwrap_or(file);
+            s.push_str(&format!(" ({file}:{line})"));
+        }
+        s.push_str(&format!(" [{module}]"));
+        s
+    }
+}
+
+#[derive(Default)]
+pub struct Symbolizer {
+    inner: blazesym::symbolize::Symbolizer,
+    cache: HashMap<(Arc<str>, u64), Frame>,
+}
+
+impl Symbolizer {
+    pub fn frame(&mut self, raw: &RawFrame) -> Frame {
+        let key = (raw.module.clone(), raw.file_offset);
+        if let Some(f) = self.cache.get(&key) {
+            return f.clone();
+        }
+        let mut frame =
+            Frame { function: None, offset: None, file: None, line: None, module: raw.module.clone(), module_offset: raw.file_offset };
+        // The process may be gone: try its view of the file, then the host path.
+        for path in [&*raw.open_path, &*raw.module] {
+            let src = Source::Elf(Elf::new(path));
+            let Ok(mut syms) = self.inner.symbolize(&src, Input::FileOffset(&[raw.file_offset])) else { continue };
+            if let Some(Symbolized::Sym(sym)) = syms.pop() {
+                frame.function = Some(sym.name.to_string());
+                frame.offset = Some(sym.offset as u64);
+                if let Some(ci) = sym.code_info {
+                    frame.file = Some(ci.to_path().display().to_string());
+                    frame.line = ci.line;
+                }
+                break;
+            }
+        }
+        self.cache.insert(key, frame.clone());
+        frame
+    }
+}

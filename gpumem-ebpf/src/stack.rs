@@ -1,0 +1,45 @@
+//! The caller's stack for leak finding. Frame pointers cannot be trusted
+//! (-O2 code, libcuda, PyTorch have none), so the registers and a bounded
+//! slice of the user stack go to the agent, which unwinds them with the
+//! binaries' .eh_frame. Taken at the uretprobe: the callee's frame is gone,
+//! `rip` is the return address in the caller and `rsp`/`rbp` are the
+//! caller's, so the unwind starts in the caller.
+use aya_ebpf::{helpers::generated::bpf_probe_read_user, programs::RetProbeContext};
+use gpumem_common::{flags, stat, Event, StackEvent, STACK_BYTES, STACK_CHUNK};
+
+use crate::maps::{count, EVENTS};
+
+#[inline(always)]
+pub fn emit_with_stack(ctx: &RetProbeContext, mut ev: Event) {
+    let Some(mut entry) = EVENTS.reserve::<StackEvent>(0) else {
+        count(stat::RINGBUF_FULL);
+        return;
+    };
+    // SAFETY: the context is the probe's pt_regs.
+    let (ip, sp, bp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp, (*ctx.regs).rbp) };
+    ev.flags |= flags::HAS_STACK;
+    let rec = entry.as_mut_ptr();
+    let mut len = 0u32;
+    // SAFETY: `rec` points at reserved ring-buffer memory of StackEvent size;
+    // each read stays inside `data`, and user addresses are checked by the helper.
+    unsafe {
+        (*rec).event = ev;
+        (*rec).ip = ip;
+        (*rec).sp = sp;
+        (*rec).bp = bp;
+        (*rec)._pad = 0;
+        let data = (*rec).data.as_mut_ptr();
+        let mut i = 0;
+        while i < STACK_BYTES / STACK_CHUNK {
+            let off = i * STACK_CHUNK;
+            let r = bpf_probe_read_user(data.add(off).cast(), STACK_CHUNK as u32, (sp as usize + off) as *const _);
+            if r != 0 {
+                break;
+            }
+            len += STACK_CHUNK as u32;
+            i += 1;
+        }
+        (*rec).len = len;
+    }
+    entry.submit(0);
+}
