@@ -508,7 +508,7 @@ fn kubernetes_pod_and_container_from_cgroup_v2_systemd() {
 fn cuda_oom_with_enough_reported_free_is_fragmentation() {
     require_root();
     let limit = (256 * MIB).to_string();
-    let t = trace_workload("fragmented", &[("GPUMEM_FAKE_MAX_CONTIGUOUS", &limit)]);
+    let t = trace_workload("fragmented", &[("GPUMEM_FAKE_MAX_CONTIGUOUS", &limit), ("GPUMEM_WORKLOAD_HOLD_MS", "300")]);
     let infos = t.of_type("mem_info");
     assert_eq!(sizes(&infos), [1024 * MIB, 224 * MIB], "free bytes read from cuMemGetInfo_v2");
     let ooms = t.of_type("cuda_oom");
@@ -520,6 +520,10 @@ fn cuda_oom_with_enough_reported_free_is_fragmentation() {
     assert_eq!(ooms[1]["holders"][0]["pid"], pid);
     assert_eq!(ooms[1]["holders"][0]["bytes"], 800 * MIB);
     assert_eq!(ooms[1]["holders"][0]["allocs"], 4);
+    // ... and from where: its top stacks on that device.
+    let top = &ooms[1]["holders"][0]["top_stacks"][0];
+    assert_eq!((top["count"].as_u64(), top["bytes"].as_u64()), (Some(4), Some(800 * MIB)), "{top:#}");
+    assert!(!top["frames"].as_array().unwrap().is_empty(), "{top:#}");
     assert_eq!(ooms[0]["holders"], serde_json::json!([]), "nothing was held at the first failure");
     let oom = &t.summary["oom"];
     assert_eq!((oom["cuda_ooms"].as_u64(), oom["fragmentation_ooms"].as_u64()), (Some(2), Some(1)));
@@ -611,6 +615,13 @@ fn leaks_names_the_leaking_function_and_its_callers_without_frame_pointers() {
     assert!(groups.iter().all(|g| function_names(g).first().map(String::as_str) != Some("train_step")), "{groups:#?}");
     assert_eq!(groups.len(), 2, "{groups:#?}");
     assert_eq!(p["outstanding_bytes"].as_u64().unwrap(), 256 * MIB + count * 4 * MIB);
+    // Fragmentation signals: the size classes of what is live, and the largest piece.
+    let layout = &p["layout"];
+    assert_eq!(layout["largest_allocation"].as_u64(), Some(256 * MIB));
+    let hist = layout["size_histogram"].as_array().unwrap();
+    let class = |le: u64| hist.iter().find(|b| b["le_bytes"] == le).map(|b| b["count"].as_u64().unwrap());
+    assert_eq!(class(256 * MIB), Some(1));
+    assert!(class(4 * MIB).unwrap() >= count, "{layout:#}");
 
     // Growth: the leak (40 MiB/s), not the weights.
     let g = &p["growth"];
@@ -647,4 +658,23 @@ fn growth_detector_ignores_a_warm_up_that_plateaus() {
     let g = &v["processes"][0]["growth"];
     assert_eq!(g["leaking"], false, "{g}");
     assert_eq!(g["reason"], "plateau", "{g}");
+}
+
+#[test]
+fn vmm_reserved_mapped_and_released_but_mapped_are_reported() {
+    require_root();
+    let f = fixtures();
+    let cmd = format!("{} {} expandable_held", f.workload.display(), f.libcuda.display());
+    let v = leaks(
+        &["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0", "--duration", "2", "-c", &cmd],
+        &[("GPUMEM_WORKLOAD_HOLD_MS", "4000")],
+    );
+    let dev0 = v["processes"].as_array().unwrap().iter().find(|p| p["device"] == 0).expect("device 0").clone();
+    let l = &dev0["layout"];
+    assert_eq!(l["vmm_reserved_bytes"].as_u64(), Some(1152 * MIB));
+    // Handles 2..4 mapped; handle 2 released while still mapped.
+    assert_eq!(l["vmm_mapped_bytes"].as_u64(), Some(60 * MIB));
+    assert_eq!(l["vmm_physical_bytes"].as_u64(), Some(60 * MIB));
+    assert_eq!((l["released_but_mapped_handles"].as_u64(), l["released_but_mapped_bytes"].as_u64()), (Some(1), Some(20 * MIB)));
+    assert_eq!(dev0["outstanding_bytes"].as_u64(), Some(60 * MIB), "reserved address space is not memory");
 }

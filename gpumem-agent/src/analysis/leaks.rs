@@ -5,10 +5,13 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use super::growth::{GrowthConfig, Series, Verdict};
+use super::{
+    fragmentation::{self, DeviceLayout},
+    growth::{GrowthConfig, Series, Verdict},
+};
 use crate::{
     stacks::{Frame, StackId, Stacks},
-    state::{Memory, State},
+    state::{Memory, Process, State},
 };
 
 #[derive(Debug, Serialize)]
@@ -39,6 +42,8 @@ pub struct ProcessLeaks {
     pub stacks: Vec<LeakGroup>,
     /// Groups beyond `top`, not shown.
     pub more_stacks: usize,
+    /// How the live memory is cut up (fragmentation signals).
+    pub layout: DeviceLayout,
 }
 
 #[derive(Default)]
@@ -71,43 +76,63 @@ impl GrowthTracker {
     }
 }
 
+/// A process's allocations on each device older than `older_than_ns`, grouped by stack.
+fn group_by_stack(p: &Process, now_ns: u64, older_than_ns: u64) -> BTreeMap<i32, HashMap<Option<StackId>, Group>> {
+    let mut per_dev: BTreeMap<i32, HashMap<Option<StackId>, Group>> = BTreeMap::new();
+    let mut add = |dev: i32, stack: Option<StackId>, size: u64, ts: u64| {
+        if now_ns.saturating_sub(ts) < older_than_ns {
+            return;
+        }
+        let g = per_dev.entry(dev).or_default().entry(stack).or_insert(Group { oldest_ts: u64::MAX, ..Default::default() });
+        g.count += 1;
+        g.bytes += size;
+        g.oldest_ts = g.oldest_ts.min(ts);
+    };
+    for a in p.allocs.values().filter(|a| a.memory == Memory::Device) {
+        add(a.device, a.stack, a.size, a.ts_ns);
+    }
+    for h in p.vmm_handles.values() {
+        add(h.device, h.stack, h.size, h.ts_ns);
+    }
+    per_dev
+}
+
+/// The largest `top` groups, symbolized; and how many more there were.
+fn largest(groups: HashMap<Option<StackId>, Group>, stacks: &mut Stacks, now_ns: u64, top: usize) -> (Vec<LeakGroup>, usize) {
+    let mut groups: Vec<(Option<StackId>, Group)> = groups.into_iter().collect();
+    groups.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)));
+    let more = groups.len().saturating_sub(top);
+    let shown = groups
+        .into_iter()
+        .take(top)
+        .map(|(id, g)| LeakGroup {
+            stack_id: id.map(|i| format!("{i:016x}")),
+            count: g.count,
+            bytes: g.bytes,
+            oldest_age_s: now_ns.saturating_sub(g.oldest_ts) as f64 / 1e9,
+            frames: id.map(|i| stacks.frames(i)).unwrap_or_default(),
+        })
+        .collect();
+    (shown, more)
+}
+
+/// A process's top stacks on a device right now (for OOM snapshots).
+pub fn top_stacks(p: &Process, device: i32, stacks: &mut Stacks, top: usize) -> Vec<LeakGroup> {
+    let now = monotonic_ns();
+    match group_by_stack(p, now, 0).remove(&device) {
+        Some(groups) => largest(groups, stacks, now, top).0,
+        None => Vec::new(),
+    }
+}
+
 /// Finds outstanding allocations older than `older_than_ns` at `now_ns`.
 pub fn find(state: &State, stacks: &mut Stacks, growth: &mut GrowthTracker, now_ns: u64, older_than_ns: u64, top: usize) -> Vec<ProcessLeaks> {
     let mut out = Vec::new();
     for p in state.processes.values().filter(|p| !p.exited) {
-        let mut per_dev: BTreeMap<i32, HashMap<Option<StackId>, Group>> = BTreeMap::new();
-        let mut add = |dev: i32, stack: Option<StackId>, size: u64, ts: u64| {
-            if now_ns.saturating_sub(ts) < older_than_ns {
-                return;
-            }
-            let g = per_dev.entry(dev).or_default().entry(stack).or_insert(Group { oldest_ts: u64::MAX, ..Default::default() });
-            g.count += 1;
-            g.bytes += size;
-            g.oldest_ts = g.oldest_ts.min(ts);
-        };
-        for a in p.allocs.values().filter(|a| a.memory == Memory::Device) {
-            add(a.device, a.stack, a.size, a.ts_ns);
-        }
-        for h in p.vmm_handles.values() {
-            add(h.device, h.stack, h.size, h.ts_ns);
-        }
-        for (dev, groups) in per_dev {
-            let mut groups: Vec<(Option<StackId>, Group)> = groups.into_iter().collect();
-            groups.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)));
-            let outstanding_bytes = groups.iter().map(|(_, g)| g.bytes).sum();
-            let outstanding_allocs = groups.iter().map(|(_, g)| g.count).sum();
-            let more_stacks = groups.len().saturating_sub(top);
-            let shown = groups
-                .into_iter()
-                .take(top)
-                .map(|(id, g)| LeakGroup {
-                    stack_id: id.map(|i| format!("{i:016x}")),
-                    count: g.count,
-                    bytes: g.bytes,
-                    oldest_age_s: now_ns.saturating_sub(g.oldest_ts) as f64 / 1e9,
-                    frames: id.map(|i| stacks.frames(i)).unwrap_or_default(),
-                })
-                .collect();
+        for (dev, groups) in group_by_stack(p, now_ns, older_than_ns) {
+            let outstanding_bytes = groups.values().map(|g| g.bytes).sum();
+            let outstanding_allocs = groups.values().map(|g| g.count).sum();
+            let (shown, more_stacks) = largest(groups, stacks, now_ns, top);
             let c = p.container.clone().unwrap_or_default();
             out.push(ProcessLeaks {
                 pid: p.pid,
@@ -122,6 +147,7 @@ pub fn find(state: &State, stacks: &mut Stacks, growth: &mut GrowthTracker, now_
                 growth: growth.verdict(p.pid, dev),
                 stacks: shown,
                 more_stacks,
+                layout: fragmentation::layout(p, dev),
             });
         }
     }

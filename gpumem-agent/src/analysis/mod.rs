@@ -1,3 +1,4 @@
 //! Analyses over state: they read state and never talk to the kernel.
+pub mod fragmentation;
 pub mod growth;
 pub mod leaks;

@@ -350,6 +350,14 @@ impl<W: std::io::Write> Sink<W> {
     fn on_event(&mut self, ev: &gpumem_common::Event, stack: Option<&gpumem_common::StackEvent>) {
         let stack_id = stack.and_then(|s| self.stacks.record(s));
         let mut applied = self.state.apply_with_stack(ev, stack_id);
+        // Who held the device, and from where, when an allocation ran out of memory.
+        let mut oom_stacks = Vec::new();
+        if let Some(oom) = &applied.cuda_oom {
+            for h in &oom.holders {
+                let groups = self.state.processes.get(&h.pid).map(|p| leaks::top_stacks(p, oom.device, &mut self.stacks, 3));
+                oom_stacks.push(serde_json::to_value(groups.unwrap_or_default()).unwrap_or_default());
+            }
+        }
         if ev.api == gpumem_common::api::PROCESS_EXIT {
             self.stacks.forget_process(ev.pid);
         }
@@ -360,7 +368,7 @@ impl<W: std::io::Write> Sink<W> {
         // Kept for reports that come at the end (leaks); bounded.
         if self.ooms.len() < MAX_OOM_RECORDS {
             if let Some(oom) = &applied.cuda_oom {
-                self.ooms.push(cuda_oom_json(ev, oom));
+                self.ooms.push(cuda_oom_json(ev, oom, &oom_stacks));
             }
             if applied.oom_kill.is_some() {
                 self.ooms.push(event_json(ev, &applied, None));
@@ -376,7 +384,7 @@ impl<W: std::io::Write> Sink<W> {
             p.container.as_ref()
         });
         if !self.quiet && self.write_error.is_none() {
-            if let Err(e) = self.printer.event(ev, &applied, container) {
+            if let Err(e) = self.printer.event(ev, &applied, container, &oom_stacks) {
                 self.write_error = Some(e);
             }
         }

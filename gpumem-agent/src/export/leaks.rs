@@ -59,6 +59,20 @@ impl LeaksReport {
                     v.confidence
                 )?;
             }
+            let l = &p.layout;
+            let sizes: Vec<String> = l.size_histogram.iter().rev().map(|b| format!("{}× ≤{}", b.count, bytes(b.le_bytes))).collect();
+            writeln!(out, "  layout: largest {}; sizes {}", bytes(l.largest_allocation), sizes.join(", "))?;
+            if l.vmm_reserved_bytes + l.vmm_physical_bytes > 0 {
+                writeln!(
+                    out,
+                    "  VMM: {} reserved, {} mapped, {} physical; {} handle(s) released but still mapped ({})",
+                    bytes(l.vmm_reserved_bytes),
+                    bytes(l.vmm_mapped_bytes),
+                    bytes(l.vmm_physical_bytes),
+                    l.released_but_mapped_handles,
+                    bytes(l.released_but_mapped_bytes)
+                )?;
+            }
             for g in &p.stacks {
                 writeln!(out, "  {} in {} allocation(s), oldest {:.1} s:", bytes(g.bytes), g.count, g.oldest_age_s)?;
                 if g.frames.is_empty() {

@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use super::names::{api_name, bytes, result_name};
 use crate::{
+    analysis::fragmentation::{self, DeviceLayout},
     events::LostEvents,
     probes::discover::ScanStats,
     stacks::StackStats,
@@ -19,6 +20,8 @@ pub struct DeviceSummary {
     pub vmm_physical_bytes: u64,
     pub vmm_handles: u64,
     pub reserved_bytes: u64,
+    /// How the live memory is cut up (fragmentation signals).
+    pub layout: DeviceLayout,
 }
 
 #[derive(Debug, Serialize)]
@@ -84,6 +87,7 @@ impl Summary {
                         vmm_physical_bytes: t.vmm_physical_bytes,
                         vmm_handles: t.vmm_handles,
                         reserved_bytes: t.reserved_bytes,
+                        layout: fragmentation::layout(p, d),
                     })
                     .collect(),
                 host_pinned_bytes: p.host_pinned_bytes,

@@ -57,7 +57,14 @@ fn releases_json(rs: &[Release]) -> Value {
 }
 
 /// The extra `cuda_oom` object that follows an allocation failing with out-of-memory.
-pub fn cuda_oom_json(ev: &Event, oom: &CudaOom) -> Value {
+/// `holder_stacks[i]`: the top stacks of `oom.holders[i]` on the device.
+pub fn cuda_oom_json(ev: &Event, oom: &CudaOom, holder_stacks: &[Value]) -> Value {
+    let mut holders = serde_json::to_value(&oom.holders).unwrap_or_default();
+    if let Some(hs) = holders.as_array_mut() {
+        for (h, stacks) in hs.iter_mut().zip(holder_stacks) {
+            h["top_stacks"] = stacks.clone();
+        }
+    }
     json!({
         "type": "cuda_oom",
         "ts_ns": ev.ts_ns,
@@ -69,7 +76,7 @@ pub fn cuda_oom_json(ev: &Event, oom: &CudaOom) -> Value {
         "size": oom.requested,
         "reported_free": oom.reported_free,
         "fragmentation": oom.fragmentation,
-        "holders": oom.holders,
+        "holders": holders,
     })
 }
 
@@ -144,7 +151,7 @@ impl<W: Write> Printer<W> {
         Printer { out, json, filter, start_ns: None, header: false }
     }
 
-    pub fn event(&mut self, ev: &Event, applied: &Applied, container: Option<&ContainerInfo>) -> io::Result<()> {
+    pub fn event(&mut self, ev: &Event, applied: &Applied, container: Option<&ContainerInfo>, oom_stacks: &[Value]) -> io::Result<()> {
         if !self.filter.shows(ev, applied) {
             return Ok(());
         }
@@ -152,7 +159,7 @@ impl<W: Write> Printer<W> {
             serde_json::to_writer(&mut self.out, &event_json(ev, applied, container))?;
             writeln!(self.out)?;
             if let Some(oom) = &applied.cuda_oom {
-                serde_json::to_writer(&mut self.out, &cuda_oom_json(ev, oom))?;
+                serde_json::to_writer(&mut self.out, &cuda_oom_json(ev, oom, oom_stacks))?;
                 writeln!(self.out)?;
             }
             return Ok(());
@@ -308,7 +315,7 @@ mod tests {
     #[test]
     fn human_line_is_aligned() {
         let mut p = Printer::new(Vec::new(), false, Filter::default());
-        p.event(&event(api::CU_MEM_ALLOC_V2), &Applied { device: 0, size: 4096, ..Default::default() }, None).unwrap();
+        p.event(&event(api::CU_MEM_ALLOC_V2), &Applied { device: 0, size: 4096, ..Default::default() }, None, &[]).unwrap();
         let text = String::from_utf8(p.out).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2);
