@@ -8,7 +8,7 @@ pub mod process;
 use std::collections::BTreeMap;
 
 use gpumem_common::{api_info, ApiClass, Event, DEVICE_UNKNOWN};
-pub use process::{Allocation, DeviceTotals, Memory, Process, VmmHandle};
+pub use process::{Allocation, Memory, Process, VmmHandle};
 
 use process::{Mapping, PrimaryCtx};
 
@@ -120,10 +120,13 @@ impl State {
         State { limits, ..Default::default() }
     }
 
+    #[cfg(test)]
     pub fn live_entries(&self) -> usize {
         self.entries
     }
 
+    /// Applies an event without a stack (tests; the agent always passes what it has).
+    #[cfg(test)]
     pub fn apply(&mut self, ev: &Event) -> Applied {
         self.apply_with_stack(ev, None)
     }
@@ -234,7 +237,7 @@ fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool, stack
                 out.dropped = true;
                 return out;
             }
-            let alloc = Allocation { size: ev.size, device, memory, ctx: p.current_ctx(ev.tid), api: ev.api, ts_ns: ev.ts_ns, stack };
+            let alloc = Allocation { size: ev.size, device, memory, ctx: p.current_ctx(ev.tid), ts_ns: ev.ts_ns, stack };
             // A pointer handed out twice means we missed its free: replace it.
             if let Some(old) = p.allocs.insert(ev.addr, alloc) {
                 credit_free(p, &old);

@@ -17,7 +17,6 @@ pub struct Allocation {
     pub memory: Memory,
     /// Context current when it was made; destroyed with it.
     pub ctx: u64,
-    pub api: u32,
     pub ts_ns: u64,
     /// The caller's stack, when it was captured and unwound.
     pub stack: Option<crate::stacks::StackId>,

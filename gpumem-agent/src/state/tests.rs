@@ -1,7 +1,7 @@
 //! State fed with event sequences: exact live bytes per process and device.
 use gpumem_common::{api, Event, DEVICE_UNKNOWN};
 
-use super::*;
+use super::{process::DeviceTotals, *};
 
 const MIB: u64 = 1 << 20;
 
