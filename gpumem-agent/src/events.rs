@@ -2,7 +2,7 @@
 //! records, and counting every event that did not arrive.
 
 use aya::maps::{MapData, RingBuf};
-use gpumem_common::{flags, stat, Event, StackEvent, STACK_EVENT_SIZE};
+use gpumem_common::{flags, stat, Event, StackEvent, STACK_EVENT_SIZE, STACK_HEADER_SIZE};
 use tokio::io::unix::AsyncFd;
 
 pub struct EventReader {
@@ -52,9 +52,12 @@ fn drain(ring: &mut RingBuf<MapData>, malformed: &mut u64, buf: &mut StackEvent,
         n += 1;
         if ev.flags & flags::HAS_STACK == 0 {
             f(&ev, None);
-        } else if item.len() >= STACK_EVENT_SIZE {
-            // SAFETY: length checked; StackEvent is plain old data.
-            unsafe { std::ptr::copy_nonoverlapping(item.as_ptr(), (buf as *mut StackEvent).cast::<u8>(), STACK_EVENT_SIZE) };
+        } else if item.len() >= STACK_HEADER_SIZE {
+            // Header plus only the stack bytes that were copied.
+            let n = item.len().min(STACK_EVENT_SIZE);
+            // SAFETY: n fits both the record and the buffer; StackEvent is plain old data.
+            unsafe { std::ptr::copy_nonoverlapping(item.as_ptr(), (buf as *mut StackEvent).cast::<u8>(), n) };
+            buf.len = buf.len.min((n - STACK_HEADER_SIZE) as u32);
             f(&ev, Some(buf));
         } else {
             *malformed += 1;

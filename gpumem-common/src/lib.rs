@@ -220,7 +220,9 @@ pub struct StackEvent {
 }
 
 pub const STACK_EVENT_SIZE: usize = core::mem::size_of::<StackEvent>();
-const _: () = assert!(STACK_EVENT_SIZE == EVENT_SIZE + 32 + STACK_BYTES);
+/// Bytes before `data`: a record is this header plus the `len` bytes copied.
+pub const STACK_HEADER_SIZE: usize = EVENT_SIZE + 32;
+const _: () = assert!(STACK_EVENT_SIZE == STACK_HEADER_SIZE + STACK_BYTES);
 
 /// Indices into the eBPF `STATS` per-CPU array: things the kernel side could
 /// not do. Every one is surfaced by the agent.
@@ -266,7 +268,8 @@ pub mod oom_field {
 }
 
 /// Sizes of the kernel-side tables (also used by the agent for reporting).
-pub const RINGBUF_BYTES: u32 = 4 * 1024 * 1024;
+/// Room for about 4000 allocations with their stacks in flight.
+pub const RINGBUF_BYTES: u32 = 16 * 1024 * 1024;
 pub const PENDING_MAX: u32 = 16384;
 pub const TRACKED_MAX: u32 = 16384;
 pub const FILTER_MAX: u32 = 16384;

@@ -13,6 +13,10 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
 #[map]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
 
+/// Per-CPU scratch for building a record with a stack (too big for the BPF stack).
+#[map]
+pub static STACK_SCRATCH: PerCpuArray<gpumem_common::StackEvent> = PerCpuArray::with_max_entries(1, 0);
+
 /// Calls in flight: arguments saved at entry, keyed by thread and API.
 #[map]
 pub static PENDING: HashMap<PendingKey, Pending> = HashMap::with_max_entries(PENDING_MAX, 0);

@@ -5,23 +5,21 @@
 //! `rip` is the return address in the caller and `rsp`/`rbp` are the
 //! caller's, so the unwind starts in the caller.
 use aya_ebpf::{helpers::generated::bpf_probe_read_user, programs::RetProbeContext};
-use gpumem_common::{flags, stat, Event, StackEvent, STACK_BYTES, STACK_CHUNK};
+use gpumem_common::{flags, stat, Event, STACK_BYTES, STACK_CHUNK, STACK_HEADER_SIZE};
 
-use crate::maps::{count, EVENTS};
+use crate::maps::{count, EVENTS, STACK_SCRATCH};
 
 #[inline(always)]
 pub fn emit_with_stack(ctx: &RetProbeContext, mut ev: Event) {
-    let Some(mut entry) = EVENTS.reserve::<StackEvent>(0) else {
-        count(stat::RINGBUF_FULL);
-        return;
-    };
+    // Built in a per-CPU scratch record, then only the bytes actually copied
+    // go to the ring (ring reservations must have a constant size).
+    let Some(rec) = STACK_SCRATCH.get_ptr_mut(0) else { return };
     // SAFETY: the context is the probe's pt_regs.
     let (ip, sp, bp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp, (*ctx.regs).rbp) };
     ev.flags |= flags::HAS_STACK;
-    let rec = entry.as_mut_ptr();
-    let mut len = 0u32;
-    // SAFETY: `rec` points at reserved ring-buffer memory of StackEvent size;
-    // each read stays inside `data`, and user addresses are checked by the helper.
+    let mut len = 0usize;
+    // SAFETY: `rec` is this CPU's scratch StackEvent; each read stays inside
+    // `data`, and user addresses are checked by the helper.
     unsafe {
         (*rec).event = ev;
         (*rec).ip = ip;
@@ -36,10 +34,13 @@ pub fn emit_with_stack(ctx: &RetProbeContext, mut ev: Event) {
             if r != 0 {
                 break;
             }
-            len += STACK_CHUNK as u32;
+            len += STACK_CHUNK;
             i += 1;
         }
-        (*rec).len = len;
+        (*rec).len = len as u32;
+        let bytes = core::slice::from_raw_parts(rec as *const u8, STACK_HEADER_SIZE + len.min(STACK_BYTES));
+        if EVENTS.output::<[u8]>(bytes, 0).is_err() {
+            count(stat::RINGBUF_FULL);
+        }
     }
-    entry.submit(0);
 }

@@ -327,7 +327,9 @@ fn pid_filter_and_display_filters() {
     // --failed-only shows only failures; the summary still counts everything.
     let cmd = format!("{} {} oom", f.workload.display(), f.libcuda.display());
     let t = trace(&["--libcuda", f.libcuda.to_str().unwrap(), "--failed-only", "-c", &cmd], &[("GPUMEM_FAKE_CAPACITY", &cap)]);
-    assert_eq!(results(&t.events.iter().collect::<Vec<_>>()), [2, 1]);
+    assert_eq!(results(&t.of_type("alloc")), [2, 1]);
+    assert_eq!(t.events.len(), 3, "two failed allocations and the cuda_oom record of the first");
+    assert_eq!(t.of_type("cuda_oom").len(), 1);
     let pid = t.summary["processes"][0]["pid"].as_u64().unwrap();
     assert_eq!(api_stats(t.summary_process(pid), "cuMemAlloc_v2")["calls"], 4);
     // --min-size hides small events.
