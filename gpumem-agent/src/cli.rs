@@ -41,18 +41,25 @@ pub struct LibcudaArgs {
     pub no_discover: bool,
 }
 
+/// What to trace and for how long (shared by trace and leaks).
 #[derive(Debug, Args)]
-pub struct TraceArgs {
-    /// Trace only this process (repeatable). The trace ends when all of them have exited.
+pub struct TargetArgs {
+    /// Trace only this process (repeatable). Tracing ends when all of them have exited.
     #[arg(short = 'p', long = "pid", value_name = "PID", conflicts_with = "command")]
     pub pids: Vec<u32>,
-    /// Start this command (run by /bin/sh), trace it and its children, stop when it
-    /// exits and exit with its status.
+    /// Start this command (run by /bin/sh), trace it and its children until it exits
+    /// (or --duration ends first; the command is then left running), and exit with its status.
     #[arg(short = 'c', long = "command", value_name = "CMD")]
     pub command: Option<String>,
-    /// Stop after this many seconds (fractions allowed).
+    /// Stop after this many seconds (fractions allowed); default: until Ctrl-C or the command exits.
     #[arg(long, value_name = "SECONDS", value_parser = parse_duration)]
     pub duration: Option<f64>,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
     /// Show only events of at least this size (e.g. 4096, 64K, 20MiB). The summary counts everything.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub min_size: Option<u64>,
@@ -78,16 +85,8 @@ pub struct TraceArgs {
 
 #[derive(Debug, Args)]
 pub struct LeaksArgs {
-    /// Trace only this process (repeatable). Tracing ends when all of them have exited.
-    #[arg(short = 'p', long = "pid", value_name = "PID", conflicts_with = "command")]
-    pub pids: Vec<u32>,
-    /// Start this command (run by /bin/sh) and trace it and its children. The report
-    /// comes when it exits or at --duration, whichever is first (the command is left running).
-    #[arg(short = 'c', long = "command", value_name = "CMD")]
-    pub command: Option<String>,
-    /// Trace for this many seconds, then report (default: until Ctrl-C or the command exits).
-    #[arg(long, value_name = "SECONDS", value_parser = parse_duration)]
-    pub duration: Option<f64>,
+    #[command(flatten)]
+    pub target: TargetArgs,
     /// Report only allocations at least this old when the report is made.
     #[arg(long, value_name = "SECONDS", default_value_t = 5.0, value_parser = parse_age)]
     pub older_than: f64,

@@ -282,6 +282,25 @@ mod user {
 }
 
 impl Event {
+    /// An event of `api` with every other field zero and no device.
+    pub const fn empty(api: u32) -> Event {
+        Event {
+            ts_ns: 0,
+            latency_ns: 0,
+            addr: 0,
+            size: 0,
+            handle: 0,
+            aux: 0,
+            pid: 0,
+            tid: 0,
+            api,
+            result: 0,
+            device: DEVICE_UNKNOWN,
+            flags: 0,
+            comm: [0; COMM_LEN],
+        }
+    }
+
     /// Decodes an event from ring-buffer bytes. Returns None for a short read.
     pub fn from_bytes(bytes: &[u8]) -> Option<Event> {
         if bytes.len() < EVENT_SIZE {

@@ -5,7 +5,7 @@ use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     programs::TracePointContext,
 };
-use gpumem_common::{api, oom_field, stat, Event, DEVICE_UNKNOWN};
+use gpumem_common::{api, oom_field, stat, Event};
 
 use crate::maps::{count, EVENTS, OOM_OFFSETS};
 
@@ -51,18 +51,14 @@ pub fn on_mark_victim(ctx: &TracePointContext) -> u32 {
     };
     entry.write(Event {
         ts_ns: unsafe { bpf_ktime_get_ns() },
-        latency_ns: 0,
         addr: read_u64(ctx, oom_field::TOTAL_VM),
         size: read_u64(ctx, oom_field::ANON_RSS),
         handle: read_u64(ctx, oom_field::FILE_RSS),
         aux: read_u64(ctx, oom_field::SHMEM_RSS),
         pid: victim as u32,
         tid: (bpf_get_current_pid_tgid() >> 32) as u32,
-        api: api::OOM_KILL,
-        result: 0,
-        device: DEVICE_UNKNOWN,
-        flags: 0,
         comm,
+        ..Event::empty(api::OOM_KILL)
     });
     entry.submit(0);
     0

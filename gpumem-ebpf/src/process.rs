@@ -4,7 +4,7 @@ use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     programs::TracePointContext,
 };
-use gpumem_common::{api, filter, stat, Event, DEVICE_UNKNOWN};
+use gpumem_common::{api, filter, stat, Event};
 
 use crate::maps::{count, filter_mode, EVENTS, FILTER_PIDS, FORK_CHILD_PID_OFFSET, TRACKED};
 
@@ -33,18 +33,10 @@ pub fn on_exit(_ctx: &TracePointContext) -> u32 {
     };
     entry.write(Event {
         ts_ns: unsafe { bpf_ktime_get_ns() },
-        latency_ns: 0,
-        addr: 0,
-        size: 0,
-        handle: 0,
-        aux: 0,
         pid: tgid,
         tid: tgid,
-        api: api::PROCESS_EXIT,
-        result: 0,
-        device: DEVICE_UNKNOWN,
-        flags: 0,
         comm: bpf_get_current_comm().unwrap_or([0u8; 16]),
+        ..Event::empty(api::PROCESS_EXIT)
     });
     entry.submit(0);
     0

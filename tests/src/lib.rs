@@ -204,10 +204,16 @@ pub fn trace(args: &[&str], envs: &[(&str, &str)]) -> Trace {
     Trace { events, summary, status: out.status, stderr }
 }
 
+/// The shell command that runs one workload scenario on the synthetic driver.
+pub fn workload_cmd(scenario: &str) -> String {
+    let f = fixtures();
+    format!("{} {} {}", f.workload.display(), f.libcuda.display(), scenario)
+}
+
 /// Traces one workload scenario against the synthetic driver (attached by path).
 pub fn trace_workload(scenario: &str, envs: &[(&str, &str)]) -> Trace {
     let f = fixtures();
-    let cmd = format!("{} {} {}", f.workload.display(), f.libcuda.display(), scenario);
+    let cmd = workload_cmd(scenario);
     let t = trace(&["--libcuda", f.libcuda.to_str().unwrap(), "-c", &cmd], envs);
     assert!(t.status.success(), "workload {scenario} failed: {:?}\nstderr: {}", t.status, t.stderr);
     assert_eq!(t.summary["lost_events"], 0, "events lost: {:#}", t.summary);

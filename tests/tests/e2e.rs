@@ -325,7 +325,7 @@ fn pid_filter_and_display_filters() {
     let f = fixtures();
     let cap = (64 * MIB).to_string();
     // --failed-only shows only failures; the summary still counts everything.
-    let cmd = format!("{} {} oom", f.workload.display(), f.libcuda.display());
+    let cmd = workload_cmd("oom");
     let t = trace(&["--libcuda", f.libcuda.to_str().unwrap(), "--failed-only", "-c", &cmd], &[("GPUMEM_FAKE_CAPACITY", &cap)]);
     assert_eq!(results(&t.of_type("alloc")), [2, 1]);
     assert_eq!(t.events.len(), 3, "two failed allocations and the cuda_oom record of the first");
@@ -333,7 +333,7 @@ fn pid_filter_and_display_filters() {
     let pid = t.summary["processes"][0]["pid"].as_u64().unwrap();
     assert_eq!(api_stats(t.summary_process(pid), "cuMemAlloc_v2")["calls"], 4);
     // --min-size hides small events.
-    let cmd = format!("{} {} two_devices", f.workload.display(), f.libcuda.display());
+    let cmd = workload_cmd("two_devices");
     let t = trace(&["--libcuda", f.libcuda.to_str().unwrap(), "--min-size", "10MiB", "-c", &cmd], &[]);
     let shown: Vec<(String, u64)> = t.events.iter().map(|e| (e["type"].as_str().unwrap().to_string(), e["size"].as_u64().unwrap())).collect();
     assert_eq!(
@@ -346,7 +346,7 @@ fn pid_filter_and_display_filters() {
 fn lost_events_are_counted_exactly() {
     require_root();
     let f = fixtures();
-    let cmd = format!("{} {} threads", f.workload.display(), f.libcuda.display());
+    let cmd = workload_cmd("threads");
     // A one-page ring and a reader that starts late: most events cannot fit.
     let t = trace(
         &["--libcuda", f.libcuda.to_str().unwrap(), "--ringbuf-bytes", "4096", "--stall-reader-ms", "3000", "-c", &cmd],
@@ -583,7 +583,7 @@ fn leaks_names_the_leaking_function_and_its_callers_without_frame_pointers() {
     let f = fixtures();
     let log = f.dir.join("leak.log");
     let _ = std::fs::remove_file(&log);
-    let cmd = format!("{} {} deep_leak", f.workload.display(), f.libcuda.display());
+    let cmd = workload_cmd("deep_leak");
     let v = leaks(
         &["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0.5", "--duration", "3", "-c", &cmd],
         &[("GPUMEM_LEAK_LOG", log.to_str().unwrap()), ("GPUMEM_STEPS", "60")],
@@ -640,7 +640,7 @@ fn leaks_names_the_leaking_function_and_its_callers_without_frame_pointers() {
 fn leaks_after_exit_reports_nothing() {
     require_root();
     let f = fixtures();
-    let cmd = format!("{} {} deep_leak", f.workload.display(), f.libcuda.display());
+    let cmd = workload_cmd("deep_leak");
     // The process leaks, then exits: the driver frees everything, no leak remains.
     let v = leaks(&["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0", "-c", &cmd], &[("GPUMEM_STEPS", "5")]);
     assert_eq!(v["processes"], serde_json::json!([]), "{v:#}");
@@ -652,7 +652,7 @@ fn growth_detector_ignores_a_warm_up_that_plateaus() {
     require_root();
     let f = fixtures();
     // 10 steps (1 s) of leaking, then 3 s quiet: the live bytes plateau.
-    let cmd = format!("{} {} deep_leak", f.workload.display(), f.libcuda.display());
+    let cmd = workload_cmd("deep_leak");
     let v = leaks(
         &["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0", "--duration", "4", "-c", &cmd],
         &[("GPUMEM_STEPS", "10"), ("GPUMEM_WORKLOAD_HOLD_MS", "6000")],
@@ -666,7 +666,7 @@ fn growth_detector_ignores_a_warm_up_that_plateaus() {
 fn vmm_reserved_mapped_and_released_but_mapped_are_reported() {
     require_root();
     let f = fixtures();
-    let cmd = format!("{} {} expandable_held", f.workload.display(), f.libcuda.display());
+    let cmd = workload_cmd("expandable_held");
     let v = leaks(
         &["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0", "--duration", "2", "-c", &cmd],
         &[("GPUMEM_WORKLOAD_HOLD_MS", "4000")],

@@ -65,30 +65,12 @@ pub fn layout(p: &Process, device: i32) -> DeviceLayout {
 
 #[cfg(test)]
 mod tests {
-    use gpumem_common::{api, Event, DEVICE_UNKNOWN};
+    use gpumem_common::{api, Event};
 
     use super::*;
-    use crate::state::{Limits, State};
+    use crate::state::{testing::ev, Limits, State};
 
     const MIB: u64 = 1 << 20;
-
-    fn ev(api_id: u32) -> Event {
-        Event {
-            ts_ns: 1,
-            latency_ns: 1,
-            addr: 0,
-            size: 0,
-            handle: 0,
-            aux: 0,
-            pid: 1,
-            tid: 1,
-            api: api_id,
-            result: 0,
-            device: DEVICE_UNKNOWN,
-            flags: 0,
-            comm: [0; 16],
-        }
-    }
 
     #[test]
     fn sizes_and_vmm_layout() {
@@ -104,7 +86,7 @@ mod tests {
             s.apply(&Event { addr: 0x1000_0000 + i * 20 * MIB, size: 20 * MIB, handle: 7 + i, ..ev(api::CU_MEM_MAP) });
         }
         s.apply(&Event { handle: 7, ..ev(api::CU_MEM_RELEASE) });
-        let l = layout(&s.processes[&1], 0);
+        let l = layout(&s.processes[&100], 0);
         assert_eq!(l.largest_allocation, 256 * MIB);
         assert_eq!(
             l.size_histogram,
@@ -116,6 +98,6 @@ mod tests {
         );
         assert_eq!((l.vmm_reserved_bytes, l.vmm_mapped_bytes, l.vmm_physical_bytes), (1024 * MIB, 40 * MIB, 40 * MIB));
         assert_eq!((l.released_but_mapped_handles, l.released_but_mapped_bytes), (1, 20 * MIB));
-        assert_eq!(layout(&s.processes[&1], 1), DeviceLayout::default());
+        assert_eq!(layout(&s.processes[&100], 1), DeviceLayout::default());
     }
 }

@@ -165,27 +165,13 @@ pub fn monotonic_ns() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use gpumem_common::{api, Event, DEVICE_UNKNOWN};
+    use gpumem_common::{api, Event};
 
     use super::*;
-    use crate::state::Limits;
+    use crate::state::{testing, Limits};
 
     fn ev(api_id: u32, addr: u64, size: u64, ts_ns: u64) -> Event {
-        Event {
-            ts_ns,
-            latency_ns: 1,
-            addr,
-            size,
-            handle: 0,
-            aux: 0,
-            pid: 7,
-            tid: 7,
-            api: api_id,
-            result: 0,
-            device: DEVICE_UNKNOWN,
-            flags: 0,
-            comm: *b"train\0\0\0\0\0\0\0\0\0\0\0",
-        }
+        Event { addr, size, ts_ns, ..testing::ev(api_id) }
     }
 
     #[test]

@@ -54,9 +54,9 @@ pub struct LeaksOptions {
 impl Session {
     pub fn from_args(a: TraceArgs) -> Self {
         Session {
-            pids: a.pids,
-            command: a.command,
-            duration: a.duration,
+            pids: a.target.pids,
+            command: a.target.command,
+            duration: a.target.duration,
             filter: Filter { min_size: a.min_size.unwrap_or(0), failed_only: a.failed_only },
             libcuda: a.libcuda,
             json: a.json,
@@ -71,9 +71,9 @@ impl Session {
 
     pub fn for_leaks(a: crate::cli::LeaksArgs) -> Self {
         Session {
-            pids: a.pids,
-            command: a.command,
-            duration: a.duration,
+            pids: a.target.pids,
+            command: a.target.command,
+            duration: a.target.duration,
             filter: Filter::default(),
             libcuda: a.libcuda,
             json: a.json,

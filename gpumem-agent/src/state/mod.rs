@@ -489,4 +489,6 @@ fn release_all(p: &mut Process) -> Vec<Release> {
 }
 
 #[cfg(test)]
+pub mod testing;
+#[cfg(test)]
 mod tests;

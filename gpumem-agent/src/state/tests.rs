@@ -1,27 +1,9 @@
 //! State fed with event sequences: exact live bytes per process and device.
-use gpumem_common::{api, Event, DEVICE_UNKNOWN};
+use gpumem_common::{api, Event};
 
-use super::{process::DeviceTotals, *};
+use super::{process::DeviceTotals, testing::ev, *};
 
 const MIB: u64 = 1 << 20;
-
-fn ev(api_id: u32) -> Event {
-    Event {
-        ts_ns: 1,
-        latency_ns: 1,
-        addr: 0,
-        size: 0,
-        handle: 0,
-        aux: 0,
-        pid: 100,
-        tid: 100,
-        api: api_id,
-        result: 0,
-        device: DEVICE_UNKNOWN,
-        flags: 0,
-        comm: *b"python\0\0\0\0\0\0\0\0\0\0",
-    }
-}
 
 fn alloc(addr: u64, size: u64) -> Event {
     Event { addr, size, ..ev(api::CU_MEM_ALLOC_V2) }
