@@ -31,7 +31,7 @@ pub enum Command {
 }
 
 #[derive(Debug, Args, Clone)]
-pub struct LibcudaArgs {
+pub struct ProbeArgs {
     /// Also attach to this libcuda file (repeatable). Copies found in ld.so.cache
     /// and in running processes are attached without it.
     #[arg(long = "libcuda", value_name = "PATH")]
@@ -39,6 +39,14 @@ pub struct LibcudaArgs {
     /// Do not look for libcuda copies beyond those given with --libcuda.
     #[arg(long)]
     pub no_discover: bool,
+    /// Path prefix of NVIDIA device nodes whose ioctls are traced
+    /// (`<prefix>ctl`, `<prefix>0`, `<prefix>-uvm`).
+    #[arg(long, value_name = "PREFIX", default_value = "/dev/nvidia", value_parser = parse_prefix)]
+    pub nvidia_dev_prefix: String,
+    /// Do not trace NVIDIA driver ioctls (their tracepoints put every syscall on
+    /// this host on the kernel's slower tracing path; see README).
+    #[arg(long)]
+    pub no_ioctl: bool,
 }
 
 /// What to trace and for how long (shared by trace and leaks).
@@ -67,7 +75,7 @@ pub struct TraceArgs {
     #[arg(long)]
     pub failed_only: bool,
     #[command(flatten)]
-    pub libcuda: LibcudaArgs,
+    pub libcuda: ProbeArgs,
     /// One JSON object per line; the last one is the summary (`"type":"summary"`).
     #[arg(long)]
     pub json: bool,
@@ -94,7 +102,7 @@ pub struct LeaksArgs {
     #[arg(short = 'n', long = "top", value_name = "N", default_value_t = 10)]
     pub top: usize,
     #[command(flatten)]
-    pub libcuda: LibcudaArgs,
+    pub libcuda: ProbeArgs,
     /// Print the report as one JSON object (`"type":"leaks"`).
     #[arg(long)]
     pub json: bool,
@@ -106,7 +114,7 @@ pub struct LeaksArgs {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
-    pub libcuda: LibcudaArgs,
+    pub libcuda: ProbeArgs,
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -118,7 +126,7 @@ pub struct BenchArgs {
     #[arg(long, value_parser = ["full", "empty"])]
     pub probes: String,
     #[command(flatten)]
-    pub libcuda: LibcudaArgs,
+    pub libcuda: ProbeArgs,
     /// Command to run while the probes are attached.
     #[arg(short = 'c', long = "command", value_name = "CMD")]
     pub command: String,
@@ -130,6 +138,13 @@ fn parse_duration(s: &str) -> Result<f64, String> {
         return Err(format!("duration must be a positive number of seconds, got `{s}`"));
     }
     Ok(v)
+}
+
+fn parse_prefix(s: &str) -> Result<String, String> {
+    if !s.starts_with('/') || s.len() > gpumem_common::NV_PREFIX_MAX {
+        return Err(format!("the device prefix must be an absolute path of at most {} bytes", gpumem_common::NV_PREFIX_MAX));
+    }
+    Ok(s.to_string())
 }
 
 fn parse_age(s: &str) -> Result<f64, String> {

@@ -7,7 +7,7 @@ use aya_ebpf::{
 use gpumem_common::{api, flags, stat, Event, DEVICE_UNKNOWN};
 
 use crate::{
-    maps::{count, should_trace, Pending, PendingKey, EVENTS, PENDING, TRACKED},
+    maps::{count, should_trace, track, Pending, PendingKey, EVENTS, PENDING},
     stack, vmm,
 };
 
@@ -80,10 +80,7 @@ pub fn on_return(ctx: &RetProbeContext, api_id: u32) -> u32 {
         }
     }
 
-    // SAFETY: plain lookup. Insert only when new: an update on every call costs.
-    if unsafe { TRACKED.get(&tgid) }.is_none() && TRACKED.insert(&tgid, &1, 0).is_err() {
-        count(stat::TRACKED_FULL);
-    }
+    track(tgid);
     0
 }
 

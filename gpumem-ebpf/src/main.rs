@@ -7,6 +7,7 @@
 #![allow(non_snake_case)]
 
 mod cuda;
+mod ioctl;
 mod maps;
 mod oom;
 mod process;
@@ -14,7 +15,7 @@ mod stack;
 mod vmm;
 
 use aya_ebpf::{
-    macros::{tracepoint, uprobe, uretprobe},
+    macros::{kprobe, kretprobe, tracepoint, uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use gpumem_common::api;
@@ -79,6 +80,48 @@ pub fn mark_victim(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     process::on_fork(&ctx)
+}
+
+#[tracepoint]
+pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
+    ioctl::on_enter_openat(&ctx)
+}
+
+#[tracepoint]
+pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
+    ioctl::on_exit_openat(&ctx)
+}
+
+#[tracepoint]
+pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
+    ioctl::on_enter_close(&ctx)
+}
+
+#[tracepoint]
+pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
+    ioctl::on_enter_ioctl(&ctx)
+}
+
+#[tracepoint]
+pub fn sys_exit_ioctl(ctx: TracePointContext) -> u32 {
+    ioctl::on_exit_ioctl(&ctx)
+}
+
+/// Kprobe path (kernels with kprobes and the nvidia module): nvidia_unlocked_ioctl.
+#[kprobe]
+pub fn nv_rm_ioctl(ctx: ProbeContext) -> u32 {
+    ioctl::on_kprobe(&ctx, gpumem_common::nv_fd::RM)
+}
+
+/// Kprobe path: uvm_unlocked_ioctl_entry.
+#[kprobe]
+pub fn nv_uvm_ioctl(ctx: ProbeContext) -> u32 {
+    ioctl::on_kprobe(&ctx, gpumem_common::nv_fd::UVM)
+}
+
+#[kretprobe]
+pub fn nv_ioctl_return(ctx: RetProbeContext) -> u32 {
+    ioctl::on_kretprobe(&ctx)
 }
 
 /// Baseline for overhead measurements: the cheapest possible probe pair.

@@ -84,3 +84,12 @@ pub fn should_trace(tgid: u32) -> bool {
     // SAFETY: plain lookup; the value is copied out immediately.
     unsafe { FILTER_PIDS.get(&tgid).is_some() }
 }
+
+/// Remembers that a process made a traced call, so that its exit is reported.
+#[inline(always)]
+pub fn track(tgid: u32) {
+    // SAFETY: plain lookup. Insert only when new: an update on every call costs.
+    if unsafe { TRACKED.get(&tgid) }.is_none() && TRACKED.insert(&tgid, &1, 0).is_err() {
+        count(gpumem_common::stat::TRACKED_FULL);
+    }
+}

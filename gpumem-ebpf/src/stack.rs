@@ -38,6 +38,16 @@ pub fn emit_with_stack(ctx: &RetProbeContext, mut ev: Event) {
             i += 1;
         }
         (*rec).len = len as u32;
+        // Uprobe programs can be preempted (migration is disabled, preemption
+        // is not): if another thread's probe on this CPU rewrote the scratch
+        // meanwhile, send the event without a stack rather than a wrong one.
+        if (*rec).event.tid != ev.tid || (*rec).event.ts_ns != ev.ts_ns {
+            ev.flags &= !flags::HAS_STACK;
+            if EVENTS.output::<Event>(&ev, 0).is_err() {
+                count(stat::RINGBUF_FULL);
+            }
+            return;
+        }
         let bytes = core::slice::from_raw_parts(rec as *const u8, STACK_HEADER_SIZE + len.min(STACK_BYTES));
         if EVENTS.output::<[u8]>(bytes, 0).is_err() {
             count(stat::RINGBUF_FULL);

@@ -46,6 +46,8 @@ pub struct Fixtures {
     /// The synthetic driver, named like the real one.
     pub libcuda: PathBuf,
     pub workload: PathBuf,
+    /// A raw-ioctl NVIDIA client (no libcuda).
+    pub nvioctl: PathBuf,
 }
 
 fn cc(args: &[&str]) {
@@ -79,7 +81,9 @@ pub fn fixtures() -> &'static Fixtures {
             "-ldl",
             "-lpthread",
         ]);
-        Fixtures { dir, libcuda, workload }
+        let nvioctl = dir.join("nvioctl");
+        cc(&["-O2", "-Wall", "-o", nvioctl.to_str().unwrap(), src.join("nvioctl.c").to_str().unwrap()]);
+        Fixtures { dir, libcuda, workload, nvioctl }
     })
 }
 
@@ -231,4 +235,42 @@ pub fn devices(events: &[&Value]) -> Vec<i64> {
 
 pub fn results(events: &[&Value]) -> Vec<u64> {
     events.iter().map(|e| e["result"].as_u64().unwrap()).collect()
+}
+
+/// The stand-in NVIDIA device (a FUSE server), mounted for one test.
+pub struct FakeDevice {
+    pub dir: PathBuf,
+    server: std::process::Child,
+}
+
+impl FakeDevice {
+    /// Mounts `server` (the fake_nvidia_dev binary) on a fresh directory.
+    pub fn mount(server: &str, name: &str) -> FakeDevice {
+        let dir = fixtures().dir.join(format!("nvdev-{name}"));
+        // A mount left by an earlier run that died.
+        let _ = Command::new("umount").arg("-l").arg(&dir).stderr(std::process::Stdio::null()).status();
+        std::fs::create_dir_all(&dir).unwrap();
+        let server = Command::new(server).arg(&dir).spawn().expect("starting the stand-in NVIDIA device");
+        let ctl = dir.join("nvidiactl");
+        for _ in 0..100 {
+            if ctl.exists() {
+                return FakeDevice { dir, server };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("the stand-in device did not appear at {}", dir.display());
+    }
+
+    /// The `--nvidia-dev-prefix` that names its nodes.
+    pub fn prefix(&self) -> String {
+        format!("{}/nvidia", self.dir.display())
+    }
+}
+
+impl Drop for FakeDevice {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).stderr(std::process::Stdio::null()).status();
+    }
 }

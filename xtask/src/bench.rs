@@ -57,3 +57,61 @@ pub fn overhead(pairs: u64, rounds: u32) -> Result<()> {
     println!("  ratio gpumem/empty  {:>9.2}  (added cost per call)", full_cost / empty_cost);
     Ok(())
 }
+
+/// Cost of the ioctl path for ioctls that are not NVIDIA's: FIONREAD on a
+/// pipe, with no agent, with the agent and its ioctl tracepoints, and with
+/// the agent but `--no-ioctl` (which isolates the tracepoints' share).
+pub fn ioctl_overhead(calls: u64, rounds: u32) -> Result<()> {
+    let bin = crate::build_agent()?;
+    let f = gpumem_tests::fixtures();
+    let n = calls.to_string();
+    let run_client = || -> Result<f64> {
+        let out = Command::new(&f.nvioctl).args(["/nonexistent", "bench", &n]).output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let ns: f64 = text
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("ioctl_ns="))
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("no timing in {text}"))?;
+        Ok(ns / calls as f64)
+    };
+    let with_agent = |extra: &[&str]| -> Result<f64> {
+        gpumem_tests::wait_for_detach();
+        let mut agent = Command::new(&bin)
+            .args(["trace", "--no-discover", "--duration", "600"])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        // Ready once it has said what it attached.
+        let mut err = std::io::BufReader::new(agent.stderr.take().expect("piped"));
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut err, &mut line)?;
+        let r = run_client();
+        // SIGTERM: the agent stops cleanly. SAFETY: signalling our own child.
+        unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
+        agent.wait()?;
+        r
+    };
+    let (mut none, mut with_ioctl, mut without_ioctl) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        gpumem_tests::wait_for_detach();
+        none.push(run_client()?);
+        with_ioctl.push(with_agent(&[])?);
+        without_ioctl.push(with_agent(&["--no-ioctl"])?);
+        eprintln!(
+            "round {}: no agent {:.0} ns/ioctl, agent {:.0}, agent --no-ioctl {:.0}",
+            round + 1,
+            none[round as usize],
+            with_ioctl[round as usize],
+            without_ioctl[round as usize]
+        );
+    }
+    let (none, with_ioctl, without_ioctl) = (median(none), median(with_ioctl), median(without_ioctl));
+    println!("non-NVIDIA ioctls (FIONREAD on a pipe, {calls} per run, median of {rounds} interleaved runs):");
+    println!("  no agent                {none:>7.0} ns/ioctl");
+    println!("  agent, ioctl path on    {with_ioctl:>7.0} ns/ioctl  (ratio {:.2})", with_ioctl / none);
+    println!("  agent, --no-ioctl       {without_ioctl:>7.0} ns/ioctl  (ratio {:.2})", without_ioctl / none);
+    Ok(())
+}
+

@@ -34,6 +34,15 @@ enum Cmd {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Measure what the ioctl path costs ioctls that are not NVIDIA's.
+    BenchIoctl {
+        /// ioctls per run
+        #[arg(long, default_value_t = 200000)]
+        calls: u64,
+        /// runs of each configuration, interleaved
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
+    },
     /// Measure probe overhead against empty probes on the same symbols.
     Bench {
         /// alloc/free pairs per run
@@ -100,6 +109,11 @@ fn main() -> Result<()> {
             let mut test = cargo();
             test.args(["test", "--workspace", "--exclude", "gpumem-ebpf", "--", "--test-threads=1"]).args(&args);
             run(&mut test)
+        }
+        Cmd::BenchIoctl { calls, rounds } => {
+            require_root("the benchmark")?;
+            setup::setup()?;
+            bench::ioctl_overhead(calls, rounds)
         }
         Cmd::Bench { pairs, rounds } => {
             require_root("the benchmark")?;

@@ -5,7 +5,7 @@ pub mod trace;
 use anyhow::{bail, Context as _, Result};
 
 use crate::{
-    cli::LibcudaArgs,
+    cli::ProbeArgs,
     probes::{discover, Agent, LibraryReport, ProbeStatus, Source},
 };
 
@@ -54,7 +54,7 @@ pub fn describe(report: &LibraryReport) -> String {
 }
 
 /// Attaches the libraries named with --libcuda (a bad path is an error).
-pub fn attach_given(agent: &mut Agent, args: &LibcudaArgs, mut say: impl FnMut(String)) -> Result<()> {
+pub fn attach_given(agent: &mut Agent, args: &ProbeArgs, mut say: impl FnMut(String)) -> Result<()> {
     for path in &args.libcuda {
         let lib = discover::stat_library(path, Source::CommandLine)
             .with_context(|| format!("--libcuda {}: cannot use this file", path.display()))?;
@@ -70,7 +70,7 @@ pub fn attach_given(agent: &mut Agent, args: &LibcudaArgs, mut say: impl FnMut(S
 
 /// Attaches libcuda copies found in ld.so.cache and in running processes
 /// that are not attached yet.
-pub fn attach_discovered(agent: &mut Agent, args: &LibcudaArgs, with_ld_cache: bool, mut say: impl FnMut(String)) {
+pub fn attach_discovered(agent: &mut Agent, args: &ProbeArgs, with_ld_cache: bool, mut say: impl FnMut(String)) {
     if args.no_discover {
         return;
     }

@@ -13,7 +13,12 @@ use crate::{
 pub fn run(args: StatusArgs) -> Result<()> {
     require_root()?;
     let mut notes = Vec::new();
-    let mut agent = Agent::load(Options { filter_pids: false, probe_set: ProbeSet::Full, ringbuf_bytes: gpumem_common::RINGBUF_BYTES }).context("loading eBPF programs")?;
+    let mut agent = Agent::load(Options {
+        filter_pids: false,
+        probe_set: ProbeSet::Full,
+        ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
+        nvidia_prefix: (!args.libcuda.no_ioctl).then(|| args.libcuda.nvidia_dev_prefix.clone()),
+    }).context("loading eBPF programs")?;
     // Features after load: loading mounts tracefs when it can.
     let features = features::detect();
     attach_given(&mut agent, &args.libcuda, |m| notes.push(m))?;
@@ -25,6 +30,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
         let report = json!({
             "kernel": features,
             "tracepoints": agent.tracepoints,
+            "ioctl": agent.ioctl,
             "libraries": agent.libraries,
             "notes": notes,
         });
@@ -47,6 +53,17 @@ pub fn run(args: StatusArgs) -> Result<()> {
             None => writeln!(out, "  {:<28} attached", t.tracepoint)?,
             Some(e) => writeln!(out, "  {:<28} NOT attached: {e}", t.tracepoint)?,
         }
+    }
+    let io = &agent.ioctl;
+    let path = match io.path {
+        crate::probes::ioctl::IoctlPath::Kprobes => "kprobes",
+        crate::probes::ioctl::IoctlPath::Tracepoints => "tracepoints",
+        crate::probes::ioctl::IoctlPath::Off => "off",
+    };
+    writeln!(out, "NVIDIA ioctls: {path} — {}", io.why)?;
+    writeln!(out, "  device nodes {}*, {} descriptor(s) open before start seeded from /proc", io.prefix, io.seeded_fds)?;
+    if let Some(e) = &io.error {
+        writeln!(out, "  NOT attached: {e}")?;
     }
     if agent.libraries.is_empty() {
         writeln!(out, "libcuda: none found (not in ld.so.cache, not loaded by any process); give one with --libcuda PATH")?;

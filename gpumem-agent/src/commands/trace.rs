@@ -12,7 +12,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use super::{attach_discovered, attach_given, require_root};
 use crate::{
-    cli::{LibcudaArgs, TraceArgs},
+    cli::{ProbeArgs, TraceArgs},
     events::{EventReader, LostEvents},
     analysis::leaks::{self, GrowthTracker},
     export::{
@@ -33,7 +33,7 @@ pub struct Session {
     pub command: Option<String>,
     pub duration: Option<f64>,
     pub filter: Filter,
-    pub libcuda: LibcudaArgs,
+    pub libcuda: ProbeArgs,
     pub json: bool,
     pub limits: Limits,
     pub probe_set: ProbeSet,
@@ -170,7 +170,12 @@ pub fn run(s: Session) -> Result<ExitCode> {
 async fn run_async(s: Session) -> Result<ExitCode> {
     let say = |m: String| eprintln!("gpumem: {m}");
     let filter_pids = !s.pids.is_empty() || s.command.is_some();
-    let mut agent = Agent::load(Options { filter_pids, probe_set: s.probe_set, ringbuf_bytes: s.ringbuf_bytes }).context("loading eBPF programs")?;
+    let mut agent = Agent::load(Options {
+        filter_pids,
+        probe_set: s.probe_set,
+        ringbuf_bytes: s.ringbuf_bytes,
+        nvidia_prefix: (!s.libcuda.no_ioctl).then(|| s.libcuda.nvidia_dev_prefix.clone()),
+    }).context("loading eBPF programs")?;
     for note in &agent.notes {
         say(note.clone());
     }
@@ -216,6 +221,7 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut child_status = None;
+    let mut ticks = 0u64;
     if let Some(ms) = s.stall_reader_ms {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
@@ -236,6 +242,10 @@ async fn run_async(s: Session) -> Result<ExitCode> {
             }
             _ = tick.tick() => {
                 attach_discovered(&mut agent, &s.libcuda, false, say);
+                ticks += 1;
+                if ticks % FD_RESCAN_TICKS == 0 {
+                    agent.seed_nvidia_fds();
+                }
                 if !s.pids.is_empty() && s.pids.iter().all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
                     break;
                 }
@@ -332,6 +342,9 @@ struct Sink<W: std::io::Write> {
 }
 
 const MAX_OOM_RECORDS: usize = 100;
+/// NVIDIA descriptors the open tracepoint cannot see (inherited, dup'ed) are
+/// picked up from /proc every this many discovery ticks (2 s).
+const FD_RESCAN_TICKS: u64 = 4;
 /// How often live bytes are sampled for the growth detector.
 const GROWTH_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
 

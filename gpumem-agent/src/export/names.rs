@@ -6,6 +6,13 @@ pub fn event_type(api_id: u32) -> &'static str {
     match api_id {
         api::PROCESS_EXIT => return "exit",
         api::OOM_KILL => return "oom_kill",
+        api::RM_ALLOC => return "rm_alloc",
+        api::RM_FREE => return "rm_free",
+        api::RM_MAP_MEMORY => return "rm_map",
+        api::RM_MAP_MEMORY_DMA => return "rm_map_dma",
+        api::RM_CONTROL => return "rm_control",
+        api::UVM_MAP_EXTERNAL_ALLOCATION => return "uvm_map",
+        api::UVM_FREE => return "uvm_free",
         _ => {}
     }
     match api_info(api_id).map(|a| a.class) {
@@ -38,6 +45,13 @@ pub fn api_name(api_id: u32) -> &'static str {
     match api_id {
         api::PROCESS_EXIT => return "sched_process_exit",
         api::OOM_KILL => return "oom:mark_victim",
+        api::RM_ALLOC => return "NV_ESC_RM_ALLOC",
+        api::RM_FREE => return "NV_ESC_RM_FREE",
+        api::RM_MAP_MEMORY => return "NV_ESC_RM_MAP_MEMORY",
+        api::RM_MAP_MEMORY_DMA => return "NV_ESC_RM_MAP_MEMORY_DMA",
+        api::RM_CONTROL => return "NV_ESC_RM_CONTROL",
+        api::UVM_MAP_EXTERNAL_ALLOCATION => return "UVM_MAP_EXTERNAL_ALLOCATION",
+        api::UVM_FREE => return "UVM_FREE",
         _ => {}
     }
     api_info(api_id).map(|a| a.symbol).unwrap_or("unknown")

@@ -42,8 +42,14 @@ pub struct ProcessSummary {
     pub host_pinned_bytes: u64,
     pub host_pinned_allocs: u64,
     pub untracked_frees: u64,
+    /// Frees read after their address was already reused by another thread.
+    pub reordered_frees: u64,
     /// Device bytes the process still held when it exited.
     pub held_at_exit_bytes: u64,
+    /// Video memory held through RM objects allocated by ioctl (class 0x40).
+    pub rm_memory_bytes: u64,
+    pub rm_memory_objects: u64,
+    pub uvm_mapped_bytes: u64,
     pub container: Option<String>,
     pub pod_uid: Option<String>,
     pub ns_pid: Option<u32>,
@@ -93,7 +99,11 @@ impl Summary {
                 host_pinned_bytes: p.host_pinned_bytes,
                 host_pinned_allocs: p.host_pinned_allocs,
                 untracked_frees: p.untracked_frees,
+                reordered_frees: p.reordered_frees,
                 held_at_exit_bytes: p.held_at_exit_bytes,
+                rm_memory_bytes: p.rm_memory_bytes,
+                rm_memory_objects: p.rm_memory_objects,
+                uvm_mapped_bytes: p.uvm_mapped_bytes,
                 container: p.container.as_ref().and_then(|c| c.container.clone()),
                 pod_uid: p.container.as_ref().and_then(|c| c.pod_uid.clone()),
                 ns_pid: p.container.as_ref().and_then(|c| c.ns_pid),
@@ -172,6 +182,17 @@ impl Summary {
             if let Some(c) = &p.container {
                 let pod = p.pod_uid.as_deref().map(|u| format!(", pod {u}")).unwrap_or_default();
                 writeln!(out, "{:>7} {:<15} container {}{pod}", p.pid, p.comm, &c[..12.min(c.len())])?;
+            }
+            if p.rm_memory_objects > 0 || p.uvm_mapped_bytes > 0 {
+                writeln!(
+                    out,
+                    "{:>7} {:<15}   RM {:>12} {:>8}   (video memory allocated by driver ioctls; UVM mapped {})",
+                    p.pid,
+                    p.comm,
+                    bytes(p.rm_memory_bytes),
+                    p.rm_memory_objects,
+                    bytes(p.uvm_mapped_bytes)
+                )?;
             }
             if p.host_pinned_allocs > 0 {
                 writeln!(out, "{:>7} {:<15} {:>4} {:>12} {:>8}   (pinned host memory)", p.pid, p.comm, "host", bytes(p.host_pinned_bytes), p.host_pinned_allocs)?;

@@ -100,7 +100,7 @@ pub fn event_json(ev: &Event, applied: &Applied, container: Option<&ContainerInf
     obj.insert("container".into(), json!(c.container));
     obj.insert("pod_uid".into(), json!(c.pod_uid));
     obj.insert("ns_pid".into(), json!(c.ns_pid));
-    if let Some(name) = result_name(ev.result) {
+    if let Some(name) = result_name(ev.result).filter(|_| !(api::RM_ALLOC..=api::UVM_FREE).contains(&ev.api)) {
         obj.insert("result_name".into(), json!(name));
     }
     if has_handle(ev.api) {
@@ -114,6 +114,31 @@ pub fn event_json(ev: &Event, applied: &Applied, container: Option<&ContainerInf
         || matches!(event_type(ev.api), "exit" | "ctx_destroy" | "ctx_release" | "ctx_reset" | "vmm_release" | "vmm_unmap")
     {
         obj.insert("released".into(), releases_json(&applied.released));
+    }
+    if (api::RM_ALLOC..=api::UVM_FREE).contains(&ev.api) {
+        // The RM status, as the driver wrote it in the parameters.
+        obj.insert("status".into(), json!(ev.result));
+        obj.insert("result_name".into(), json!(if ev.result == 0 { "NV_OK" } else { "NV_ERR" }));
+        match ev.api {
+            api::RM_ALLOC | api::RM_FREE => {
+                obj.insert("handle".into(), json!(format!("{:#x}", ev.handle)));
+                obj.insert("parent".into(), json!(format!("{:#x}", ev.addr as u32)));
+                obj.insert("root".into(), json!(format!("{:#x}", ev.addr >> 32)));
+                obj.remove("addr");
+                if ev.api == api::RM_ALLOC {
+                    obj.insert("class".into(), json!(format!("{:#x}", ev.aux as u32)));
+                    obj.insert("flags".into(), json!(ev.aux >> 32));
+                }
+            }
+            api::RM_CONTROL => {
+                obj.insert("handle".into(), json!(format!("{:#x}", ev.handle)));
+                obj.insert("cmd".into(), json!(format!("{:#x}", ev.aux)));
+            }
+            api::RM_MAP_MEMORY | api::RM_MAP_MEMORY_DMA => {
+                obj.insert("handle".into(), json!(format!("{:#x}", ev.handle)));
+            }
+            _ => {}
+        }
     }
     if let Some(kill) = &applied.oom_kill {
         obj.insert("trigger_pid".into(), json!(ev.tid));
@@ -176,6 +201,8 @@ impl<W: Write> Printer<W> {
         let t = ev.ts_ns.saturating_sub(start) as f64 / 1e9;
         let dev = if applied.device == DEVICE_UNKNOWN { "-".to_string() } else { applied.device.to_string() };
         let result = match result_name(ev.result) {
+            // RM status codes are not CUresults.
+            _ if (api::RM_ALLOC..=api::UVM_FREE).contains(&ev.api) && ev.result != 0 => format!("{:#x} (RM)", ev.result),
             Some(name) if ev.result != 0 => format!("{} {}", ev.result, name.trim_start_matches("CUDA_ERROR_")),
             Some(_) => "0".to_string(),
             None => ev.result.to_string(),

@@ -2,6 +2,7 @@
 //! the process tracepoints, and reporting what is attached and why not.
 pub mod discover;
 pub mod features;
+pub mod ioctl;
 pub mod symbols;
 pub mod tracefs;
 
@@ -45,6 +46,8 @@ pub struct Options {
     pub filter_pids: bool,
     pub probe_set: ProbeSet,
     pub ringbuf_bytes: u32,
+    /// NVIDIA device-node prefix for the ioctl path; None turns it off.
+    pub nvidia_prefix: Option<String>,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -95,6 +98,8 @@ pub struct Agent {
     pub notes: Vec<String>,
     /// Cost of looking for new libcuda copies in /proc.
     pub scan_stats: discover::ScanStats,
+    pub ioctl: ioctl::IoctlReport,
+    seeded: ioctl::Seeded,
 }
 
 /// Context calls first, then frees, then allocations: a process that calls
@@ -152,14 +157,37 @@ impl Agent {
             }
         }
         let mode = if options.filter_pids { filter::PIDS } else { filter::ALL };
+        let prefix = options.nvidia_prefix.clone().unwrap_or_else(|| ioctl::DEFAULT_PREFIX.into());
+        let mut prefix_bytes = [0u8; gpumem_common::NV_PREFIX_MAX];
+        prefix_bytes[..prefix.len()].copy_from_slice(prefix.as_bytes());
+        let prefix_len = prefix.len() as u32;
         let ebpf = EbpfLoader::new()
+            .override_global("NV_PREFIX", &prefix_bytes, true)
+            .override_global("NV_PREFIX_LEN", &prefix_len, true)
             .override_global("FILTER_MODE", &mode, true)
             .override_global("FORK_CHILD_PID_OFFSET", &fork_offset, true)
             .override_global("OOM_OFFSETS", &oom_offsets, true)
             .map_max_entries("EVENTS", options.ringbuf_bytes)
             .load(EBPF_OBJECT)
             .map_err(ProbeError::Load)?;
-        let mut agent = Agent { ebpf, options, seen: HashSet::new(), libraries: Vec::new(), tracepoints: Vec::new(), notes, scan_stats: Default::default() };
+        let (path, why) = ioctl::choose(
+            options.nvidia_prefix.is_none(),
+            features::detect().kprobes,
+            ioctl::nvidia_module_loaded(),
+            &prefix,
+        );
+        let ioctl = ioctl::IoctlReport { path, why, prefix, seeded_fds: 0, error: None };
+        let mut agent = Agent {
+            ebpf,
+            options,
+            seen: HashSet::new(),
+            libraries: Vec::new(),
+            tracepoints: Vec::new(),
+            notes,
+            scan_stats: Default::default(),
+            ioctl,
+            seeded: Default::default(),
+        };
         let mut names: Vec<String> = Vec::new();
         for api in APIS {
             names.push(entry_program(api.symbol, agent.options.probe_set));
@@ -172,6 +200,7 @@ impl Agent {
             prog.load().map_err(|source| ProbeError::Program { program: name.clone(), source })?;
         }
         agent.attach_tracepoints(fork_offset != 0, oom_offsets[oom_field::PID] != oom_field::FIELD_ABSENT);
+        agent.attach_ioctl();
         Ok(agent)
     }
 
@@ -219,6 +248,63 @@ impl Agent {
                 self.notes.push(format!("{tracepoint} not attached ({e}): {consequence}"));
             }
             self.tracepoints.push(TracepointReport { tracepoint, attached: result.is_ok(), error: result.err() });
+        }
+    }
+
+    /// Attaches the chosen ioctl path; a kprobe failure falls back to the tracepoints.
+    fn attach_ioctl(&mut self) {
+        if self.ioctl.path == ioctl::IoctlPath::Kprobes {
+            if let Err(e) = self.attach_ioctl_kprobes() {
+                self.ioctl.path = ioctl::IoctlPath::Tracepoints;
+                self.ioctl.why = format!("kprobes failed ({e}): syscall tracepoints, filtered in the kernel");
+            }
+        }
+        if self.ioctl.path == ioctl::IoctlPath::Tracepoints {
+            if let Err(e) = self.attach_ioctl_tracepoints() {
+                self.ioctl.error = Some(e.clone());
+                self.notes.push(format!("NVIDIA ioctls are not traced: {e}"));
+                return;
+            }
+            self.seed_nvidia_fds();
+        }
+    }
+
+    fn attach_ioctl_kprobes(&mut self) -> Result<(), String> {
+        for (prog, func) in [("nv_rm_ioctl", "nvidia_unlocked_ioctl"), ("nv_uvm_ioctl", "uvm_unlocked_ioctl_entry")] {
+            let p: &mut aya::programs::KProbe = self.program(prog).map_err(|e| e.to_string())?;
+            p.load().map_err(|e| format!("{prog}: {e}"))?;
+            p.attach(func, 0).map_err(|e| format!("{func}: {e}"))?;
+        }
+        let p: &mut aya::programs::KProbe = self.program("nv_ioctl_return").map_err(|e| e.to_string())?;
+        p.load().map_err(|e| format!("nv_ioctl_return: {e}"))?;
+        for func in ["nvidia_unlocked_ioctl", "uvm_unlocked_ioctl_entry"] {
+            p.attach(func, 0).map_err(|e| format!("{func} (return): {e}"))?;
+        }
+        Ok(())
+    }
+
+    fn attach_ioctl_tracepoints(&mut self) -> Result<(), String> {
+        for name in ["sys_enter_openat", "sys_exit_openat", "sys_enter_close", "sys_enter_ioctl", "sys_exit_ioctl"] {
+            let prog: &mut TracePoint = self.program(name).map_err(|e| e.to_string())?;
+            prog.load().map_err(|e| format!("{name}: {e}"))?;
+            prog.attach("syscalls", name).map_err(|e| format!("syscalls:{name}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Puts NVIDIA descriptors that the open tracepoint did not see (opened
+    /// before we started, inherited, dup'ed) in the kernel's table.
+    pub fn seed_nvidia_fds(&mut self) {
+        if self.ioctl.path != ioctl::IoctlPath::Tracepoints || self.ioctl.error.is_some() {
+            return;
+        }
+        let found = ioctl::scan_fds(&self.ioctl.prefix);
+        let Some(map) = self.ebpf.map_mut("NV_FDS") else { return };
+        let Ok(mut fds) = BpfHashMap::<_, gpumem_common::FdKey, u32>::try_from(map) else { return };
+        for (key, kind) in found {
+            if self.seeded.0.insert((key.tgid, key.fd)) && fds.insert(key, kind, 0).is_ok() {
+                self.ioctl.seeded_fds += 1;
+            }
         }
     }
 

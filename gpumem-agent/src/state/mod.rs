@@ -3,6 +3,7 @@
 //! Failed calls are counted and change nothing. Everything held is bounded by
 //! `Limits`; what does not fit is counted in `Overflow`, never dropped silently.
 pub mod container;
+mod ioctl;
 pub mod process;
 
 use std::collections::BTreeMap;
@@ -163,6 +164,16 @@ impl State {
             self.entries -= before;
             return Applied { device: DEVICE_UNKNOWN, size: released.iter().map(|r| r.bytes).sum(), released, ..Default::default() };
         }
+        if (gpumem_common::api::RM_ALLOC..=gpumem_common::api::UVM_FREE).contains(&ev.api) {
+            let stats = proc.apis.entry(ev.api).or_default();
+            stats.calls += 1;
+            if ev.result != 0 {
+                stats.failures += 1;
+                *stats.failures_by_result.entry(ev.result).or_default() += 1;
+                return Applied { device: DEVICE_UNKNOWN, size: ev.size, ..Default::default() };
+            }
+            return ioctl::apply(proc, ev);
+        }
         let Some(info) = api_info(ev.api) else {
             return Applied { device: ev.device, ..Default::default() };
         };
@@ -253,6 +264,19 @@ fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool, stack
                     p.host_pinned_allocs += 1;
                 }
             }
+        }
+        // Events are ordered by their return. When one thread frees an address
+        // and another gets it back from the allocator, the second thread's
+        // allocation can return (and be seen) before the first thread's free.
+        // A free that started before the live allocation at its address
+        // returned cannot be freeing it: it freed the one displaced earlier
+        // (already credited when the new allocation replaced it).
+        ApiClass::DeviceFree | ApiClass::HostFree
+            if p.allocs.get(&ev.addr).is_some_and(|cur| ev.ts_ns.saturating_sub(ev.latency_ns) < cur.ts_ns) =>
+        {
+            out.device = p.allocs[&ev.addr].device;
+            out.size = 0;
+            p.reordered_frees += 1;
         }
         ApiClass::DeviceFree | ApiClass::HostFree => match p.allocs.remove(&ev.addr) {
             Some(old) => {
@@ -485,6 +509,11 @@ fn release_all(p: &mut Process) -> Vec<Release> {
     p.primary.clear();
     p.last_ctx = None;
     p.reported_free.clear();
+    p.rm_objects.clear();
+    p.rm_memory_bytes = 0;
+    p.rm_memory_objects = 0;
+    p.uvm_mappings.clear();
+    p.uvm_mapped_bytes = 0;
     released
 }
 

@@ -60,6 +60,15 @@ pub struct ApiStats {
     pub failures_by_result: BTreeMap<u32, u64>,
 }
 
+/// An object allocated with RM_ALLOC: its parent (freeing a parent frees its
+/// children) and, for video memory, its size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RmObject {
+    pub parent: u32,
+    pub class: u32,
+    pub size: u64,
+}
+
 #[derive(Clone, Debug)]
 pub struct PrimaryCtx {
     pub ctx: u64,
@@ -89,9 +98,19 @@ pub struct Process {
     pub apis: BTreeMap<u32, ApiStats>,
     /// Frees of pointers allocated before tracing began (or not seen).
     pub untracked_frees: u64,
+    /// Frees seen after a reuse of their address by another thread (see apply).
+    pub reordered_frees: u64,
     /// Device bytes still held when the process exited (freed by the driver,
     /// never by the program: a leak hint).
     pub held_at_exit_bytes: u64,
+    /// RM objects alive, allocated through the driver's ioctls: handle → object.
+    pub rm_objects: HashMap<u32, RmObject>,
+    /// Bytes of live RM video-memory objects (class 0x40).
+    pub rm_memory_bytes: u64,
+    pub rm_memory_objects: u64,
+    /// UVM external mappings: base → length.
+    pub uvm_mappings: BTreeMap<u64, u64>,
+    pub uvm_mapped_bytes: u64,
     /// Last (free, total) bytes the process's own cuMemGetInfo_v2 reported, per device.
     pub reported_free: HashMap<i32, (u64, u64)>,
     /// Container and pod, looked up from /proc when the process is first seen.

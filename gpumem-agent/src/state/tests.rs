@@ -252,3 +252,24 @@ fn host_oom_kill_reports_victim_holdings_without_creating_processes() {
     assert!(!s.processes.contains_key(&999), "a non-CUDA victim is not a traced process");
     assert_eq!(s.oom.host_oom_kills, 2);
 }
+
+#[test]
+fn free_seen_after_the_address_was_reused_by_another_thread() {
+    let mut s = state();
+    // Thread 100 allocates X at t=10.
+    s.apply(&Event { ts_ns: 10, latency_ns: 1, ..alloc(0x1000, 4096) });
+    // Thread 101 frees X (call from t=20 to t=40); meanwhile thread 102 gets X
+    // back (call t=25..30), and 102's event is read first.
+    s.apply(&Event { tid: 101, ..set_current(0xc0) });
+    s.apply(&Event { tid: 102, ..set_current(0xc0) });
+    s.apply(&Event { tid: 102, ts_ns: 30, latency_ns: 5, ..alloc(0x1000, 8192) });
+    let a = s.apply(&Event { tid: 101, ts_ns: 40, latency_ns: 20, ..free(0x1000) });
+    assert_eq!(a.size, 0, "the free belonged to the displaced allocation");
+    // Thread 102's allocation is still live, exactly once.
+    assert_eq!(totals(&s, 100, 0), DeviceTotals { live_bytes: 8192, live_allocs: 1, ..Default::default() });
+    assert_eq!(s.processes[&100].reordered_frees, 1);
+    // A later free of it is credited normally.
+    let a = s.apply(&Event { tid: 102, ts_ns: 50, latency_ns: 2, ..free(0x1000) });
+    assert_eq!(a.size, 8192);
+    assert_eq!(totals(&s, 100, 0).live_allocs, 0);
+}
