@@ -763,14 +763,20 @@ fn status_names_the_live_ioctl_path_and_why() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let io = &v["ioctl"];
     if v["kernel"]["kprobes"] == false {
-        // This kernel: the fallback, and it says why.
-        assert_eq!(io["path"], "tracepoints", "{io}");
+        // This kernel: auto does not impose the fallback's cost, and says why.
+        assert_eq!(io["path"], "off", "{io}");
         assert!(io["why"].as_str().unwrap().contains("no kprobes"), "{io}");
+        // Asking for kprobes falls back to the tracepoints, which attach for real.
+        let out = run_gpumem(&["status", "--json", "--no-discover", "--ioctl", "kprobes"], &[]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["ioctl"]["path"], "tracepoints", "{}", v["ioctl"]);
+        assert!(v["ioctl"]["why"].as_str().unwrap().contains("falling back"));
+        assert!(v["ioctl"]["error"].is_null(), "{}", v["ioctl"]);
     } else {
-        assert!(io["path"] == "kprobes" || io["path"] == "tracepoints", "{io}");
+        assert!(io["path"] == "kprobes" || io["path"] == "off", "{io}");
     }
     assert!(io["error"].is_null(), "{io}");
-    let out = run_gpumem(&["status", "--json", "--no-discover", "--no-ioctl"], &[]);
+    let out = run_gpumem(&["status", "--json", "--no-discover", "--ioctl", "off"], &[]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ioctl"]["path"], "off");
 }

@@ -59,23 +59,26 @@ pub fn overhead(pairs: u64, rounds: u32) -> Result<()> {
 }
 
 /// Cost of the ioctl path for ioctls that are not NVIDIA's: FIONREAD on a
-/// pipe, with no agent, with the agent and its ioctl tracepoints, and with
-/// the agent but `--no-ioctl` (which isolates the tracepoints' share).
+/// pipe (and getppid), with no agent, with the agent and the ioctl
+/// tracepoints, and with the agent but `--ioctl off` (which isolates the
+/// tracepoints' share).
 pub fn ioctl_overhead(calls: u64, rounds: u32) -> Result<()> {
     let bin = crate::build_agent()?;
     let f = gpumem_tests::fixtures();
     let n = calls.to_string();
-    let run_client = || -> Result<f64> {
+    // (ns per FIONREAD ioctl, ns per getppid)
+    let run_client = || -> Result<(f64, f64)> {
         let out = Command::new(&f.nvioctl).args(["/nonexistent", "bench", &n]).output()?;
         let text = String::from_utf8_lossy(&out.stdout);
-        let ns: f64 = text
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("ioctl_ns="))
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("no timing in {text}"))?;
-        Ok(ns / calls as f64)
+        let field = |k: &str| -> Result<f64> {
+            text.split_whitespace()
+                .find_map(|w| w.strip_prefix(k))
+                .and_then(|v| v.parse::<f64>().ok())
+                .with_context(|| format!("no {k} in {text}"))
+        };
+        Ok((field("ioctl_ns=")? / calls as f64, field("getppid_ns=")? / calls as f64))
     };
-    let with_agent = |extra: &[&str]| -> Result<f64> {
+    let with_agent = |extra: &[&str]| -> Result<(f64, f64)> {
         gpumem_tests::wait_for_detach();
         let mut agent = Command::new(&bin)
             .args(["trace", "--no-discover", "--duration", "600"])
@@ -97,21 +100,38 @@ pub fn ioctl_overhead(calls: u64, rounds: u32) -> Result<()> {
     for round in 0..rounds {
         gpumem_tests::wait_for_detach();
         none.push(run_client()?);
-        with_ioctl.push(with_agent(&[])?);
-        without_ioctl.push(with_agent(&["--no-ioctl"])?);
+        with_ioctl.push(with_agent(&["--ioctl", "tracepoints"])?);
+        without_ioctl.push(with_agent(&["--ioctl", "off"])?);
+        let r = round as usize;
         eprintln!(
-            "round {}: no agent {:.0} ns/ioctl, agent {:.0}, agent --no-ioctl {:.0}",
+            "round {}: ioctl/getppid ns: no agent {:.0}/{:.0}, agent {:.0}/{:.0}, agent --no-ioctl {:.0}/{:.0}",
             round + 1,
-            none[round as usize],
-            with_ioctl[round as usize],
-            without_ioctl[round as usize]
+            none[r].0,
+            none[r].1,
+            with_ioctl[r].0,
+            with_ioctl[r].1,
+            without_ioctl[r].0,
+            without_ioctl[r].1
         );
     }
-    let (none, with_ioctl, without_ioctl) = (median(none), median(with_ioctl), median(without_ioctl));
-    println!("non-NVIDIA ioctls (FIONREAD on a pipe, {calls} per run, median of {rounds} interleaved runs):");
-    println!("  no agent                {none:>7.0} ns/ioctl");
-    println!("  agent, ioctl path on    {with_ioctl:>7.0} ns/ioctl  (ratio {:.2})", with_ioctl / none);
-    println!("  agent, --no-ioctl       {without_ioctl:>7.0} ns/ioctl  (ratio {:.2})", without_ioctl / none);
+    let split = |v: Vec<(f64, f64)>| (median(v.iter().map(|x| x.0).collect()), median(v.iter().map(|x| x.1).collect()));
+    let (none, with_ioctl, without_ioctl) = (split(none), split(with_ioctl), split(without_ioctl));
+    println!("non-NVIDIA syscalls ({calls} per run, median of {rounds} interleaved runs):  FIONREAD on a pipe | getppid");
+    println!("  no agent                {:>7.0} ns             | {:>5.0} ns", none.0, none.1);
+    println!(
+        "  agent, --ioctl tracepoints{:>7.0} ns (ratio {:.2}) | {:>5.0} ns (ratio {:.2})",
+        with_ioctl.0,
+        with_ioctl.0 / none.0,
+        with_ioctl.1,
+        with_ioctl.1 / none.1
+    );
+    println!(
+        "  agent, --ioctl off        {:>7.0} ns (ratio {:.2}) | {:>5.0} ns (ratio {:.2})",
+        without_ioctl.0,
+        without_ioctl.0 / none.0,
+        without_ioctl.1,
+        without_ioctl.1 / none.1
+    );
     Ok(())
 }
 

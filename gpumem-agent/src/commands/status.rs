@@ -17,7 +17,8 @@ pub fn run(args: StatusArgs) -> Result<()> {
         filter_pids: false,
         probe_set: ProbeSet::Full,
         ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
-        nvidia_prefix: (!args.libcuda.no_ioctl).then(|| args.libcuda.nvidia_dev_prefix.clone()),
+        nvidia_prefix: args.libcuda.nvidia_dev_prefix.clone(),
+        ioctl_mode: crate::probes::ioctl::IoctlMode::parse(&args.libcuda.ioctl),
     }).context("loading eBPF programs")?;
     // Features after load: loading mounts tracefs when it can.
     let features = features::detect();

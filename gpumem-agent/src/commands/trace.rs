@@ -174,7 +174,8 @@ async fn run_async(s: Session) -> Result<ExitCode> {
         filter_pids,
         probe_set: s.probe_set,
         ringbuf_bytes: s.ringbuf_bytes,
-        nvidia_prefix: (!s.libcuda.no_ioctl).then(|| s.libcuda.nvidia_dev_prefix.clone()),
+        nvidia_prefix: s.libcuda.nvidia_dev_prefix.clone(),
+        ioctl_mode: crate::probes::ioctl::IoctlMode::parse(&s.libcuda.ioctl),
     }).context("loading eBPF programs")?;
     for note in &agent.notes {
         say(note.clone());

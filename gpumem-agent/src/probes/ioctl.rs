@@ -27,25 +27,51 @@ pub struct IoctlReport {
     pub error: Option<String>,
 }
 
-/// Which path to use, and why. Kprobes only see the real driver, so a custom
-/// device prefix (a stand-in device) needs the tracepoints.
-pub fn choose(disabled: bool, kprobes: bool, module_loaded: bool, prefix: &str) -> (IoctlPath, String) {
-    if disabled {
-        return (IoctlPath::Off, "disabled with --no-ioctl".into());
+/// What `--ioctl` asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoctlMode {
+    Auto,
+    Kprobes,
+    Tracepoints,
+    Off,
+}
+
+impl IoctlMode {
+    pub fn parse(s: &str) -> IoctlMode {
+        match s {
+            "kprobes" => IoctlMode::Kprobes,
+            "tracepoints" => IoctlMode::Tracepoints,
+            "off" => IoctlMode::Off,
+            _ => IoctlMode::Auto,
+        }
     }
-    if prefix != DEFAULT_PREFIX {
-        return (IoctlPath::Tracepoints, format!("device prefix {prefix} is not the driver's: syscall tracepoints, filtered in the kernel"));
-    }
-    match (kprobes, module_loaded) {
-        (true, true) => (IoctlPath::Kprobes, "kprobes on nvidia_unlocked_ioctl and uvm_unlocked_ioctl_entry".into()),
-        (false, _) => (
-            IoctlPath::Tracepoints,
-            "this kernel has no kprobes (CONFIG_KPROBES off): syscall tracepoints, filtered in the kernel".into(),
-        ),
-        (true, false) => (
-            IoctlPath::Tracepoints,
-            "the nvidia module is not loaded (nothing to kprobe): syscall tracepoints, filtered in the kernel".into(),
-        ),
+}
+
+/// The tracepoint fallback's cost, measured with `cargo xtask bench-ioctl`.
+const FALLBACK_COST: &str = "the syscall tracepoints would slow every ioctl on this host about 2x and every other syscall about 1.2x";
+
+/// Which path to use, and why. Kprobes see only the real driver and cost
+/// other ioctls nothing; the syscall tracepoints see every ioctl (filtered in
+/// the kernel) but put every syscall on the kernel's slower tracing path, so
+/// `auto` uses them only for a stand-in device named with a custom prefix.
+pub fn choose(mode: IoctlMode, kprobes: bool, module_loaded: bool, prefix: &str) -> (IoctlPath, String) {
+    let kprobes_usable = kprobes && module_loaded && prefix == DEFAULT_PREFIX;
+    let why_not_kprobes = if !kprobes {
+        "this kernel has no kprobes (CONFIG_KPROBES off)".to_string()
+    } else if !module_loaded {
+        "the nvidia module is not loaded (nothing to kprobe)".to_string()
+    } else {
+        format!("device prefix {prefix} is not the driver's")
+    };
+    match mode {
+        IoctlMode::Off => (IoctlPath::Off, "turned off with --ioctl off".into()),
+        IoctlMode::Tracepoints => (IoctlPath::Tracepoints, "syscall tracepoints, filtered in the kernel (--ioctl tracepoints)".into()),
+        _ if kprobes_usable => (IoctlPath::Kprobes, "kprobes on nvidia_unlocked_ioctl and uvm_unlocked_ioctl_entry".into()),
+        IoctlMode::Kprobes => (IoctlPath::Tracepoints, format!("{why_not_kprobes}: falling back to syscall tracepoints, filtered in the kernel")),
+        IoctlMode::Auto if prefix != DEFAULT_PREFIX => {
+            (IoctlPath::Tracepoints, format!("{why_not_kprobes}: syscall tracepoints for the stand-in device, filtered in the kernel"))
+        }
+        IoctlMode::Auto => (IoctlPath::Off, format!("{why_not_kprobes}, and {FALLBACK_COST}: enable them with --ioctl tracepoints")),
     }
 }
 
@@ -87,15 +113,27 @@ mod tests {
 
     #[test]
     fn path_selection() {
-        assert_eq!(choose(false, true, true, DEFAULT_PREFIX).0, IoctlPath::Kprobes);
-        let (p, why) = choose(false, false, true, DEFAULT_PREFIX);
+        use IoctlMode::*;
+        // A GPU host with kprobes: the driver's own entry points.
+        assert_eq!(choose(Auto, true, true, DEFAULT_PREFIX).0, IoctlPath::Kprobes);
+        assert_eq!(choose(Kprobes, true, true, DEFAULT_PREFIX).0, IoctlPath::Kprobes);
+        // No kprobes (this kernel): auto does not impose the fallback's cost...
+        let (p, why) = choose(Auto, false, true, DEFAULT_PREFIX);
+        assert_eq!(p, IoctlPath::Off);
+        assert!(why.contains("no kprobes") && why.contains("--ioctl tracepoints"), "{why}");
+        // ...asking for kprobes falls back, and the fallback can be asked for.
+        let (p, why) = choose(Kprobes, false, true, DEFAULT_PREFIX);
         assert_eq!(p, IoctlPath::Tracepoints);
-        assert!(why.contains("no kprobes"));
-        let (p, why) = choose(false, true, false, DEFAULT_PREFIX);
+        assert!(why.contains("falling back"), "{why}");
+        assert_eq!(choose(Tracepoints, true, true, DEFAULT_PREFIX).0, IoctlPath::Tracepoints);
+        // Module not loaded.
+        let (p, why) = choose(Kprobes, true, false, DEFAULT_PREFIX);
         assert_eq!(p, IoctlPath::Tracepoints);
-        assert!(why.contains("not loaded"));
-        assert_eq!(choose(false, true, true, "/tmp/fake/nvidia").0, IoctlPath::Tracepoints, "stand-in devices need tracepoints");
-        assert_eq!(choose(true, true, true, DEFAULT_PREFIX).0, IoctlPath::Off);
+        assert!(why.contains("not loaded"), "{why}");
+        // A stand-in device is only visible to the tracepoints.
+        assert_eq!(choose(Auto, true, true, "/tmp/fake/nvidia").0, IoctlPath::Tracepoints);
+        assert_eq!(choose(Auto, false, false, "/tmp/fake/nvidia").0, IoctlPath::Tracepoints);
+        assert_eq!(choose(Off, true, true, DEFAULT_PREFIX).0, IoctlPath::Off);
     }
 
     #[test]

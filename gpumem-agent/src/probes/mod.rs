@@ -46,8 +46,9 @@ pub struct Options {
     pub filter_pids: bool,
     pub probe_set: ProbeSet,
     pub ringbuf_bytes: u32,
-    /// NVIDIA device-node prefix for the ioctl path; None turns it off.
-    pub nvidia_prefix: Option<String>,
+    /// NVIDIA device-node prefix for the ioctl path.
+    pub nvidia_prefix: String,
+    pub ioctl_mode: ioctl::IoctlMode,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -157,7 +158,7 @@ impl Agent {
             }
         }
         let mode = if options.filter_pids { filter::PIDS } else { filter::ALL };
-        let prefix = options.nvidia_prefix.clone().unwrap_or_else(|| ioctl::DEFAULT_PREFIX.into());
+        let prefix = options.nvidia_prefix.clone();
         let mut prefix_bytes = [0u8; gpumem_common::NV_PREFIX_MAX];
         prefix_bytes[..prefix.len()].copy_from_slice(prefix.as_bytes());
         let prefix_len = prefix.len() as u32;
@@ -171,7 +172,7 @@ impl Agent {
             .load(EBPF_OBJECT)
             .map_err(ProbeError::Load)?;
         let (path, why) = ioctl::choose(
-            options.nvidia_prefix.is_none(),
+            options.ioctl_mode,
             features::detect().kprobes,
             ioctl::nvidia_module_loaded(),
             &prefix,
