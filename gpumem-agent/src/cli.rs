@@ -78,7 +78,7 @@ pub struct TraceArgs {
     #[arg(long)]
     pub failed_only: bool,
     #[command(flatten)]
-    pub libcuda: ProbeArgs,
+    pub probes: ProbeArgs,
     /// One JSON object per line; the last one is the summary (`"type":"summary"`).
     #[arg(long)]
     pub json: bool,
@@ -105,7 +105,7 @@ pub struct LeaksArgs {
     #[arg(short = 'n', long = "top", value_name = "N", default_value_t = 10)]
     pub top: usize,
     #[command(flatten)]
-    pub libcuda: ProbeArgs,
+    pub probes: ProbeArgs,
     /// Print the report as one JSON object (`"type":"leaks"`).
     #[arg(long)]
     pub json: bool,
@@ -117,7 +117,7 @@ pub struct LeaksArgs {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
-    pub libcuda: ProbeArgs,
+    pub probes: ProbeArgs,
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -126,10 +126,10 @@ pub struct StatusArgs {
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Which programs to attach: `full` (gpumem's) or `empty` (baseline).
-    #[arg(long, value_parser = ["full", "empty"])]
-    pub probes: String,
+    #[arg(long = "probes", value_parser = ["full", "empty"])]
+    pub probe_set: String,
     #[command(flatten)]
-    pub libcuda: ProbeArgs,
+    pub probes: ProbeArgs,
     /// Command to run while the probes are attached.
     #[arg(short = 'c', long = "command", value_name = "CMD")]
     pub command: String,

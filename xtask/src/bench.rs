@@ -104,7 +104,7 @@ pub fn ioctl_overhead(calls: u64, rounds: u32) -> Result<()> {
         without_ioctl.push(with_agent(&["--ioctl", "off"])?);
         let r = round as usize;
         eprintln!(
-            "round {}: ioctl/getppid ns: no agent {:.0}/{:.0}, agent {:.0}/{:.0}, agent --no-ioctl {:.0}/{:.0}",
+            "round {}: ioctl/getppid ns: no agent {:.0}/{:.0}, --ioctl tracepoints {:.0}/{:.0}, --ioctl off {:.0}/{:.0}",
             round + 1,
             none[r].0,
             none[r].1,

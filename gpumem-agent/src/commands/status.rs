@@ -17,13 +17,13 @@ pub fn run(args: StatusArgs) -> Result<()> {
         filter_pids: false,
         probe_set: ProbeSet::Full,
         ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
-        nvidia_prefix: args.libcuda.nvidia_dev_prefix.clone(),
-        ioctl_mode: crate::probes::ioctl::IoctlMode::parse(&args.libcuda.ioctl),
+        nvidia_prefix: args.probes.nvidia_dev_prefix.clone(),
+        ioctl_mode: crate::probes::ioctl::IoctlMode::parse(&args.probes.ioctl),
     }).context("loading eBPF programs")?;
     // Features after load: loading mounts tracefs when it can.
     let features = features::detect();
-    attach_given(&mut agent, &args.libcuda, |m| notes.push(m))?;
-    attach_discovered(&mut agent, &args.libcuda, true, |m| notes.push(m));
+    attach_given(&mut agent, &args.probes, |m| notes.push(m))?;
+    attach_discovered(&mut agent, &args.probes, true, |m| notes.push(m));
     notes.splice(0..0, agent.notes.iter().cloned());
 
     let mut out = std::io::stdout().lock();

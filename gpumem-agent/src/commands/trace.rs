@@ -33,7 +33,7 @@ pub struct Session {
     pub command: Option<String>,
     pub duration: Option<f64>,
     pub filter: Filter,
-    pub libcuda: ProbeArgs,
+    pub probes: ProbeArgs,
     pub json: bool,
     pub limits: Limits,
     pub probe_set: ProbeSet,
@@ -58,7 +58,7 @@ impl Session {
             command: a.target.command,
             duration: a.target.duration,
             filter: Filter { min_size: a.min_size.unwrap_or(0), failed_only: a.failed_only },
-            libcuda: a.libcuda,
+            probes: a.probes,
             json: a.json,
             limits: Limits { max_entries: a.max_allocations, ..Limits::default() },
             probe_set: ProbeSet::Full,
@@ -75,7 +75,7 @@ impl Session {
             command: a.target.command,
             duration: a.target.duration,
             filter: Filter::default(),
-            libcuda: a.libcuda,
+            probes: a.probes,
             json: a.json,
             limits: Limits { max_entries: a.max_allocations, ..Limits::default() },
             probe_set: ProbeSet::Full,
@@ -174,17 +174,17 @@ async fn run_async(s: Session) -> Result<ExitCode> {
         filter_pids,
         probe_set: s.probe_set,
         ringbuf_bytes: s.ringbuf_bytes,
-        nvidia_prefix: s.libcuda.nvidia_dev_prefix.clone(),
-        ioctl_mode: crate::probes::ioctl::IoctlMode::parse(&s.libcuda.ioctl),
+        nvidia_prefix: s.probes.nvidia_dev_prefix.clone(),
+        ioctl_mode: crate::probes::ioctl::IoctlMode::parse(&s.probes.ioctl),
     }).context("loading eBPF programs")?;
     for note in &agent.notes {
         say(note.clone());
     }
     let mut reader = EventReader::new(agent.take_events()?).context("watching the ring buffer")?;
-    attach_given(&mut agent, &s.libcuda, say)?;
-    attach_discovered(&mut agent, &s.libcuda, true, say);
+    attach_given(&mut agent, &s.probes, say)?;
+    attach_discovered(&mut agent, &s.probes, true, say);
     if agent.attached_probe_count() == 0 {
-        say(if s.libcuda.no_discover {
+        say(if s.probes.no_discover {
             "no libcuda attached".into()
         } else {
             "no libcuda found yet; watching for processes that load one".into()
@@ -242,7 +242,7 @@ async fn run_async(s: Session) -> Result<ExitCode> {
                 }
             }
             _ = tick.tick() => {
-                attach_discovered(&mut agent, &s.libcuda, false, say);
+                attach_discovered(&mut agent, &s.probes, false, say);
                 ticks += 1;
                 if ticks % FD_RESCAN_TICKS == 0 {
                     agent.seed_nvidia_fds();
@@ -414,10 +414,10 @@ impl Session {
             command: Some(a.command),
             duration: None,
             filter: Filter::default(),
-            libcuda: a.libcuda,
+            probes: a.probes,
             json: false,
             limits: Limits::default(),
-            probe_set: if a.probes == "empty" { ProbeSet::Empty } else { ProbeSet::Full },
+            probe_set: if a.probe_set == "empty" { ProbeSet::Empty } else { ProbeSet::Full },
             quiet: true,
             ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
             stall_reader_ms: None,
