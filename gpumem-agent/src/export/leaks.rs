@@ -108,3 +108,80 @@ impl LeaksReport {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        analysis::{fragmentation::DeviceLayout, growth::Verdict, leaks::LeakGroup},
+        stacks::Frame,
+    };
+
+    fn frame(function: &str, line: u32) -> Frame {
+        Frame {
+            function: Some(function.into()),
+            offset: Some(0x11),
+            file: Some("/src/train.c".into()),
+            line: Some(line),
+            module: Arc::from("/opt/app/train"),
+            module_offset: 0x1234,
+        }
+    }
+
+    #[test]
+    fn human_report_names_stacks_growth_and_costs() {
+        let report = LeaksReport {
+            kind: "leaks",
+            duration_s: 3.0,
+            now_ns: 0,
+            older_than_s: 1.0,
+            processes: vec![ProcessLeaks {
+                pid: 42,
+                comm: "train".into(),
+                container: Some("0123456789abcdef0123".into()),
+                pod_uid: None,
+                ns_pid: Some(7),
+                device: Some(0),
+                outstanding_bytes: 80 << 20,
+                outstanding_allocs: 20,
+                live_bytes: 90 << 20,
+                growth: Some(Verdict { leaking: true, confidence: 0.97, rate_bytes_per_s: 4.0 * 1048576.0, growth_bytes: 80 << 20, reason: "growing" }),
+                stacks: vec![LeakGroup {
+                    stack_id: Some("00000000000000aa".into()),
+                    count: 20,
+                    bytes: 80 << 20,
+                    oldest_age_s: 2.5,
+                    frames: vec![frame("leak_buffer", 10), frame("train_step", 20)],
+                }],
+                more_stacks: 2,
+                layout: DeviceLayout { largest_allocation: 4 << 20, ..Default::default() },
+            }],
+            oom: OomCounters { cuda_ooms: 1, fragmentation_ooms: 1, host_oom_kills: 0 },
+            oom_events: Vec::new(),
+            stacks: StackStats { captured: 20, unique: 1, bytes_copied: 20 * 4096, ..Default::default() },
+            lost_events: 0,
+        };
+        let mut out = Vec::new();
+        report.write_human(&mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        for want in [
+            "pid 42 (train, container 0123456789ab) device 0: 80.0 MiB outstanding in 20 allocation(s), 90.0 MiB live",
+            "growth: LEAK SUSPECTED",
+            "4.0 MiB/s, confidence 0.97",
+            "80.0 MiB in 20 allocation(s), oldest 2.5 s:",
+            "leak_buffer+0x11 (train.c:10) [train]",
+            "train_step+0x11 (train.c:20) [train]",
+            "... 2 more stack(s)",
+            "1 CUDA out-of-memory failure(s) (1 with enough memory reported free: fragmentation)",
+            "4096 bytes copied per allocation",
+        ] {
+            assert!(text.contains(want), "missing `{want}` in:\n{text}");
+        }
+        let mut json = Vec::new();
+        report.write_json(&mut json).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(v["processes"][0]["stacks"][0]["frames"][1]["function"], "train_step");
+    }
+}

@@ -240,3 +240,36 @@ impl Summary {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use gpumem_common::{api, Event};
+
+    use super::*;
+    use crate::state::{testing::ev, Limits};
+
+    #[test]
+    fn human_summary_shows_live_memory_failures_and_losses() {
+        let mut s = State::new(Limits::default());
+        s.apply(&Event { handle: 0xc, device: 1, ..ev(api::CU_CTX_CREATE_V2) });
+        s.apply(&Event { addr: 0x1, size: 3 << 20, ..ev(api::CU_MEM_ALLOC_V2) });
+        s.apply(&Event { result: 2, size: 1 << 30, ..ev(api::CU_MEM_ALLOC_V2) });
+        s.apply(&Event { pid: 200, tid: 200, ..ev(api::CU_INIT) });
+        s.apply(&Event { pid: 200, tid: 200, ..ev(api::PROCESS_EXIT) });
+        let lost = LostEvents { ringbuf_full: 3, ..Default::default() };
+        let summary = Summary::build(&s, lost, 1.5, 30, ScanStats::default());
+        let mut out = Vec::new();
+        summary.write_human(&mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        for want in [
+            "=== gpumem summary: 1.5 s, 5 events, 3 lost, 30 probes attached ===",
+            "    100 python             1      3.0 MiB        1",
+            "cuMemAlloc_v2                         2        1  1× 2 OUT_OF_MEMORY",
+            "(exited)",
+            "OUT OF MEMORY: 1 CUDA allocation(s) failed with out-of-memory (0 while enough was reported free: fragmentation), 0 host OOM kill(s)",
+            "LOST EVENTS: 3 (ring buffer full 3",
+        ] {
+            assert!(text.contains(want), "missing `{want}` in:\n{text}");
+        }
+    }
+}
