@@ -362,6 +362,9 @@ fn show_progress(t: f64, duration: Option<f64>, state: &State) {
 
 impl<W: std::io::Write> Sink<W> {
     fn on_event(&mut self, ev: &gpumem_common::Event, stack: Option<&gpumem_common::StackEvent>) {
+        if ev.api != gpumem_common::api::PROCESS_EXIT && ev.api != gpumem_common::api::OOM_KILL && !self.state.processes.contains_key(&ev.pid) {
+            self.stacks.prepare(ev.pid);
+        }
         let stack_id = stack.and_then(|s| self.stacks.record(s));
         let mut applied = self.state.apply_with_stack(ev, stack_id);
         // Who held the device, and from where, when an allocation ran out of memory.

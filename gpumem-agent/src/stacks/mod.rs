@@ -61,13 +61,10 @@ pub struct Stacks {
 }
 
 impl Stacks {
-    /// Unwinds one captured stack and returns its id.
-    pub fn record(&mut self, rec: &StackEvent) -> Option<StackId> {
-        let began = Instant::now();
-        let pid = rec.event.pid;
-        let len = (rec.len as usize).min(rec.data.len());
-        self.stats.captured += 1;
-        self.stats.bytes_copied += len as u64;
+    /// Reads a process's mappings now, while it is alive: called at its first
+    /// event, so that a process that exits soon after its allocations can
+    /// still be unwound.
+    pub fn prepare(&mut self, pid: u32) {
         if !self.unwinders.contains_key(&pid) {
             if self.unwinders.len() >= MAX_PROCESSES {
                 self.unwinders.clear();
@@ -76,6 +73,16 @@ impl Stacks {
                 self.unwinders.insert(pid, u);
             }
         }
+    }
+
+    /// Unwinds one captured stack and returns its id.
+    pub fn record(&mut self, rec: &StackEvent) -> Option<StackId> {
+        let began = Instant::now();
+        let pid = rec.event.pid;
+        let len = (rec.len as usize).min(rec.data.len());
+        self.stats.captured += 1;
+        self.stats.bytes_copied += len as u64;
+        self.prepare(pid);
         let frames = match self.unwinders.get_mut(&pid) {
             Some(u) => {
                 let (mut frames, unknown) = u.unwind(rec.ip, rec.sp, rec.bp, &rec.data[..len], MAX_FRAMES);
