@@ -25,6 +25,9 @@ pub enum Command {
     Leaks(LeaksArgs),
     /// Show kernel features, every libcuda found and every probe attached or skipped.
     Status(StatusArgs),
+    /// GPU health from NVML: ECC, retired pages, remapped rows, temperatures, a score
+    /// with its reasons. Exit status 3 when NVML is unavailable.
+    Health(HealthArgs),
     /// Attach probes and wait, for overhead measurements (see `cargo xtask bench`).
     #[command(hide = true)]
     Bench(BenchArgs),
@@ -115,7 +118,32 @@ pub struct LeaksArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// Seconds between the two readings that rates are computed from.
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0, value_parser = parse_duration)]
+    pub interval: f64,
+    /// NVML library to load (default: libnvidia-ml.so.1 from the library path).
+    #[arg(long, value_name = "PATH")]
+    pub nvml: Option<PathBuf>,
+    /// Corrected ECC errors per hour above which a card warns.
+    #[arg(long, value_name = "N", default_value_t = 10.0)]
+    pub ecc_warn_per_hour: f64,
+    /// Corrected ECC errors per hour above which a card is critical.
+    #[arg(long, value_name = "N", default_value_t = 50.0)]
+    pub ecc_critical_per_hour: f64,
+    /// Memory (HBM) temperature above which a card warns, in °C.
+    #[arg(long, value_name = "CELSIUS", default_value_t = 85)]
+    pub hbm_temp_c: u32,
+    /// Print the report as one JSON object (`"type":"health"`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct StatusArgs {
+    /// NVML library to check (default: libnvidia-ml.so.1 from the library path).
+    #[arg(long, value_name = "PATH")]
+    pub nvml: Option<PathBuf>,
     #[command(flatten)]
     pub probes: ProbeArgs,
     /// Print the report as one JSON object.

@@ -4,6 +4,7 @@ mod cli;
 mod commands;
 mod events;
 mod export;
+mod nvml;
 mod probes;
 mod stacks;
 mod state;
@@ -18,6 +19,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Trace(args) => commands::trace::run(commands::trace::Session::from_args(args)),
         Command::Leaks(args) => commands::trace::run(commands::trace::Session::for_leaks(args)),
+        Command::Health(args) => commands::health::run(args),
         Command::Status(args) => commands::status::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => commands::trace::run(commands::trace::Session::for_bench(args)),
     };

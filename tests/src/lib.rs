@@ -48,6 +48,8 @@ pub struct Fixtures {
     pub workload: PathBuf,
     /// A raw-ioctl NVIDIA client (no libcuda).
     pub nvioctl: PathBuf,
+    /// The synthetic NVML, named like the real one.
+    pub nvml: PathBuf,
 }
 
 fn cc(args: &[&str]) {
@@ -83,8 +85,19 @@ pub fn fixtures() -> &'static Fixtures {
         ]);
         let nvioctl = dir.join("nvioctl");
         cc(&["-O2", "-Wall", "-o", nvioctl.to_str().unwrap(), src.join("nvioctl.c").to_str().unwrap()]);
-        Fixtures { dir, libcuda, workload, nvioctl }
+        let nvml_dir = dir.join("fake-nvml");
+        std::fs::create_dir_all(&nvml_dir).unwrap();
+        let nvml = nvml_dir.join("libnvidia-ml.so.1");
+        cc(&["-shared", "-fPIC", "-O2", "-Wall", "-o", nvml.to_str().unwrap(), src.join("fake_nvml.c").to_str().unwrap()]);
+        Fixtures { dir, libcuda, workload, nvioctl, nvml }
     })
+}
+
+/// NVIDIA's real NVML (fetched with libcuda by `cargo xtask nvidia-libs`).
+pub fn real_nvml() -> PathBuf {
+    let path = real_libcuda().with_file_name("libnvidia-ml.so.1");
+    assert!(path.exists(), "{} is missing: run `cargo xtask nvidia-libs`", path.display());
+    path
 }
 
 /// Where `cargo xtask nvidia-libs` leaves the real NVIDIA user-space libraries.

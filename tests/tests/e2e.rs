@@ -780,3 +780,80 @@ fn status_names_the_live_ioctl_path_and_why() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ioctl"]["path"], "off");
 }
+
+fn health(args: &[&str], envs: &[(&str, &str)]) -> std::process::Output {
+    let mut full = vec!["health"];
+    full.extend_from_slice(args);
+    run_gpumem(&full, envs)
+}
+
+#[test]
+fn health_from_the_synthetic_nvml_with_rules_and_reasons() {
+    let f = fixtures();
+    let log = f.dir.join("nvml-unsupported.log");
+    let _ = std::fs::remove_file(&log);
+    let out = health(
+        &["--json", "--interval", "1", "--nvml", f.nvml.to_str().unwrap()],
+        &[("GPUMEM_FAKE_NVML_PIDS", "4242:1048576,4343:2097152"), ("GPUMEM_FAKE_NVML_LOG", log.to_str().unwrap())],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["type"], "health");
+    let gpus = v["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 3);
+
+    let g0 = &gpus[0];
+    assert_eq!((g0["index"].as_u64(), g0["UUID"].as_str(), g0["pci_bus_id"].as_str(), g0["modelName"].as_str()),
+        (Some(0), Some("GPU-00000000-0000-0000-0000-000000000000"), Some("00000000:10:00.0"), Some("Fake H200")));
+    assert_eq!(g0["memory"]["total"].as_u64(), Some(144 << 30));
+    assert_eq!(g0["memory"]["used"].as_u64(), Some(20 << 30));
+    assert_eq!(g0["processes"], serde_json::json!([[4242, MIB], [4343, 2 * MIB]]));
+    assert_eq!((g0["health"]["score"].as_u64(), g0["health"]["level"].as_str()), (Some(100), Some("ok")));
+    assert_eq!((g0["gpu_temp_c"].as_u64(), g0["memory_temp_c"].as_u64()), (Some(60), Some(70)));
+
+    let g1 = &gpus[1];
+    // The volatile counter climbs by 100 per reading: two readings, one second apart.
+    assert_eq!(g1["ecc"]["corrected_volatile"].as_u64(), Some(200));
+    assert_eq!(g1["ecc"]["corrected_aggregate"].as_u64(), Some(1200));
+    let rate = g1["health"]["ecc_corrected_per_hour"].as_f64().unwrap();
+    assert!((200_000.0..400_000.0).contains(&rate), "100 errors in about 1 s: {rate}/h");
+    assert_eq!(g1["retired_pages"], serde_json::json!({"single_bit": 2, "double_bit": 1, "pending": true}));
+    assert_eq!(g1["remapped_rows"], serde_json::json!({"correctable": 3, "uncorrectable": 1, "pending": true, "failure": false}));
+    assert_eq!(g1["memory_temp_c"].as_u64(), Some(88));
+    let rules: Vec<(&str, u64)> = g1["health"]["reasons"].as_array().unwrap().iter().map(|r| (r["rule"].as_str().unwrap(), r["points"].as_u64().unwrap())).collect();
+    assert_eq!(
+        rules,
+        [("ecc_corrected_rate", 30), ("retirement_pending", 25), ("double_bit_retired", 10), ("row_remap_pending", 20), ("rows_remapped_uncorrectable", 10), ("hbm_hot", 10)]
+    );
+    assert_eq!((g1["health"]["score"].as_u64(), g1["health"]["level"].as_str()), (Some(0), Some("critical")));
+
+    // An older card: unsupported readings are recorded, cost no points, and are asked once.
+    let g2 = &gpus[2];
+    assert_eq!(g2["unsupported"], serde_json::json!(["ecc", "memory_temperature", "remapped_rows", "retired_pages"]));
+    assert!(g2["ecc"].is_null() && g2["retired_pages"].is_null());
+    assert_eq!(g2["health"]["score"].as_u64(), Some(100));
+    assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1, "ECC of device 2 asked once over two readings");
+
+    // Thresholds are configurable: a strict HBM limit flags the healthy card too.
+    let out = health(&["--json", "--interval", "0.1", "--hbm-temp-c", "65", "--nvml", f.nvml.to_str().unwrap()], &[]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["gpus"][0]["health"]["reasons"][0]["rule"], "hbm_hot");
+}
+
+#[test]
+fn real_nvml_without_a_gpu_degrades_cleanly() {
+    let real = real_nvml();
+    let out = health(&["--nvml", real.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("NVML unavailable"), "{err}");
+    // Tracing keeps working, and status says NVML is missing.
+    require_root();
+    let out = run_gpumem(&["status", "--json", "--no-discover", "--nvml", real.to_str().unwrap()], &[]);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["nvml"].as_str().unwrap().contains("NVML unavailable"), "{}", v["nvml"]);
+    let t = trace_workload("bad_free", &[]);
+    assert_eq!(t.of_type("free").len(), 3);
+}

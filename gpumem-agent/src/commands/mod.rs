@@ -1,4 +1,5 @@
 //! The subcommands' logic; main.rs only dispatches here.
+pub mod health;
 pub mod status;
 pub mod trace;
 

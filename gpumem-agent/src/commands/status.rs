@@ -26,12 +26,21 @@ pub fn run(args: StatusArgs) -> Result<()> {
     attach_discovered(&mut agent, &args.probes, true, |m| notes.push(m));
     notes.splice(0..0, agent.notes.iter().cloned());
 
+    // NVML is optional: say whether it is there, keep going either way.
+    let nvml = match crate::nvml::Sampler::open(args.nvml.as_deref().map(|p| p.as_os_str())) {
+        Ok(mut s) => match s.sample(0.0) {
+            Ok(gpus) => format!("available, {} GPU(s)", gpus.len()),
+            Err(e) => format!("{e}"),
+        },
+        Err(e) => format!("{e}; `gpumem health` needs it, tracing does not"),
+    };
     let mut out = std::io::stdout().lock();
     if args.json {
         let report = json!({
             "kernel": features,
             "tracepoints": agent.tracepoints,
             "ioctl": agent.ioctl,
+            "nvml": nvml,
             "libraries": agent.libraries,
             "notes": notes,
         });
@@ -66,6 +75,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
     if let Some(e) = &io.error {
         writeln!(out, "  NOT attached: {e}")?;
     }
+    writeln!(out, "NVML: {nvml}")?;
     if agent.libraries.is_empty() {
         writeln!(out, "libcuda: none found (not in ld.so.cache, not loaded by any process); give one with --libcuda PATH")?;
     }

@@ -1,0 +1,167 @@
+//! Device health from NVML readings: runbook rules, each taking points from
+//! 100, with the reasons kept so that cards can be ranked and the ones to
+//! retire or move to non-critical work picked.
+use serde::Serialize;
+
+use crate::nvml::GpuSample;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Thresholds {
+    /// Corrected ECC errors per hour above which the card warns (runbook: 10).
+    pub ecc_warn_per_hour: f64,
+    /// ... and above which it is critical (runbook: 50).
+    pub ecc_critical_per_hour: f64,
+    /// HBM temperature above which errors become likely (default 85 °C).
+    pub hbm_temp_c: u32,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds { ecc_warn_per_hour: 10.0, ecc_critical_per_hour: 50.0, hbm_temp_c: 85 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Level {
+    Ok,
+    Warning,
+    Critical,
+}
+
+/// One rule that took points.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Reason {
+    pub rule: &'static str,
+    pub level: Level,
+    pub points: u32,
+    pub detail: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Health {
+    pub score: u32,
+    pub level: Level,
+    /// Corrected ECC errors per hour over the window (volatile counter).
+    pub ecc_corrected_per_hour: Option<f64>,
+    pub reasons: Vec<Reason>,
+}
+
+/// Points each rule takes (documented in the README).
+pub mod points {
+    pub const ECC_RATE_WARN: u32 = 15;
+    pub const ECC_RATE_CRITICAL: u32 = 30;
+    pub const UNCORRECTABLE_ECC: u32 = 30;
+    pub const RETIREMENT_PENDING: u32 = 25;
+    pub const DOUBLE_BIT_RETIRED: u32 = 10;
+    pub const REMAP_FAILURE: u32 = 50;
+    pub const REMAP_PENDING: u32 = 20;
+    pub const REMAP_UNCORRECTABLE: u32 = 10;
+    pub const HBM_HOT: u32 = 10;
+}
+
+/// Scores a GPU from its first and last readings of a window.
+pub fn assess(first: &GpuSample, last: &GpuSample, t: &Thresholds) -> Health {
+    let mut reasons = Vec::new();
+    let mut take = |rule: &'static str, level: Level, points: u32, detail: String| reasons.push(Reason { rule, level, points, detail });
+
+    let hours = (last.t_s - first.t_s) / 3600.0;
+    let rate = match (&first.ecc, &last.ecc) {
+        (Some(a), Some(b)) if hours > 0.0 => Some(b.corrected_volatile.saturating_sub(a.corrected_volatile) as f64 / hours),
+        _ => None,
+    };
+    if let Some(r) = rate {
+        if r > t.ecc_critical_per_hour {
+            take("ecc_corrected_rate", Level::Critical, points::ECC_RATE_CRITICAL, format!("{r:.0} corrected ECC errors/h > {}", t.ecc_critical_per_hour));
+        } else if r > t.ecc_warn_per_hour {
+            take("ecc_corrected_rate", Level::Warning, points::ECC_RATE_WARN, format!("{r:.0} corrected ECC errors/h > {}", t.ecc_warn_per_hour));
+        }
+    }
+    if let Some(e) = &last.ecc {
+        let unc = e.uncorrected_volatile.max(e.uncorrected_aggregate);
+        if unc > 0 {
+            take("ecc_uncorrectable", Level::Critical, points::UNCORRECTABLE_ECC, format!("{unc} uncorrectable ECC error(s)"));
+        }
+    }
+    if let Some(r) = &last.retired_pages {
+        if r.pending {
+            take("retirement_pending", Level::Critical, points::RETIREMENT_PENDING, "page retirement pending (needs a reset)".into());
+        }
+        if r.double_bit > 0 {
+            take("double_bit_retired", Level::Warning, points::DOUBLE_BIT_RETIRED, format!("{} page(s) retired for double-bit errors", r.double_bit));
+        }
+    }
+    if let Some(r) = &last.remapped_rows {
+        if r.failure {
+            take("row_remap_failure", Level::Critical, points::REMAP_FAILURE, "row remapping failed: the card has no spare rows left".into());
+        }
+        if r.pending {
+            take("row_remap_pending", Level::Critical, points::REMAP_PENDING, "row remap pending (needs a reset)".into());
+        }
+        if r.uncorrectable > 0 {
+            take("rows_remapped_uncorrectable", Level::Warning, points::REMAP_UNCORRECTABLE, format!("{} row(s) remapped for uncorrectable errors", r.uncorrectable));
+        }
+    }
+    if let Some(temp) = last.memory_temp_c {
+        if temp > t.hbm_temp_c {
+            take("hbm_hot", Level::Warning, points::HBM_HOT, format!("memory at {temp} °C > {} °C", t.hbm_temp_c));
+        }
+    }
+    let lost: u32 = reasons.iter().map(|r| r.points).sum();
+    let level = reasons.iter().map(|r| r.level).max().unwrap_or(Level::Ok);
+    Health { score: 100u32.saturating_sub(lost), level, ecc_corrected_per_hour: rate, reasons }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nvml::{EccCounts, RemappedRows, RetiredPages};
+
+    fn sample(t_s: f64, corrected: u64) -> GpuSample {
+        GpuSample { t_s, ecc: Some(EccCounts { corrected_volatile: corrected, ..Default::default() }), ..Default::default() }
+    }
+
+    #[test]
+    fn healthy_card_scores_100() {
+        let h = assess(&sample(0.0, 5), &sample(3600.0, 5), &Thresholds::default());
+        assert_eq!((h.score, h.level, h.ecc_corrected_per_hour), (100, Level::Ok, Some(0.0)));
+        assert!(h.reasons.is_empty());
+    }
+
+    #[test]
+    fn ecc_rate_thresholds() {
+        let t = Thresholds::default();
+        // 10/h is not above 10: fine; 11/h warns; 51/h is critical.
+        assert_eq!(assess(&sample(0.0, 0), &sample(3600.0, 10), &t).score, 100);
+        let h = assess(&sample(0.0, 0), &sample(3600.0, 11), &t);
+        assert_eq!((h.score, h.level), (100 - points::ECC_RATE_WARN, Level::Warning));
+        let h = assess(&sample(0.0, 0), &sample(1800.0, 26), &t);
+        assert_eq!(h.ecc_corrected_per_hour, Some(52.0));
+        assert_eq!((h.score, h.level), (100 - points::ECC_RATE_CRITICAL, Level::Critical));
+        // Configurable thresholds.
+        let strict = Thresholds { ecc_warn_per_hour: 1.0, ..t };
+        assert_eq!(assess(&sample(0.0, 0), &sample(3600.0, 2), &strict).level, Level::Warning);
+    }
+
+    #[test]
+    fn hardware_failures_are_critical_with_reasons() {
+        let mut last = sample(60.0, 0);
+        last.ecc.as_mut().unwrap().uncorrected_aggregate = 1;
+        last.retired_pages = Some(RetiredPages { single_bit: 2, double_bit: 1, pending: true });
+        last.remapped_rows = Some(RemappedRows { correctable: 3, uncorrectable: 1, pending: true, failure: true });
+        last.memory_temp_c = Some(90);
+        let h = assess(&sample(0.0, 0), &last, &Thresholds::default());
+        let rules: Vec<&str> = h.reasons.iter().map(|r| r.rule).collect();
+        assert_eq!(
+            rules,
+            ["ecc_uncorrectable", "retirement_pending", "double_bit_retired", "row_remap_failure", "row_remap_pending", "rows_remapped_uncorrectable", "hbm_hot"]
+        );
+        assert_eq!((h.score, h.level), (0, Level::Critical));
+    }
+
+    #[test]
+    fn unsupported_readings_take_no_points() {
+        let h = assess(&GpuSample::default(), &GpuSample { t_s: 10.0, ..Default::default() }, &Thresholds::default());
+        assert_eq!((h.score, h.ecc_corrected_per_hour), (100, None));
+    }
+}

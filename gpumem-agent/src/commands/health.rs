@@ -1,0 +1,113 @@
+//! `gpumem health`: NVML readings and health per GPU.
+use std::{io::Write as _, process::ExitCode, time::Duration};
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::{
+    analysis::{health, leaks::monotonic_ns},
+    cli::HealthArgs,
+    export::names::bytes,
+    nvml::{GpuSample, Sampler},
+};
+
+/// Exit status when NVML cannot be used (no library, no driver, no device).
+pub const EXIT_NO_NVML: u8 = 3;
+
+#[derive(Serialize)]
+struct GpuHealth {
+    #[serde(flatten)]
+    sample: GpuSample,
+    health: health::Health,
+}
+
+#[derive(Serialize)]
+struct Report {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    interval_s: f64,
+    gpus: Vec<GpuHealth>,
+}
+
+fn now_s() -> f64 {
+    monotonic_ns() as f64 / 1e9
+}
+
+pub fn run(args: HealthArgs) -> Result<ExitCode> {
+    let mut sampler = match Sampler::open(args.nvml.as_deref().map(|p| p.as_os_str())) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("gpumem: {e}; GPU health needs NVML (the NVIDIA driver). Tracing works without it.");
+            return Ok(ExitCode::from(EXIT_NO_NVML));
+        }
+    };
+    let sample = |s: &mut Sampler| s.sample(now_s());
+    let first = match sample(&mut sampler) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("gpumem: {e}");
+            return Ok(ExitCode::from(EXIT_NO_NVML));
+        }
+    };
+    std::thread::sleep(Duration::from_secs_f64(args.interval));
+    let last = sample(&mut sampler).map_err(anyhow::Error::from)?;
+    let t = health::Thresholds {
+        ecc_warn_per_hour: args.ecc_warn_per_hour,
+        ecc_critical_per_hour: args.ecc_critical_per_hour,
+        hbm_temp_c: args.hbm_temp_c,
+    };
+    let gpus: Vec<GpuHealth> = last
+        .into_iter()
+        .map(|l| {
+            let f = first.iter().find(|f| f.uuid == l.uuid).cloned().unwrap_or_else(|| l.clone());
+            GpuHealth { health: health::assess(&f, &l, &t), sample: l }
+        })
+        .collect();
+    let report = Report { kind: "health", interval_s: args.interval, gpus };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer(&mut out, &report)?;
+        writeln!(out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    for g in &report.gpus {
+        let s = &g.sample;
+        let h = &g.health;
+        writeln!(out, "GPU {} {} {} ({}): health {}/100, {:?}", s.index, s.name, s.uuid, s.pci_bus_id, h.score, h.level)?;
+        if let Some(m) = &s.memory {
+            writeln!(out, "  memory: {} used of {}, {} free, {} reserved", bytes(m.used), bytes(m.total), bytes(m.free), bytes(m.reserved))?;
+        }
+        if let Some(ps) = &s.processes {
+            for (pid, b) in ps {
+                writeln!(out, "  process {pid}: {}", bytes(*b))?;
+            }
+        }
+        if let Some(e) = &s.ecc {
+            let rate = h.ecc_corrected_per_hour.map_or("?".into(), |r| format!("{r:.0}/h"));
+            writeln!(
+                out,
+                "  ECC: corrected {} volatile / {} aggregate ({rate}), uncorrected {} / {}",
+                e.corrected_volatile, e.corrected_aggregate, e.uncorrected_volatile, e.uncorrected_aggregate
+            )?;
+        }
+        if let Some(r) = &s.retired_pages {
+            writeln!(out, "  retired pages: {} single-bit, {} double-bit, pending {}", r.single_bit, r.double_bit, r.pending)?;
+        }
+        if let Some(r) = &s.remapped_rows {
+            writeln!(
+                out,
+                "  remapped rows: {} correctable, {} uncorrectable, pending {}, failure {}",
+                r.correctable, r.uncorrectable, r.pending, r.failure
+            )?;
+        }
+        let temp = |t: Option<u32>| t.map_or("n/a".to_string(), |t| format!("{t} °C"));
+        writeln!(out, "  temperature: GPU {}, memory {}", temp(s.gpu_temp_c), temp(s.memory_temp_c))?;
+        if !s.unsupported.is_empty() {
+            writeln!(out, "  not supported: {}", s.unsupported.iter().copied().collect::<Vec<_>>().join(", "))?;
+        }
+        for r in &h.reasons {
+            writeln!(out, "  -{:<3} {:?} {}: {}", r.points, r.level, r.rule, r.detail)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,211 @@
+//! NVML sampling (nvml-wrapper): per GPU identity, memory, per-process
+//! memory, ECC, retired pages, remapped rows and temperatures. A reading a
+//! device does not support is recorded as unsupported once and not asked
+//! again; NVML itself may be missing (no library, no driver, no device), and
+//! the rest of gpumem works without it.
+use std::{
+    collections::{BTreeSet, HashSet},
+    ffi::OsStr,
+};
+
+use nvml_wrapper::{
+    enum_wrappers::device::{EccCounter, MemoryError, RetirementCause, TemperatureSensor},
+    error::NvmlError,
+    structs::device::FieldId,
+    Nvml,
+};
+use serde::Serialize;
+
+/// NVML field ids (nvml.h) that nvml-wrapper does not wrap.
+const FI_DEV_MEMORY_TEMP: u32 = 82;
+const FI_DEV_REMAPPED_COR: u32 = 142;
+const FI_DEV_REMAPPED_UNC: u32 = 143;
+const FI_DEV_REMAPPED_PENDING: u32 = 144;
+const FI_DEV_REMAPPED_FAILURE: u32 = 145;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MemoryInfo {
+    pub total: u64,
+    pub used: u64,
+    pub free: u64,
+    pub reserved: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct EccCounts {
+    pub corrected_volatile: u64,
+    pub uncorrected_volatile: u64,
+    pub corrected_aggregate: u64,
+    pub uncorrected_aggregate: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RetiredPages {
+    pub single_bit: u64,
+    pub double_bit: u64,
+    pub pending: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RemappedRows {
+    pub correctable: u64,
+    pub uncorrectable: u64,
+    pub pending: bool,
+    pub failure: bool,
+}
+
+/// One reading of one GPU. None: not supported (see `unsupported`).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GpuSample {
+    pub index: u32,
+    #[serde(rename = "UUID")]
+    pub uuid: String,
+    pub pci_bus_id: String,
+    #[serde(rename = "modelName")]
+    pub name: String,
+    /// CLOCK_MONOTONIC seconds of the reading.
+    pub t_s: f64,
+    pub memory: Option<MemoryInfo>,
+    /// (pid, bytes) as NVML sees them (host pids).
+    pub processes: Option<Vec<(u32, u64)>>,
+    pub ecc: Option<EccCounts>,
+    pub retired_pages: Option<RetiredPages>,
+    pub remapped_rows: Option<RemappedRows>,
+    pub gpu_temp_c: Option<u32>,
+    pub memory_temp_c: Option<u32>,
+    /// Readings this device does not support.
+    pub unsupported: BTreeSet<&'static str>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("NVML unavailable: {0}")]
+pub struct Unavailable(String);
+
+pub struct Sampler {
+    nvml: Nvml,
+    /// (device index, reading) found unsupported: not asked again.
+    unsupported: HashSet<(u32, &'static str)>,
+}
+
+/// An NvmlError that means "this device cannot do that" rather than a failure.
+fn is_unsupported(e: &NvmlError) -> bool {
+    matches!(e, NvmlError::NotSupported | NvmlError::FunctionNotFound | NvmlError::InvalidArg)
+}
+
+impl Sampler {
+    /// Loads NVML from `lib` (default: libnvidia-ml.so.1 from the library path).
+    pub fn open(lib: Option<&OsStr>) -> Result<Sampler, Unavailable> {
+        let mut b = Nvml::builder();
+        if let Some(path) = lib {
+            b.lib_path(path);
+        }
+        let nvml = b.init().map_err(|e| Unavailable(e.to_string()))?;
+        Ok(Sampler { nvml, unsupported: HashSet::new() })
+    }
+
+    pub fn sample(&mut self, t_s: f64) -> Result<Vec<GpuSample>, Unavailable> {
+        let count = self.nvml.device_count().map_err(|e| Unavailable(e.to_string()))?;
+        let mut out = Vec::new();
+        for index in 0..count {
+            let dev = self.nvml.device_by_index(index).map_err(|e| Unavailable(e.to_string()))?;
+            let mut s = GpuSample {
+                index,
+                uuid: dev.uuid().unwrap_or_default(),
+                pci_bus_id: dev.pci_info().map(|p| p.bus_id).unwrap_or_default(),
+                name: dev.name().unwrap_or_default(),
+                t_s,
+                ..Default::default()
+            };
+            let u = &mut self.unsupported;
+            s.memory = reading(u, index, "memory", &mut s, || {
+                let m = dev.memory_info()?;
+                Ok(MemoryInfo { total: m.total, used: m.used, free: m.free, reserved: m.reserved })
+            });
+            s.processes = reading(u, index, "processes", &mut s, || {
+                Ok(dev
+                    .running_compute_processes()?
+                    .iter()
+                    .map(|p| {
+                        let bytes = match p.used_gpu_memory {
+                            nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
+                            nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
+                        };
+                        (p.pid, bytes)
+                    })
+                    .collect())
+            });
+            s.ecc = reading(u, index, "ecc", &mut s, || {
+                Ok(EccCounts {
+                    corrected_volatile: dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)?,
+                    uncorrected_volatile: dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)?,
+                    corrected_aggregate: dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Aggregate)?,
+                    uncorrected_aggregate: dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Aggregate)?,
+                })
+            });
+            s.retired_pages = reading(u, index, "retired_pages", &mut s, || {
+                Ok(RetiredPages {
+                    single_bit: dev.retired_pages(RetirementCause::MultipleSingleBitEccErrors)?.len() as u64,
+                    double_bit: dev.retired_pages(RetirementCause::DoubleBitEccError)?.len() as u64,
+                    pending: dev.are_pages_pending_retired()?,
+                })
+            });
+            s.gpu_temp_c = reading(u, index, "gpu_temperature", &mut s, || dev.temperature(TemperatureSensor::Gpu));
+            // Field values: memory temperature and remapped rows.
+            let ids = [FI_DEV_MEMORY_TEMP, FI_DEV_REMAPPED_COR, FI_DEV_REMAPPED_UNC, FI_DEV_REMAPPED_PENDING, FI_DEV_REMAPPED_FAILURE];
+            let fields: Vec<Option<u64>> = reading(u, index, "field_values", &mut s, || {
+                let vals = dev.field_values_for(&ids.map(FieldId))?;
+                Ok(vals.into_iter().map(|r| r.ok().and_then(|f| f.value.ok()).and_then(field_u64)).collect())
+            })
+            .unwrap_or_default();
+            let field = |i: usize| fields.get(i).copied().flatten();
+            s.memory_temp_c = field(0).map(|v| v as u32);
+            if s.memory_temp_c.is_none() {
+                s.unsupported.insert("memory_temperature");
+            }
+            s.remapped_rows = match (field(1), field(2), field(3), field(4)) {
+                (Some(c), Some(u), Some(p), Some(f)) => Some(RemappedRows { correctable: c, uncorrectable: u, pending: p != 0, failure: f != 0 }),
+                _ => {
+                    s.unsupported.insert("remapped_rows");
+                    None
+                }
+            };
+            out.push(s);
+        }
+        Ok(out)
+    }
+}
+
+/// One reading of one device; an unsupported one is remembered in
+/// `unsupported` and not attempted again.
+fn reading<T>(
+    unsupported: &mut HashSet<(u32, &'static str)>,
+    index: u32,
+    what: &'static str,
+    sample: &mut GpuSample,
+    f: impl FnOnce() -> Result<T, NvmlError>,
+) -> Option<T> {
+    if unsupported.contains(&(index, what)) {
+        sample.unsupported.insert(what);
+        return None;
+    }
+    match f() {
+        Ok(v) => Some(v),
+        Err(e) => {
+            if is_unsupported(&e) {
+                unsupported.insert((index, what));
+            }
+            sample.unsupported.insert(what);
+            None
+        }
+    }
+}
+
+fn field_u64(v: nvml_wrapper::enums::device::SampleValue) -> Option<u64> {
+    use nvml_wrapper::enums::device::SampleValue::*;
+    match v {
+        U32(x) => Some(x as u64),
+        U64(x) => Some(x),
+        I64(x) => u64::try_from(x).ok(),
+        F64(x) => Some(x as u64),
+    }
+}
