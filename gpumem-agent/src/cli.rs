@@ -134,6 +134,13 @@ pub struct HealthArgs {
     /// Memory (HBM) temperature above which a card warns, in °C.
     #[arg(long, value_name = "CELSIUS", default_value_t = 85)]
     pub hbm_temp_c: u32,
+    /// Keep reading every --interval and report after each reading, over the
+    /// window since start (one JSON object per line with --json).
+    #[arg(long)]
+    pub watch: bool,
+    /// With --watch: stop after this many reports.
+    #[arg(long, value_name = "N", requires = "watch")]
+    pub count: Option<u64>,
     /// Print the report as one JSON object (`"type":"health"`).
     #[arg(long)]
     pub json: bool,

@@ -812,14 +812,14 @@ fn health_from_the_synthetic_nvml_with_rules_and_reasons() {
     assert_eq!((g0["gpu_temp_c"].as_u64(), g0["memory_temp_c"].as_u64()), (Some(60), Some(70)));
 
     let g1 = &gpus[1];
-    // The volatile counter climbs by 100 per reading: two readings, one second apart.
-    assert_eq!(g1["ecc"]["corrected_volatile"].as_u64(), Some(200));
-    assert_eq!(g1["ecc"]["corrected_aggregate"].as_u64(), Some(1200));
+    // The n-th reading of the volatile counter adds 100 n: 100, then 300.
+    assert_eq!(g1["ecc"]["corrected_volatile"].as_u64(), Some(300));
+    assert_eq!(g1["ecc"]["corrected_aggregate"].as_u64(), Some(1300));
     let rate = g1["health"]["ecc_corrected_per_hour"].as_f64().unwrap();
-    assert!((200_000.0..400_000.0).contains(&rate), "100 errors in about 1 s: {rate}/h");
+    assert!((400_000.0..800_000.0).contains(&rate), "200 errors in about 1 s: {rate}/h");
     assert_eq!(g1["retired_pages"], serde_json::json!({"single_bit": 2, "double_bit": 1, "pending": true}));
     assert_eq!(g1["remapped_rows"], serde_json::json!({"correctable": 3, "uncorrectable": 1, "pending": true, "failure": false}));
-    assert_eq!(g1["memory_temp_c"].as_u64(), Some(88));
+    assert_eq!(g1["memory_temp_c"].as_u64(), Some(87));
     let rules: Vec<(&str, u64)> = g1["health"]["reasons"].as_array().unwrap().iter().map(|r| (r["rule"].as_str().unwrap(), r["points"].as_u64().unwrap())).collect();
     assert_eq!(
         rules,
@@ -856,4 +856,26 @@ fn real_nvml_without_a_gpu_degrades_cleanly() {
     assert!(v["nvml"].as_str().unwrap().contains("NVML unavailable"), "{}", v["nvml"]);
     let t = trace_workload("bad_free", &[]);
     assert_eq!(t.of_type("free").len(), 3);
+}
+
+#[test]
+fn health_watch_relates_memory_temperature_to_errors() {
+    let f = fixtures();
+    let out = health(&["--json", "--watch", "--count", "4", "--interval", "0.2", "--nvml", f.nvml.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reports: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(reports.len(), 4, "one report per reading after the first");
+    let g1 = &reports[3]["gpus"][1];
+    let m = &g1["temperature"];
+    // Readings 2..5: errors +200, +300, +400, +500 at 87..90 °C.
+    assert_eq!(m["ecc_increments"], serde_json::json!([[87, 200], [88, 300], [89, 400], [90, 500]]));
+    assert!((m["correlation"].as_f64().unwrap() - 1.0).abs() < 1e-9, "{m}");
+    assert_eq!(m["max_memory_temp_c"].as_u64(), Some(90));
+    // Every interval ended above 85 °C: the whole window counts.
+    let window = g1["window_s"].as_f64().unwrap();
+    assert!(window > 0.6, "{window}");
+    assert!((m["seconds_above_hbm"].as_f64().unwrap() - window).abs() < 1e-9);
+    // The healthy card: no increments, no time above the threshold, no correlation.
+    let m0 = &reports[3]["gpus"][0]["temperature"];
+    assert_eq!((m0["ecc_increments"].clone(), m0["seconds_above_hbm"].as_f64(), m0["correlation"].is_null()), (serde_json::json!([]), Some(0.0), true));
 }

@@ -112,10 +112,83 @@ pub fn assess(first: &GpuSample, last: &GpuSample, t: &Thresholds) -> Health {
     Health { score: 100u32.saturating_sub(lost), level, ecc_corrected_per_hour: rate, reasons }
 }
 
+/// Memory temperature against memory errors over a window of readings.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TemperatureModel {
+    /// (memory °C, new corrected errors) at each reading where errors rose.
+    pub ecc_increments: Vec<(u32, u64)>,
+    /// Pearson correlation of memory temperature with new errors per reading
+    /// interval; None with fewer than 3 intervals or no variation.
+    pub correlation: Option<f64>,
+    /// Time the memory spent above the HBM threshold, in seconds.
+    pub seconds_above_hbm: f64,
+    pub max_memory_temp_c: Option<u32>,
+}
+
+/// Relates temperature and errors over consecutive readings of one GPU.
+pub fn temperature_model(window: &[GpuSample], hbm_temp_c: u32) -> TemperatureModel {
+    let mut m = TemperatureModel::default();
+    let mut pairs: Vec<(f64, f64)> = Vec::new();
+    for w in window.windows(2) {
+        let (a, b) = (&w[0], &w[1]);
+        if let Some(temp) = b.memory_temp_c {
+            m.max_memory_temp_c = Some(m.max_memory_temp_c.map_or(temp, |t| t.max(temp)));
+            if temp > hbm_temp_c {
+                m.seconds_above_hbm += b.t_s - a.t_s;
+            }
+            if let (Some(ea), Some(eb)) = (&a.ecc, &b.ecc) {
+                let delta = eb.corrected_volatile.saturating_sub(ea.corrected_volatile);
+                if delta > 0 {
+                    m.ecc_increments.push((temp, delta));
+                }
+                pairs.push((temp as f64, delta as f64));
+            }
+        }
+    }
+    m.correlation = pearson(&pairs);
+    m
+}
+
+fn pearson(pairs: &[(f64, f64)]) -> Option<f64> {
+    if pairs.len() < 3 {
+        return None;
+    }
+    let n = pairs.len() as f64;
+    let (mx, my) = (pairs.iter().map(|p| p.0).sum::<f64>() / n, pairs.iter().map(|p| p.1).sum::<f64>() / n);
+    let cov: f64 = pairs.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+    let vx: f64 = pairs.iter().map(|(x, _)| (x - mx).powi(2)).sum();
+    let vy: f64 = pairs.iter().map(|(_, y)| (y - my).powi(2)).sum();
+    (vx > 0.0 && vy > 0.0).then(|| cov / (vx.sqrt() * vy.sqrt()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::nvml::{EccCounts, RemappedRows, RetiredPages};
+
+    #[test]
+    fn temperature_against_errors() {
+        // Errors rise faster as the memory heats: 86..90 °C, +100, +200, ...
+        let window: Vec<GpuSample> = (0..6u64)
+            .map(|i| GpuSample {
+                t_s: i as f64 * 10.0,
+                ecc: Some(EccCounts { corrected_volatile: 100 * i * (i + 1) / 2, ..Default::default() }),
+                memory_temp_c: Some(85 + i as u32),
+                ..Default::default()
+            })
+            .collect();
+        let m = temperature_model(&window, 87);
+        assert_eq!(m.ecc_increments, [(86, 100), (87, 200), (88, 300), (89, 400), (90, 500)]);
+        assert!((m.correlation.unwrap() - 1.0).abs() < 1e-9);
+        assert_eq!(m.seconds_above_hbm, 30.0, "88, 89 and 90 °C readings, 10 s each");
+        assert_eq!(m.max_memory_temp_c, Some(90));
+        // Constant errors: no correlation to speak of.
+        let flat: Vec<GpuSample> = (0..5u64)
+            .map(|i| GpuSample { t_s: i as f64, ecc: Some(EccCounts { corrected_volatile: 10 * i, ..Default::default() }), memory_temp_c: Some(80 + i as u32), ..Default::default() })
+            .collect();
+        assert_eq!(temperature_model(&flat, 85).correlation, None);
+    }
+
 
     fn sample(t_s: f64, corrected: u64) -> GpuSample {
         GpuSample { t_s, ecc: Some(EccCounts { corrected_volatile: corrected, ..Default::default() }), ..Default::default() }

@@ -1,5 +1,10 @@
 //! `gpumem health`: NVML readings and health per GPU.
-use std::{io::Write as _, process::ExitCode, time::Duration};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    io::Write as _,
+    process::ExitCode,
+    time::Duration,
+};
 
 use anyhow::Result;
 use serde::Serialize;
@@ -19,6 +24,9 @@ struct GpuHealth {
     #[serde(flatten)]
     sample: GpuSample,
     health: health::Health,
+    temperature: health::TemperatureModel,
+    /// Seconds covered by the readings the rates and model come from.
+    window_s: f64,
 }
 
 #[derive(Serialize)]
@@ -33,6 +41,9 @@ fn now_s() -> f64 {
     monotonic_ns() as f64 / 1e9
 }
 
+/// Readings kept per GPU for --watch (older ones slide out).
+const WINDOW_READINGS: usize = 3600;
+
 pub fn run(args: HealthArgs) -> Result<ExitCode> {
     let mut sampler = match Sampler::open(args.nvml.as_deref().map(|p| p.as_os_str())) {
         Ok(s) => s,
@@ -41,34 +52,59 @@ pub fn run(args: HealthArgs) -> Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_NO_NVML));
         }
     };
-    let sample = |s: &mut Sampler| s.sample(now_s());
-    let first = match sample(&mut sampler) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("gpumem: {e}");
-            return Ok(ExitCode::from(EXIT_NO_NVML));
-        }
-    };
-    std::thread::sleep(Duration::from_secs_f64(args.interval));
-    let last = sample(&mut sampler).map_err(anyhow::Error::from)?;
     let t = health::Thresholds {
         ecc_warn_per_hour: args.ecc_warn_per_hour,
         ecc_critical_per_hour: args.ecc_critical_per_hour,
         hbm_temp_c: args.hbm_temp_c,
     };
-    let gpus: Vec<GpuHealth> = last
-        .into_iter()
-        .map(|l| {
-            let f = first.iter().find(|f| f.uuid == l.uuid).cloned().unwrap_or_else(|| l.clone());
-            GpuHealth { health: health::assess(&f, &l, &t), sample: l }
-        })
-        .collect();
-    let report = Report { kind: "health", interval_s: args.interval, gpus };
+    // Readings per GPU (by UUID), oldest first.
+    let mut windows: BTreeMap<String, VecDeque<GpuSample>> = BTreeMap::new();
+    let mut reports = 0u64;
+    loop {
+        let readings = match sampler.sample(now_s()) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("gpumem: {e}");
+                return Ok(ExitCode::from(EXIT_NO_NVML));
+            }
+        };
+        for r in readings {
+            let w = windows.entry(r.uuid.clone()).or_default();
+            if w.len() == WINDOW_READINGS {
+                w.pop_front();
+            }
+            w.push_back(r);
+        }
+        if windows.values().all(|w| w.len() >= 2) {
+            let gpus = windows
+                .values_mut()
+                .map(|w| {
+                    let w = w.make_contiguous();
+                    let (first, last) = (&w[0], &w[w.len() - 1]);
+                    GpuHealth {
+                        health: health::assess(first, last, &t),
+                        temperature: health::temperature_model(w, t.hbm_temp_c),
+                        window_s: last.t_s - first.t_s,
+                        sample: last.clone(),
+                    }
+                })
+                .collect();
+            print(&Report { kind: "health", interval_s: args.interval, gpus }, args.json)?;
+            reports += 1;
+            if !args.watch || args.count.is_some_and(|c| reports >= c) {
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+        std::thread::sleep(Duration::from_secs_f64(args.interval));
+    }
+}
+
+fn print(report: &Report, json: bool) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    if args.json {
+    if json {
         serde_json::to_writer(&mut out, &report)?;
         writeln!(out)?;
-        return Ok(ExitCode::SUCCESS);
+        return Ok(out.flush()?);
     }
     for g in &report.gpus {
         let s = &g.sample;
@@ -105,9 +141,20 @@ pub fn run(args: HealthArgs) -> Result<ExitCode> {
         if !s.unsupported.is_empty() {
             writeln!(out, "  not supported: {}", s.unsupported.iter().copied().collect::<Vec<_>>().join(", "))?;
         }
+        let m = &g.temperature;
+        if !m.ecc_increments.is_empty() || m.seconds_above_hbm > 0.0 {
+            let corr = m.correlation.map_or("n/a".to_string(), |c| format!("{c:.2}"));
+            writeln!(
+                out,
+                "  memory temperature vs errors over {:.0} s: {} increase(s), correlation {corr}, {:.0} s above the HBM threshold",
+                g.window_s,
+                m.ecc_increments.len(),
+                m.seconds_above_hbm
+            )?;
+        }
         for r in &h.reasons {
             writeln!(out, "  -{:<3} {:?} {}: {}", r.points, r.level, r.rule, r.detail)?;
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(out.flush()?)
 }
