@@ -53,6 +53,10 @@ pub struct ProbeArgs {
     /// host (about 2x) and every other syscall (about 1.2x), see README.
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = ["auto", "kprobes", "tracepoints", "off"])]
     pub ioctl: String,
+    /// NVML library for reconciling traced bytes with the driver's per-process
+    /// figures at the end (default: libnvidia-ml.so.1 if present; none: skipped).
+    #[arg(long, value_name = "PATH")]
+    pub nvml: Option<PathBuf>,
 }
 
 /// What to trace and for how long (shared by trace and leaks).
@@ -148,9 +152,6 @@ pub struct HealthArgs {
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// NVML library to check (default: libnvidia-ml.so.1 from the library path).
-    #[arg(long, value_name = "PATH")]
-    pub nvml: Option<PathBuf>,
     #[command(flatten)]
     pub probes: ProbeArgs,
     /// Print the report as one JSON object.

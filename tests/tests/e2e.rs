@@ -739,10 +739,10 @@ fn nvidia_descriptors_opened_before_the_agent_are_seeded_from_proc() {
     let dev = FakeDevice::mount(FAKE_NVIDIA_DEV, "seed");
     let f = fixtures();
     wait_for_detach();
-    // The client opens the nodes, then waits 3 s before its ioctls.
+    // The client opens the nodes, then waits 5 s before its ioctls.
     let mut client = std::process::Command::new(&f.nvioctl)
         .arg(&dev.dir)
-        .env("GPUMEM_NVIOCTL_DELAY_MS", "3000")
+        .env("GPUMEM_NVIOCTL_DELAY_MS", "5000")
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -878,4 +878,43 @@ fn health_watch_relates_memory_temperature_to_errors() {
     // The healthy card: no increments, no time above the threshold, no correlation.
     let m0 = &reports[3]["gpus"][0]["temperature"];
     assert_eq!((m0["ecc_increments"].clone(), m0["seconds_above_hbm"].as_f64(), m0["correlation"].is_null()), (serde_json::json!([]), Some(0.0), true));
+}
+
+#[test]
+fn reconciliation_of_traced_bytes_with_nvml() {
+    require_root();
+    let f = fixtures();
+    wait_for_detach();
+    // late_load: 2 s after start it allocates 8 MiB (freed) and 4 MiB (kept), then holds.
+    let mut workload = std::process::Command::new(&f.workload)
+        .args([f.libcuda.to_str().unwrap(), "late_load"])
+        .env("GPUMEM_WORKLOAD_DELAY_MS", "2000")
+        .env("GPUMEM_WORKLOAD_HOLD_MS", "5000")
+        .spawn()
+        .unwrap();
+    let pid = workload.id();
+    // NVML (synthetic) sees the process with 4 MiB plus 300 MiB of context it never allocated.
+    let nvml_bytes = 4 * MIB + 300 * MIB;
+    let pids = format!("{pid}:{nvml_bytes}");
+    let out = std::process::Command::new(gpumem_bin())
+        .args(["trace", "--json", "-p", &pid.to_string(), "--duration", "4", "--libcuda", f.libcuda.to_str().unwrap()])
+        .args(["--nvml", f.nvml.to_str().unwrap()])
+        .env("GPUMEM_FAKE_NVML_PIDS", &pids)
+        .output()
+        .unwrap();
+    let _ = workload.kill();
+    let _ = workload.wait();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(summary["type"], "summary");
+    assert!(summary["nvml"].as_str().unwrap().starts_with("available"), "{}", summary["nvml"]);
+    let rows = summary["reconciliation"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert_eq!((r["pid"].as_u64(), r["gpu"].as_u64()), (Some(pid as u64), Some(0)));
+    assert_eq!((r["nvml_bytes"].as_u64(), r["traced_bytes"].as_u64(), r["untracked_bytes"].as_i64()), (Some(nvml_bytes), Some(4 * MIB), Some(300 * MIB as i64)));
+    // Without NVML the summary says why, and there is nothing to reconcile.
+    let t = trace_workload("bad_free", &[]);
+    assert!(t.summary["reconciliation"].is_null());
+    assert!(t.summary["nvml"].as_str().unwrap().contains("NVML unavailable"), "{}", t.summary["nvml"]);
 }

@@ -3,3 +3,4 @@ pub mod fragmentation;
 pub mod growth;
 pub mod health;
 pub mod leaks;
+pub mod reconcile;

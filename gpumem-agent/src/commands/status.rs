@@ -27,7 +27,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
     notes.splice(0..0, agent.notes.iter().cloned());
 
     // NVML is optional: say whether it is there, keep going either way.
-    let nvml = match crate::nvml::Sampler::open(args.nvml.as_deref().map(|p| p.as_os_str())) {
+    let nvml = match crate::nvml::Sampler::open(args.probes.nvml.as_deref().map(|p| p.as_os_str())) {
         Ok(mut s) => match s.sample(0.0) {
             Ok(gpus) => format!("available, {} GPU(s)", gpus.len()),
             Err(e) => format!("{e}"),

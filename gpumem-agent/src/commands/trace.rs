@@ -314,6 +314,14 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     let mut summary =
         Summary::build(&sink.state, lost, began.elapsed().as_secs_f64(), agent.attached_probe_count(), agent.scan_stats.clone());
     summary.stacks = sink.stacks.stats.clone();
+    // Reconcile with the driver's own per-process figures, where NVML is there.
+    match crate::nvml::Sampler::open(s.probes.nvml.as_deref().map(|p| p.as_os_str())).and_then(|mut n| n.sample(0.0)) {
+        Ok(gpus) => {
+            summary.reconciliation = Some(crate::analysis::reconcile::reconcile(&sink.state, &gpus));
+            summary.nvml = format!("available, {} GPU(s)", gpus.len());
+        }
+        Err(e) => summary.nvml = e.to_string(),
+    }
     if !s.quiet {
         let out = sink.printer.inner();
         if s.json {

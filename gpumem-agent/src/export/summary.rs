@@ -5,7 +5,10 @@ use serde::Serialize;
 
 use super::names::{api_name, bytes, result_name};
 use crate::{
-    analysis::fragmentation::{self, DeviceLayout},
+    analysis::{
+        fragmentation::{self, DeviceLayout},
+        reconcile::Reconciliation,
+    },
     events::LostEvents,
     probes::discover::ScanStats,
     stacks::StackStats,
@@ -72,6 +75,10 @@ pub struct Summary {
     pub oom: OomCounters,
     /// Allocation stacks: how many, what they cost.
     pub stacks: StackStats,
+    /// Traced bytes against NVML's per-process figures; None without NVML.
+    pub reconciliation: Option<Vec<Reconciliation>>,
+    /// Whether NVML could be used, and if not why.
+    pub nvml: String,
 }
 
 impl Summary {
@@ -131,6 +138,8 @@ impl Summary {
             discovery,
             oom: state.oom.clone(),
             stacks: StackStats::default(),
+            reconciliation: None,
+            nvml: "not asked".into(),
         }
     }
 
@@ -221,6 +230,15 @@ impl Summary {
                 "\nOUT OF MEMORY: {} CUDA allocation(s) failed with out-of-memory ({} while enough was reported free: fragmentation), {} host OOM kill(s)",
                 o.cuda_ooms, o.fragmentation_ooms, o.host_oom_kills
             )?;
+        }
+        if let Some(rows) = &self.reconciliation {
+            if !rows.is_empty() {
+                writeln!(out, "\n{:>7} {:>4} {:>12} {:>12} {:>12}  (NVML vs traced)", "PID", "GPU", "NVML", "TRACED", "UNTRACKED")?;
+            }
+            for r in rows {
+                let untracked = if r.untracked_bytes < 0 { format!("-{}", bytes(r.untracked_bytes.unsigned_abs())) } else { bytes(r.untracked_bytes as u64) };
+                writeln!(out, "{:>7} {:>4} {:>12} {:>12} {:>12}", r.pid, r.gpu, bytes(r.nvml_bytes), bytes(r.traced_bytes), untracked)?;
+            }
         }
         if self.lost_events > 0 {
             writeln!(
