@@ -918,3 +918,29 @@ fn reconciliation_of_traced_bytes_with_nvml() {
     assert!(t.summary["reconciliation"].is_null());
     assert!(t.summary["nvml"].as_str().unwrap().contains("NVML unavailable"), "{}", t.summary["nvml"]);
 }
+
+#[test]
+fn xid_events_are_attributed_to_the_processes_on_that_gpu() {
+    let f = fixtures();
+    let out = health(
+        &["--json", "--interval", "1", "--nvml", f.nvml.to_str().unwrap()],
+        &[("GPUMEM_FAKE_NVML_XIDS", "1:48,1:92"), ("GPUMEM_FAKE_NVML_PIDS", "111:1048576,1/222:2097152")],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["xid_watch"].as_str().unwrap().contains("not supported on GPU(s) [2]"), "{}", v["xid_watch"]);
+    let x1 = v["gpus"][1]["xid_events"].as_array().unwrap();
+    let got: Vec<(u64, &str)> = x1.iter().map(|x| (x["xid"].as_u64().unwrap(), x["meaning"].as_str().unwrap())).collect();
+    assert_eq!(got, [(48, "double-bit ECC error (DBE)"), (92, "high single-bit ECC error rate")]);
+    // Attributed to GPU 1's process, not GPU 0's.
+    assert_eq!(x1[0]["processes"], serde_json::json!([[222, 2 * MIB]]));
+    assert_eq!(v["gpus"][0]["xid_events"], serde_json::json!([]));
+    let rules: Vec<(&str, u64)> = v["gpus"][1]["health"]["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["rule"] == "xid")
+        .map(|r| (r["level"].as_str().unwrap(), r["points"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(rules, [("critical", 20), ("warning", 10)]);
+}

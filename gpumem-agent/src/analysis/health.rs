@@ -3,7 +3,7 @@
 //! retire or move to non-critical work picked.
 use serde::Serialize;
 
-use crate::nvml::GpuSample;
+use crate::nvml::{xid::XidEvent, GpuSample};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Thresholds {
@@ -58,10 +58,18 @@ pub mod points {
     pub const REMAP_PENDING: u32 = 20;
     pub const REMAP_UNCORRECTABLE: u32 = 10;
     pub const HBM_HOT: u32 = 10;
+    /// Per distinct XID code seen: the critical ones (DBE, retirement or
+    /// remap failure, off the bus, uncontained ECC) and the others.
+    pub const XID_CRITICAL: u32 = 20;
+    pub const XID_OTHER: u32 = 10;
 }
 
-/// Scores a GPU from its first and last readings of a window.
-pub fn assess(first: &GpuSample, last: &GpuSample, t: &Thresholds) -> Health {
+/// XIDs that mean the card lost data or cannot be trusted.
+const CRITICAL_XIDS: [u64; 4] = [48, 64, 79, 95];
+
+/// Scores a GPU from its first and last readings of a window and the XID
+/// events it raised meanwhile.
+pub fn assess(first: &GpuSample, last: &GpuSample, xids: &[XidEvent], t: &Thresholds) -> Health {
     let mut reasons = Vec::new();
     let mut take = |rule: &'static str, level: Level, points: u32, detail: String| reasons.push(Reason { rule, level, points, detail });
 
@@ -106,6 +114,14 @@ pub fn assess(first: &GpuSample, last: &GpuSample, t: &Thresholds) -> Health {
         if temp > t.hbm_temp_c {
             take("hbm_hot", Level::Warning, points::HBM_HOT, format!("memory at {temp} °C > {} °C", t.hbm_temp_c));
         }
+    }
+    let mut codes: Vec<u64> = xids.iter().map(|x| x.xid).collect();
+    codes.sort_unstable();
+    codes.dedup();
+    for code in codes {
+        let n = xids.iter().filter(|x| x.xid == code).count();
+        let (level, pts) = if CRITICAL_XIDS.contains(&code) { (Level::Critical, points::XID_CRITICAL) } else { (Level::Warning, points::XID_OTHER) };
+        take("xid", level, pts, format!("XID {code} ({}) ×{n}", crate::nvml::xid::meaning(code)));
     }
     let lost: u32 = reasons.iter().map(|r| r.points).sum();
     let level = reasons.iter().map(|r| r.level).max().unwrap_or(Level::Ok);
@@ -196,7 +212,7 @@ mod tests {
 
     #[test]
     fn healthy_card_scores_100() {
-        let h = assess(&sample(0.0, 5), &sample(3600.0, 5), &Thresholds::default());
+        let h = assess(&sample(0.0, 5), &sample(3600.0, 5), &[], &Thresholds::default());
         assert_eq!((h.score, h.level, h.ecc_corrected_per_hour), (100, Level::Ok, Some(0.0)));
         assert!(h.reasons.is_empty());
     }
@@ -205,15 +221,15 @@ mod tests {
     fn ecc_rate_thresholds() {
         let t = Thresholds::default();
         // 10/h is not above 10: fine; 11/h warns; 51/h is critical.
-        assert_eq!(assess(&sample(0.0, 0), &sample(3600.0, 10), &t).score, 100);
-        let h = assess(&sample(0.0, 0), &sample(3600.0, 11), &t);
+        assert_eq!(assess(&sample(0.0, 0), &sample(3600.0, 10), &[], &t).score, 100);
+        let h = assess(&sample(0.0, 0), &sample(3600.0, 11), &[], &t);
         assert_eq!((h.score, h.level), (100 - points::ECC_RATE_WARN, Level::Warning));
-        let h = assess(&sample(0.0, 0), &sample(1800.0, 26), &t);
+        let h = assess(&sample(0.0, 0), &sample(1800.0, 26), &[], &t);
         assert_eq!(h.ecc_corrected_per_hour, Some(52.0));
         assert_eq!((h.score, h.level), (100 - points::ECC_RATE_CRITICAL, Level::Critical));
         // Configurable thresholds.
         let strict = Thresholds { ecc_warn_per_hour: 1.0, ..t };
-        assert_eq!(assess(&sample(0.0, 0), &sample(3600.0, 2), &strict).level, Level::Warning);
+        assert_eq!(assess(&sample(0.0, 0), &sample(3600.0, 2), &[], &strict).level, Level::Warning);
     }
 
     #[test]
@@ -223,7 +239,7 @@ mod tests {
         last.retired_pages = Some(RetiredPages { single_bit: 2, double_bit: 1, pending: true });
         last.remapped_rows = Some(RemappedRows { correctable: 3, uncorrectable: 1, pending: true, failure: true });
         last.memory_temp_c = Some(90);
-        let h = assess(&sample(0.0, 0), &last, &Thresholds::default());
+        let h = assess(&sample(0.0, 0), &last, &[], &Thresholds::default());
         let rules: Vec<&str> = h.reasons.iter().map(|r| r.rule).collect();
         assert_eq!(
             rules,
@@ -233,8 +249,18 @@ mod tests {
     }
 
     #[test]
+    fn xids_take_points_per_code() {
+        let x = |xid| XidEvent { gpu: 0, uuid: String::new(), xid, meaning: "", ts_ns: 0, processes: vec![] };
+        let h = assess(&sample(0.0, 0), &sample(1.0, 0), &[x(48), x(48), x(92)], &Thresholds::default());
+        let r: Vec<(&str, Level, u32)> = h.reasons.iter().map(|r| (r.rule, r.level, r.points)).collect();
+        assert_eq!(r, [("xid", Level::Critical, points::XID_CRITICAL), ("xid", Level::Warning, points::XID_OTHER)]);
+        assert!(h.reasons[0].detail.contains("XID 48 (double-bit ECC error (DBE)) ×2"), "{}", h.reasons[0].detail);
+        assert_eq!(h.score, 70);
+    }
+
+    #[test]
     fn unsupported_readings_take_no_points() {
-        let h = assess(&GpuSample::default(), &GpuSample { t_s: 10.0, ..Default::default() }, &Thresholds::default());
+        let h = assess(&GpuSample::default(), &GpuSample { t_s: 10.0, ..Default::default() }, &[], &Thresholds::default());
         assert_eq!((h.score, h.ecc_corrected_per_hour), (100, None));
     }
 }

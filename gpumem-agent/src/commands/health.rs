@@ -13,7 +13,10 @@ use crate::{
     analysis::{health, leaks::monotonic_ns},
     cli::HealthArgs,
     export::names::bytes,
-    nvml::{GpuSample, Sampler},
+    nvml::{
+        xid::{XidEvent, XidWatcher},
+        GpuSample, Sampler,
+    },
 };
 
 /// Exit status when NVML cannot be used (no library, no driver, no device).
@@ -25,6 +28,8 @@ struct GpuHealth {
     sample: GpuSample,
     health: health::Health,
     temperature: health::TemperatureModel,
+    /// XID events in the window, each with the processes holding memory on the GPU then.
+    xid_events: Vec<XidEvent>,
     /// Seconds covered by the readings the rates and model come from.
     window_s: f64,
 }
@@ -34,6 +39,8 @@ struct Report {
     #[serde(rename = "type")]
     kind: &'static str,
     interval_s: f64,
+    /// Why XID events are not watched, if they are not (or GPUs that cannot report them).
+    xid_watch: String,
     gpus: Vec<GpuHealth>,
 }
 
@@ -57,6 +64,14 @@ pub fn run(args: HealthArgs) -> Result<ExitCode> {
         ecc_critical_per_hour: args.ecc_critical_per_hour,
         hbm_temp_c: args.hbm_temp_c,
     };
+    // XIDs arrive on their own thread, from the start.
+    let watcher = XidWatcher::start(args.nvml.as_ref().map(|p| p.as_os_str().to_os_string()), monotonic_ns);
+    let xid_watch = match &watcher {
+        Ok(w) if w.unsupported.is_empty() => "watching".to_string(),
+        Ok(w) => format!("watching; not supported on GPU(s) {:?}", w.unsupported),
+        Err(e) => format!("not watched: {e}"),
+    };
+    let mut xids: Vec<XidEvent> = Vec::new();
     // Readings per GPU (by UUID), oldest first.
     let mut windows: BTreeMap<String, VecDeque<GpuSample>> = BTreeMap::new();
     let mut reports = 0u64;
@@ -75,21 +90,26 @@ pub fn run(args: HealthArgs) -> Result<ExitCode> {
             }
             w.push_back(r);
         }
+        if let Ok(w) = &watcher {
+            xids.extend(w.events.try_iter());
+        }
         if windows.values().all(|w| w.len() >= 2) {
             let gpus = windows
                 .values_mut()
                 .map(|w| {
                     let w = w.make_contiguous();
                     let (first, last) = (&w[0], &w[w.len() - 1]);
+                    let mine: Vec<XidEvent> = xids.iter().filter(|x| x.uuid == last.uuid).cloned().collect();
                     GpuHealth {
-                        health: health::assess(first, last, &t),
+                        health: health::assess(first, last, &mine, &t),
+                        xid_events: mine,
                         temperature: health::temperature_model(w, t.hbm_temp_c),
                         window_s: last.t_s - first.t_s,
                         sample: last.clone(),
                     }
                 })
                 .collect();
-            print(&Report { kind: "health", interval_s: args.interval, gpus }, args.json)?;
+            print(&Report { kind: "health", interval_s: args.interval, xid_watch: xid_watch.clone(), gpus }, args.json)?;
             reports += 1;
             if !args.watch || args.count.is_some_and(|c| reports >= c) {
                 return Ok(ExitCode::SUCCESS);
@@ -151,6 +171,10 @@ fn print(report: &Report, json: bool) -> Result<()> {
                 m.ecc_increments.len(),
                 m.seconds_above_hbm
             )?;
+        }
+        for x in &g.xid_events {
+            let procs: Vec<String> = x.processes.iter().map(|(p, b)| format!("{p} ({})", bytes(*b))).collect();
+            writeln!(out, "  XID {} ({}): processes on the GPU then: {}", x.xid, x.meaning, if procs.is_empty() { "none".into() } else { procs.join(", ") })?;
         }
         for r in &h.reasons {
             writeln!(out, "  -{:<3} {:?} {}: {}", r.points, r.level, r.rule, r.detail)?;

@@ -8,6 +8,8 @@ use std::{
     ffi::OsStr,
 };
 
+pub mod xid;
+
 use nvml_wrapper::{
     enum_wrappers::device::{EccCounter, MemoryError, RetirementCause, TemperatureSensor},
     error::NvmlError,

@@ -1,0 +1,164 @@
+//! XID events through an NVML event set, waited for on a thread of their own
+//! so that waiting never blocks the agent. Each event is attributed to the
+//! processes holding memory on that GPU at that moment (NVML's view).
+use std::{
+    ffi::OsString,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc, Arc,
+    },
+    thread::JoinHandle,
+};
+
+use nvml_wrapper::{bitmasks::event::EventTypes, enums::event::XidError, error::NvmlError, Nvml};
+use serde::Serialize;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct XidEvent {
+    pub gpu: u32,
+    #[serde(rename = "UUID")]
+    pub uuid: String,
+    pub xid: u64,
+    pub meaning: &'static str,
+    /// CLOCK_MONOTONIC nanoseconds when the agent received it.
+    pub ts_ns: u64,
+    /// (pid, bytes) holding memory on the GPU at that moment.
+    pub processes: Vec<(u32, u64)>,
+}
+
+/// What an XID means, for the ones that concern memory and a few others
+/// (NVIDIA's XID catalogue, "XID Errors" in the GPU deployment guide).
+pub fn meaning(xid: u64) -> &'static str {
+    match xid {
+        13 => "graphics engine exception",
+        31 => "GPU memory page fault",
+        43 => "GPU stopped processing",
+        45 => "preemptive cleanup after previous errors",
+        48 => "double-bit ECC error (DBE)",
+        61 => "internal micro-controller breakpoint/warning",
+        62 => "internal micro-controller halt",
+        63 => "ECC page retirement or row remapping recorded",
+        64 => "ECC page retirement or row remapping recording failure",
+        74 => "NVLink error",
+        79 => "GPU has fallen off the bus",
+        92 => "high single-bit ECC error rate",
+        94 => "contained ECC error",
+        95 => "uncontained ECC error",
+        119 => "GSP RPC timeout",
+        120 => "GSP error",
+        _ => "see NVIDIA's XID catalogue",
+    }
+}
+
+/// A running watcher; stops (and joins its thread) on drop.
+pub struct XidWatcher {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    pub events: mpsc::Receiver<XidEvent>,
+    /// GPUs whose events could not be registered (not supported), by index.
+    pub unsupported: Vec<u32>,
+}
+
+impl XidWatcher {
+    /// Starts watching every GPU; its own NVML handle, so the sampler stays free.
+    pub fn start(lib: Option<OsString>, now_ns: fn() -> u64) -> Result<XidWatcher, String> {
+        let (tx, events) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<Vec<u32>, String>>();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_thread = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("gpumem-xid".into())
+            .spawn(move || {
+                let mut b = Nvml::builder();
+                if let Some(p) = &lib {
+                    b.lib_path(p);
+                }
+                let nvml = match b.init() {
+                    Ok(n) => n,
+                    Err(e) => return drop(ready_tx.send(Err(e.to_string()))),
+                };
+                let count = nvml.device_count().unwrap_or(0);
+                let mut unsupported = Vec::new();
+                let mut set = match nvml.create_event_set() {
+                    Ok(s) => s,
+                    Err(e) => return drop(ready_tx.send(Err(e.to_string()))),
+                };
+                for i in 0..count {
+                    let Ok(dev) = nvml.device_by_index(i) else { continue };
+                    match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+                        Ok(s) => set = s,
+                        Err(_) => {
+                            // A failed registration frees the set: start a new one.
+                            unsupported.push(i);
+                            set = match nvml.create_event_set() {
+                                Ok(s) => s,
+                                Err(e) => return drop(ready_tx.send(Err(e.to_string()))),
+                            };
+                        }
+                    }
+                }
+                let _ = ready_tx.send(Ok(unsupported));
+                while !stop_thread.load(Ordering::Relaxed) {
+                    match set.wait(200) {
+                        Ok(ev) => {
+                            let xid = match ev.event_data {
+                                Some(XidError::Value(v)) => v,
+                                _ => continue,
+                            };
+                            let gpu = ev.device.index().unwrap_or(u32::MAX);
+                            let processes = ev
+                                .device
+                                .running_compute_processes()
+                                .map(|ps| {
+                                    ps.iter()
+                                        .map(|p| {
+                                            let b = match p.used_gpu_memory {
+                                                nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
+                                                nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
+                                            };
+                                            (p.pid, b)
+                                        })
+                                        .collect()
+                                })
+                                .unwrap_or_default();
+                            let e = XidEvent { gpu, uuid: ev.device.uuid().unwrap_or_default(), xid, meaning: meaning(xid), ts_ns: now_ns(), processes };
+                            if tx.send(e).is_err() {
+                                return;
+                            }
+                        }
+                        Err(NvmlError::Timeout) => {}
+                        Err(_) => std::thread::sleep(std::time::Duration::from_millis(200)),
+                    }
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        match ready_rx.recv() {
+            Ok(Ok(unsupported)) => Ok(XidWatcher { stop, thread: Some(thread), events, unsupported }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => Err("the XID watcher stopped".into()),
+        }
+    }
+}
+
+impl Drop for XidWatcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn memory_xids_have_meanings() {
+        for x in [48, 63, 64, 92, 94, 95] {
+            assert_ne!(super::meaning(x), "see NVIDIA's XID catalogue", "{x}");
+        }
+        assert_eq!(super::meaning(48), "double-bit ECC error (DBE)");
+    }
+}
