@@ -818,6 +818,7 @@ fn health_from_the_synthetic_nvml_with_rules_and_reasons() {
     let rate = g1["health"]["ecc_corrected_per_hour"].as_f64().unwrap();
     assert!((400_000.0..800_000.0).contains(&rate), "200 errors in about 1 s: {rate}/h");
     assert_eq!(g1["retired_pages"], serde_json::json!({"single_bit": 2, "double_bit": 1, "pending": true}));
+    assert_eq!(g1["ecc_by_location"], serde_json::json!({"device_memory": [1234, 0], "sram": [5, 0]}), "only the locations it reports");
     assert_eq!(g1["remapped_rows"], serde_json::json!({"correctable": 3, "uncorrectable": 1, "pending": true, "failure": false}));
     assert_eq!(g1["memory_temp_c"].as_u64(), Some(87));
     let rules: Vec<(&str, u64)> = g1["health"]["reasons"].as_array().unwrap().iter().map(|r| (r["rule"].as_str().unwrap(), r["points"].as_u64().unwrap())).collect();
@@ -829,7 +830,7 @@ fn health_from_the_synthetic_nvml_with_rules_and_reasons() {
 
     // An older card: unsupported readings are recorded, cost no points, and are asked once.
     let g2 = &gpus[2];
-    assert_eq!(g2["unsupported"], serde_json::json!(["ecc", "memory_temperature", "remapped_rows", "retired_pages"]));
+    assert_eq!(g2["unsupported"], serde_json::json!(["ecc", "ecc_by_location", "memory_temperature", "remapped_rows", "retired_pages"]));
     assert!(g2["ecc"].is_null() && g2["retired_pages"].is_null());
     assert_eq!(g2["health"]["score"].as_u64(), Some(100));
     assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1, "ECC of device 2 asked once over two readings");

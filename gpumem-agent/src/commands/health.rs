@@ -146,6 +146,10 @@ fn print(report: &Report, json: bool) -> Result<()> {
                 e.corrected_volatile, e.corrected_aggregate, e.uncorrected_volatile, e.uncorrected_aggregate
             )?;
         }
+        if let Some(by) = &s.ecc_by_location {
+            let parts: Vec<String> = by.iter().map(|(k, (c, u))| format!("{k} {c}/{u}")).collect();
+            writeln!(out, "  ECC by location (corrected/uncorrected): {}", parts.join(", "))?;
+        }
         if let Some(r) = &s.retired_pages {
             writeln!(out, "  retired pages: {} single-bit, {} double-bit, pending {}", r.single_bit, r.double_bit, r.pending)?;
         }

@@ -71,6 +71,9 @@ pub struct GpuSample {
     /// (pid, bytes) as NVML sees them (host pids).
     pub processes: Option<Vec<(u32, u64)>>,
     pub ecc: Option<EccCounts>,
+    /// Aggregate (corrected, uncorrected) ECC errors per memory location,
+    /// for the locations the device reports.
+    pub ecc_by_location: Option<std::collections::BTreeMap<&'static str, (u64, u64)>>,
     pub retired_pages: Option<RetiredPages>,
     pub remapped_rows: Option<RemappedRows>,
     pub gpu_temp_c: Option<u32>,
@@ -143,6 +146,35 @@ impl Sampler {
                     corrected_aggregate: dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Aggregate)?,
                     uncorrected_aggregate: dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Aggregate)?,
                 })
+            });
+            s.ecc_by_location = reading(u, index, "ecc_by_location", &mut s, || {
+                use nvml_wrapper::enum_wrappers::device::MemoryLocation as L;
+                let mut by = std::collections::BTreeMap::new();
+                let mut last_err = NvmlError::NotSupported;
+                for (name, loc) in [
+                    ("l1_cache", L::L1Cache),
+                    ("l2_cache", L::L2Cache),
+                    ("device_memory", L::Device),
+                    ("register_file", L::RegisterFile),
+                    ("texture", L::Texture),
+                    ("shared", L::Shared),
+                    ("cbu", L::Cbu),
+                    ("sram", L::SRAM),
+                ] {
+                    let c = dev.memory_error_counter(MemoryError::Corrected, EccCounter::Aggregate, loc);
+                    let u = dev.memory_error_counter(MemoryError::Uncorrected, EccCounter::Aggregate, loc);
+                    match (c, u) {
+                        (Ok(c), Ok(u)) => {
+                            by.insert(name, (c, u));
+                        }
+                        (Err(e), _) | (_, Err(e)) => last_err = e,
+                    }
+                }
+                if by.is_empty() {
+                    Err(last_err)
+                } else {
+                    Ok(by)
+                }
             });
             s.retired_pages = reading(u, index, "retired_pages", &mut s, || {
                 Ok(RetiredPages {
