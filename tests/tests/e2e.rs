@@ -362,8 +362,8 @@ fn lost_events_are_counted_exactly() {
     assert_eq!(t.events.len() as u64 + ringbuf_full, 1 + 1 + 9 + 1600 + 800 + 1);
 }
 
-/// Starts `gpumem trace --json ARGS` in the background and waits until its
-/// probes are attached (its "attached" line on stderr).
+/// Starts `gpumem trace --json ARGS` in the background and waits until it
+/// traces (its "tracing" line on stderr).
 fn start_agent(args: &[&str]) -> (std::process::Child, std::thread::JoinHandle<String>) {
     use std::io::{BufRead as _, BufReader};
     wait_for_detach();
@@ -380,7 +380,7 @@ fn start_agent(args: &[&str]) -> (std::process::Child, std::thread::JoinHandle<S
         let mut line = String::new();
         assert!(stderr.read_line(&mut line).unwrap() > 0, "agent ended before attaching: {seen}");
         seen.push_str(&line);
-        if line.contains("attached") {
+        if line.starts_with("gpumem: tracing") {
             break;
         }
     }
@@ -739,17 +739,21 @@ fn nvidia_descriptors_opened_before_the_agent_are_seeded_from_proc() {
     let dev = FakeDevice::mount(FAKE_NVIDIA_DEV, "seed");
     let f = fixtures();
     wait_for_detach();
-    // The client opens the nodes, then waits 5 s before its ioctls.
+    // The client opens the nodes, then waits for the go file (the agent attached).
+    let go = dev.dir.with_extension("go");
+    let _ = std::fs::remove_file(&go);
     let mut client = std::process::Command::new(&f.nvioctl)
         .arg(&dev.dir)
-        .env("GPUMEM_NVIOCTL_DELAY_MS", "5000")
+        .env("GPUMEM_NVIOCTL_GO", &go)
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
     let pid = client.id().to_string();
     let (agent, stderr) = start_agent(&["-p", &pid, "--nvidia-dev-prefix", &dev.prefix(), "--no-discover"]);
+    std::fs::write(&go, b"go").unwrap();
     assert!(client.wait().unwrap().success());
+    let _ = std::fs::remove_file(&go);
     let lines = finish_agent(agent, stderr);
     let types: Vec<&str> = lines.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(types.iter().filter(|t| t.starts_with("rm_") || t.starts_with("uvm_")).count(), 9, "{types:?}");

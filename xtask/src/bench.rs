@@ -86,10 +86,15 @@ pub fn ioctl_overhead(calls: u64, rounds: u32) -> Result<()> {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()?;
-        // Ready once it has said what it attached.
+        // Ready once it says it is tracing.
         let mut err = std::io::BufReader::new(agent.stderr.take().expect("piped"));
         let mut line = String::new();
-        std::io::BufRead::read_line(&mut err, &mut line)?;
+        while !line.starts_with("gpumem: tracing") {
+            line.clear();
+            if std::io::BufRead::read_line(&mut err, &mut line)? == 0 {
+                anyhow::bail!("the agent ended before tracing");
+            }
+        }
         let r = run_client();
         // SIGTERM: the agent stops cleanly. SAFETY: signalling our own child.
         unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };

@@ -203,6 +203,8 @@ async fn run_async(s: Session) -> Result<ExitCode> {
         }
         None => None,
     };
+    // Everything is in place: events from here on are seen.
+    say(if s.leaks.is_some() { "tracing; the report comes at the end (Ctrl-C to stop early)".into() } else { "tracing; Ctrl-C to stop".into() });
 
     let stdout = std::io::stdout();
     let mut sink = Sink {
