@@ -420,24 +420,28 @@ fn system_wide_trace_sees_processes_started_later() {
     assert!(summary["discovery"]["scans"].as_u64().unwrap() == 0, "--no-discover scans nothing");
 }
 
+/// Starts the synthetic driver's late_load workload: it waits `delay_ms`, then
+/// allocates 8 MiB (freed) and 4 MiB (kept), then holds `hold_ms`.
+fn spawn_late_load(delay_ms: u32, hold_ms: u32) -> std::process::Child {
+    let f = fixtures();
+    std::process::Command::new(&f.workload)
+        .args([f.libcuda.to_str().unwrap(), "late_load"])
+        .env("GPUMEM_WORKLOAD_DELAY_MS", delay_ms.to_string())
+        .env("GPUMEM_WORKLOAD_HOLD_MS", hold_ms.to_string())
+        .spawn()
+        .expect("starting the workload")
+}
+
 #[test]
 fn pid_option_traces_a_running_process_until_it_exits() {
     require_root();
     let f = fixtures();
     wait_for_detach();
     // late_load waits 3 s before its first CUDA call: time for the agent to start.
-    let mut workload = std::process::Command::new(&f.workload)
-        .args([f.libcuda.to_str().unwrap(), "late_load"])
-        .env("GPUMEM_WORKLOAD_DELAY_MS", "3000")
-        .spawn()
-        .unwrap();
+    let mut workload = spawn_late_load(3000, 0);
     let pid = workload.id().to_string();
     // A second process doing the same calls at the same time must not show up.
-    let other = std::process::Command::new(&f.workload)
-        .args([f.libcuda.to_str().unwrap(), "late_load"])
-        .env("GPUMEM_WORKLOAD_DELAY_MS", "3000")
-        .spawn()
-        .unwrap();
+    let other = spawn_late_load(3000, 0);
     let (agent, stderr) = start_agent(&["-p", &pid, "--libcuda", f.libcuda.to_str().unwrap()]);
     assert!(workload.wait().unwrap().success());
     // The agent ends by itself once the traced process is gone.
@@ -890,13 +894,7 @@ fn reconciliation_of_traced_bytes_with_nvml() {
     require_root();
     let f = fixtures();
     wait_for_detach();
-    // late_load: 2 s after start it allocates 8 MiB (freed) and 4 MiB (kept), then holds.
-    let mut workload = std::process::Command::new(&f.workload)
-        .args([f.libcuda.to_str().unwrap(), "late_load"])
-        .env("GPUMEM_WORKLOAD_DELAY_MS", "2000")
-        .env("GPUMEM_WORKLOAD_HOLD_MS", "5000")
-        .spawn()
-        .unwrap();
+    let mut workload = spawn_late_load(2000, 5000);
     let pid = workload.id();
     // NVML (synthetic) sees the process with 4 MiB plus 300 MiB of context it never allocated.
     let nvml_bytes = 4 * MIB + 300 * MIB;
