@@ -96,9 +96,20 @@ fn main() -> Result<()> {
             setup::setup()?;
             let bin = build_agent()?;
             let f = gpumem_tests::fixtures();
-            let cmd = format!("{} {} leaky", f.workload.display(), f.libcuda.display());
-            println!("\n$ gpumem trace --libcuda {} -c '{cmd}'\n", f.libcuda.display());
-            run(Command::new(bin).args(["trace", "--libcuda", f.libcuda.to_str().unwrap(), "-c", &cmd]))
+            let lib = f.libcuda.to_str().unwrap();
+            // 1. Every call of a workload that leaks a little, and the summary.
+            let cmd = gpumem_tests::workload_cmd("leaky");
+            println!("\n$ gpumem trace --libcuda {lib} -c '{cmd}'\n");
+            run(Command::new(&bin).args(["trace", "--libcuda", lib, "-c", &cmd]))?;
+            // 2. Where a leak comes from: a program built without frame pointers.
+            gpumem_tests::wait_for_detach();
+            let cmd = gpumem_tests::workload_cmd("deep_leak");
+            println!("\n$ gpumem leaks --older-than 1 --duration 3 --libcuda {lib} -c '{cmd}'\n");
+            run(Command::new(&bin).args(["leaks", "--older-than", "1", "--duration", "3", "--libcuda", lib, "-c", &cmd]))?;
+            // 3. Device health, from the synthetic NVML.
+            let nvml = f.nvml.to_str().unwrap();
+            println!("\n$ gpumem health --interval 1 --nvml {nvml}\n");
+            run(Command::new(&bin).args(["health", "--interval", "1", "--nvml", nvml]))
         }
         Cmd::Test { args } => {
             require_root("the test suite")?;
