@@ -54,6 +54,11 @@ pub mod api {
     pub const UVM_FREE: u32 = 206;
     /// Highest id in use, for sizing tables.
     pub const MAX: u32 = 206;
+
+    /// Whether the id is one of the NVIDIA driver ioctls.
+    pub const fn is_ioctl(id: u32) -> bool {
+        id >= RM_ALLOC && id <= UVM_FREE
+    }
 }
 
 /// What a traced call does to memory state; decides how the agent applies it.

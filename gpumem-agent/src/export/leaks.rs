@@ -3,7 +3,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::names::bytes;
+use super::names::{bytes, short_id};
 use crate::{analysis::leaks::ProcessLeaks, stacks::StackStats, state::OomCounters};
 
 #[derive(Debug, Serialize)]
@@ -39,7 +39,7 @@ impl LeaksReport {
         }
         for p in &self.processes {
             let dev = p.device.map_or("?".to_string(), |d| d.to_string());
-            let container = p.container.as_deref().map(|c| format!(", container {}", &c[..12.min(c.len())])).unwrap_or_default();
+            let container = p.container.as_deref().map(|c| format!(", container {}", short_id(c))).unwrap_or_default();
             writeln!(
                 out,
                 "\npid {} ({}{container}) device {dev}: {} outstanding in {} allocation(s), {} live",

@@ -1,19 +1,27 @@
 //! Human names for API classes and CUresult codes.
 use gpumem_common::{api, api_info, ApiClass};
 
+/// Events that are not libcuda calls: (id, `type` in trace output, what fired).
+const OTHER_EVENTS: [(u32, &str, &str); 9] = [
+    (api::PROCESS_EXIT, "exit", "sched_process_exit"),
+    (api::OOM_KILL, "oom_kill", "oom:mark_victim"),
+    (api::RM_ALLOC, "rm_alloc", "NV_ESC_RM_ALLOC"),
+    (api::RM_FREE, "rm_free", "NV_ESC_RM_FREE"),
+    (api::RM_MAP_MEMORY, "rm_map", "NV_ESC_RM_MAP_MEMORY"),
+    (api::RM_MAP_MEMORY_DMA, "rm_map_dma", "NV_ESC_RM_MAP_MEMORY_DMA"),
+    (api::RM_CONTROL, "rm_control", "NV_ESC_RM_CONTROL"),
+    (api::UVM_MAP_EXTERNAL_ALLOCATION, "uvm_map", "UVM_MAP_EXTERNAL_ALLOCATION"),
+    (api::UVM_FREE, "uvm_free", "UVM_FREE"),
+];
+
+fn other_event(api_id: u32) -> Option<&'static (u32, &'static str, &'static str)> {
+    OTHER_EVENTS.iter().find(|e| e.0 == api_id)
+}
+
 /// The `type` of an event in trace output.
 pub fn event_type(api_id: u32) -> &'static str {
-    match api_id {
-        api::PROCESS_EXIT => return "exit",
-        api::OOM_KILL => return "oom_kill",
-        api::RM_ALLOC => return "rm_alloc",
-        api::RM_FREE => return "rm_free",
-        api::RM_MAP_MEMORY => return "rm_map",
-        api::RM_MAP_MEMORY_DMA => return "rm_map_dma",
-        api::RM_CONTROL => return "rm_control",
-        api::UVM_MAP_EXTERNAL_ALLOCATION => return "uvm_map",
-        api::UVM_FREE => return "uvm_free",
-        _ => {}
+    if let Some(e) = other_event(api_id) {
+        return e.1;
     }
     match api_info(api_id).map(|a| a.class) {
         Some(ApiClass::Init) => "init",
@@ -42,17 +50,8 @@ pub fn event_type(api_id: u32) -> &'static str {
 }
 
 pub fn api_name(api_id: u32) -> &'static str {
-    match api_id {
-        api::PROCESS_EXIT => return "sched_process_exit",
-        api::OOM_KILL => return "oom:mark_victim",
-        api::RM_ALLOC => return "NV_ESC_RM_ALLOC",
-        api::RM_FREE => return "NV_ESC_RM_FREE",
-        api::RM_MAP_MEMORY => return "NV_ESC_RM_MAP_MEMORY",
-        api::RM_MAP_MEMORY_DMA => return "NV_ESC_RM_MAP_MEMORY_DMA",
-        api::RM_CONTROL => return "NV_ESC_RM_CONTROL",
-        api::UVM_MAP_EXTERNAL_ALLOCATION => return "UVM_MAP_EXTERNAL_ALLOCATION",
-        api::UVM_FREE => return "UVM_FREE",
-        _ => {}
+    if let Some(e) = other_event(api_id) {
+        return e.2;
     }
     api_info(api_id).map(|a| a.symbol).unwrap_or("unknown")
 }
@@ -75,6 +74,11 @@ pub fn result_name(result: u32) -> Option<&'static str> {
         999 => "CUDA_ERROR_UNKNOWN",
         _ => return None,
     })
+}
+
+/// The first 12 characters of a container id, as `docker ps` shows it.
+pub fn short_id(id: &str) -> &str {
+    &id[..12.min(id.len())]
 }
 
 /// Bytes in binary units, e.g. `20.0 MiB`.

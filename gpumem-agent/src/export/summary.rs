@@ -3,7 +3,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::names::{api_name, bytes, result_name};
+use super::names::{api_name, bytes, result_name, short_id};
 use crate::{
     analysis::{
         fragmentation::{self, DeviceLayout},
@@ -190,7 +190,7 @@ impl Summary {
             }
             if let Some(c) = &p.container {
                 let pod = p.pod_uid.as_deref().map(|u| format!(", pod {u}")).unwrap_or_default();
-                writeln!(out, "{:>7} {:<15} container {}{pod}", p.pid, p.comm, &c[..12.min(c.len())])?;
+                writeln!(out, "{:>7} {:<15} container {}{pod}", p.pid, p.comm, short_id(c))?;
             }
             if p.rm_memory_objects > 0 || p.uvm_mapped_bytes > 0 {
                 writeln!(

@@ -100,7 +100,7 @@ pub fn event_json(ev: &Event, applied: &Applied, container: Option<&ContainerInf
     obj.insert("container".into(), json!(c.container));
     obj.insert("pod_uid".into(), json!(c.pod_uid));
     obj.insert("ns_pid".into(), json!(c.ns_pid));
-    if let Some(name) = result_name(ev.result).filter(|_| !(api::RM_ALLOC..=api::UVM_FREE).contains(&ev.api)) {
+    if let Some(name) = result_name(ev.result).filter(|_| !api::is_ioctl(ev.api)) {
         obj.insert("result_name".into(), json!(name));
     }
     if has_handle(ev.api) {
@@ -115,7 +115,7 @@ pub fn event_json(ev: &Event, applied: &Applied, container: Option<&ContainerInf
     {
         obj.insert("released".into(), releases_json(&applied.released));
     }
-    if (api::RM_ALLOC..=api::UVM_FREE).contains(&ev.api) {
+    if api::is_ioctl(ev.api) {
         // The RM status, as the driver wrote it in the parameters.
         obj.insert("status".into(), json!(ev.result));
         obj.insert("result_name".into(), json!(if ev.result == 0 { "NV_OK" } else { "NV_ERR" }));
@@ -202,7 +202,7 @@ impl<W: Write> Printer<W> {
         let dev = if applied.device == DEVICE_UNKNOWN { "-".to_string() } else { applied.device.to_string() };
         let result = match result_name(ev.result) {
             // RM status codes are not CUresults.
-            _ if (api::RM_ALLOC..=api::UVM_FREE).contains(&ev.api) && ev.result != 0 => format!("{:#x} (RM)", ev.result),
+            _ if api::is_ioctl(ev.api) && ev.result != 0 => format!("{:#x} (RM)", ev.result),
             Some(name) if ev.result != 0 => format!("{} {}", ev.result, name.trim_start_matches("CUDA_ERROR_")),
             Some(_) => "0".to_string(),
             None => ev.result.to_string(),

@@ -164,7 +164,7 @@ impl State {
             self.entries -= before;
             return Applied { device: DEVICE_UNKNOWN, size: released.iter().map(|r| r.bytes).sum(), released, ..Default::default() };
         }
-        if (gpumem_common::api::RM_ALLOC..=gpumem_common::api::UVM_FREE).contains(&ev.api) {
+        if gpumem_common::api::is_ioctl(ev.api) {
             let stats = proc.apis.entry(ev.api).or_default();
             stats.calls += 1;
             if ev.result != 0 {
