@@ -28,6 +28,9 @@ pub enum Command {
     /// GPU health from NVML: ECC, retired pages, remapped rows, temperatures, a score
     /// with its reasons. Exit status 3 when NVML is unavailable.
     Health(HealthArgs),
+    /// Run as a daemon: trace every process on the host and serve Prometheus
+    /// metrics on /metrics (and /healthz) until SIGTERM or SIGINT.
+    Serve(ServeArgs),
     /// Attach probes and wait, for overhead measurements (see `cargo xtask bench`).
     #[command(hide = true)]
     Bench(BenchArgs),
@@ -148,6 +151,41 @@ pub struct HealthArgs {
     /// Print the report as one JSON object (`"type":"health"`).
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to serve /metrics and /healthz on. Loopback by default: binding
+    /// another address exposes process names and pids to whoever can reach it.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9400")]
+    pub listen: std::net::SocketAddr,
+    #[command(flatten)]
+    pub probes: ProbeArgs,
+    /// Seconds between NVML readings (memory, ECC, temperatures, health).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = parse_duration)]
+    pub nvml_interval: f64,
+    /// Most (process, device) series exported; the smallest holders beyond it
+    /// are summed into one series per GPU with comm="other".
+    #[arg(long, value_name = "N", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_process_series: u32,
+    /// Seconds an exited process's series stay (at 0) before they are removed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0, value_parser = parse_age)]
+    pub exited_grace: f64,
+    /// While a process's growth detector fires, its live allocations older
+    /// than this are exported as leak suspects.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0, value_parser = parse_age)]
+    pub leak_age: f64,
+    /// Seconds between samples of live bytes for the growth detector (it
+    /// looks at the last 600 samples: 10 minutes at the default).
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0, value_parser = parse_duration)]
+    pub growth_interval: f64,
+    /// Most live allocations, VMM handles, mappings and reservations kept in memory;
+    /// beyond it they are counted in gpumem_table_overflow_total.
+    #[arg(long, value_name = "N", default_value_t = 1 << 20)]
+    pub max_allocations: usize,
+    /// Size of the kernel ring buffer in bytes (a power of two, at least 4096).
+    #[arg(long, value_name = "BYTES", value_parser = parse_ringbuf, default_value_t = gpumem_common::RINGBUF_BYTES)]
+    pub ringbuf_bytes: u32,
 }
 
 #[derive(Debug, Args)]

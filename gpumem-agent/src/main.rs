@@ -20,6 +20,7 @@ fn main() -> ExitCode {
         Command::Trace(args) => commands::trace::run(commands::trace::Session::from_args(args)),
         Command::Leaks(args) => commands::trace::run(commands::trace::Session::for_leaks(args)),
         Command::Health(args) => commands::health::run(args),
+        Command::Serve(args) => commands::serve::run(args),
         Command::Status(args) => commands::status::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => commands::trace::run(commands::trace::Session::for_bench(args)),
     };

@@ -54,19 +54,35 @@ struct Group {
 }
 
 /// Live bytes per (pid, device), sampled over the session for the growth detector.
-#[derive(Default)]
 pub struct GrowthTracker {
     series: BTreeMap<(u32, i32), Series>,
+    /// Samples kept per series: the detector's window is cap × the sampling interval.
+    cap: usize,
+}
+
+impl Default for GrowthTracker {
+    fn default() -> Self {
+        GrowthTracker::with_capacity(SERIES_CAP)
+    }
 }
 
 /// Samples kept per (pid, device): 4 minutes at the 0.1 s sampling interval.
 const SERIES_CAP: usize = 2400;
 
 impl GrowthTracker {
+    pub fn with_capacity(cap: usize) -> Self {
+        GrowthTracker { series: BTreeMap::new(), cap }
+    }
+
+    /// Drops a process's series (it is gone from state).
+    pub fn forget(&mut self, pid: u32) {
+        self.series.retain(|&(p, _), _| p != pid);
+    }
+
     pub fn sample(&mut self, state: &State, t_s: f64) {
         for p in state.processes.values().filter(|p| !p.exited) {
             for (&dev, totals) in &p.devices {
-                self.series.entry((p.pid, dev)).or_insert_with(|| Series::new(SERIES_CAP)).push(t_s, totals.live_bytes);
+                self.series.entry((p.pid, dev)).or_insert_with(|| Series::new(self.cap)).push(t_s, totals.live_bytes);
             }
         }
     }
@@ -95,6 +111,14 @@ fn group_by_stack(p: &Process, now_ns: u64, older_than_ns: u64) -> BTreeMap<i32,
         add(h.device, h.stack, h.size, h.ts_ns);
     }
     per_dev
+}
+
+/// Bytes of a process's live device memory on `device` allocated at or
+/// before `before_ns` (allocations and VMM handles).
+pub fn bytes_allocated_before(p: &Process, device: i32, before_ns: u64) -> u64 {
+    let allocs = p.allocs.values().filter(|a| a.memory == Memory::Device && a.device == device && a.ts_ns <= before_ns).map(|a| a.size);
+    let handles = p.vmm_handles.values().filter(|h| h.device == device && h.ts_ns <= before_ns).map(|h| h.size);
+    allocs.chain(handles).sum()
 }
 
 /// The largest `top` groups, symbolized; and how many more there were.

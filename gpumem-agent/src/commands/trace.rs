@@ -10,19 +10,25 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use tokio::signal::unix::{signal, SignalKind};
 
-use super::{attach_discovered, attach_given, require_root};
+use super::{
+    attach_discovered, attach_given,
+    ingest::{Ingest, Ingested},
+    require_root,
+};
 use crate::{
     cli::{ProbeArgs, TraceArgs},
     events::{EventReader, LostEvents},
-    analysis::leaks::{self, GrowthTracker},
+    analysis::{
+        distributions::{self, Distributions},
+        leaks::{self, GrowthTracker},
+    },
     export::{
         leaks::LeaksReport,
         summary::Summary,
         trace::{cuda_oom_json, event_json, Filter, Printer},
     },
     probes::{Agent, Options, ProbeSet},
-    stacks::Stacks,
-    state::{container, Limits, State},
+    state::{Limits, State},
 };
 
 /// How often new libcuda copies are looked for (the issue asks for < 1 s).
@@ -208,8 +214,8 @@ async fn run_async(s: Session) -> Result<ExitCode> {
 
     let stdout = std::io::stdout();
     let mut sink = Sink {
-        state: State::new(s.limits),
-        stacks: Stacks::default(),
+        ingest: Ingest::new(State::new(s.limits)),
+        distributions: Distributions::default(),
         printer: Printer::new(BufWriter::new(stdout.lock()), s.json, s.filter),
         quiet: s.quiet,
         write_error: None,
@@ -238,9 +244,9 @@ async fn run_async(s: Session) -> Result<ExitCode> {
             }
             _ = sample.tick(), if s.leaks.is_some() => {
                 let t = began.elapsed().as_secs_f64();
-                growth.sample(&sink.state, t);
+                growth.sample(&sink.ingest.state, t);
                 if progress {
-                    show_progress(t, s.duration, &sink.state);
+                    show_progress(t, s.duration, &sink.ingest.state);
                 }
             }
             _ = tick.tick() => {
@@ -280,8 +286,8 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     if let Some(opts) = s.leaks {
         let now_ns = leaks::monotonic_ns();
         let processes = leaks::find(
-            &sink.state,
-            &mut sink.stacks,
+            &sink.ingest.state,
+            &mut sink.ingest.stacks,
             &mut growth,
             now_ns,
             (opts.older_than_s * 1e9) as u64,
@@ -293,9 +299,9 @@ async fn run_async(s: Session) -> Result<ExitCode> {
             now_ns,
             older_than_s: opts.older_than_s,
             processes,
-            oom: sink.state.oom.clone(),
+            oom: sink.ingest.state.oom.clone(),
             oom_events: std::mem::take(&mut sink.ooms),
-            stacks: sink.stacks.stats.clone(),
+            stacks: sink.ingest.stacks.stats.clone(),
             lost_events: lost.total(),
         };
         let mut out = std::io::stdout().lock();
@@ -314,12 +320,13 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     }
 
     let mut summary =
-        Summary::build(&sink.state, lost, began.elapsed().as_secs_f64(), agent.attached_probe_count(), agent.scan_stats.clone());
-    summary.stacks = sink.stacks.stats.clone();
+        Summary::build(&sink.ingest.state, lost, began.elapsed().as_secs_f64(), agent.attached_probe_count(), agent.scan_stats.clone());
+    summary.stacks = sink.ingest.stacks.stats.clone();
+    summary.distributions = sink.distributions.summary();
     // Reconcile with the driver's own per-process figures, where NVML is there.
     match crate::nvml::Sampler::open(s.probes.nvml.as_deref().map(|p| p.as_os_str())).and_then(|mut n| n.sample(0.0)) {
         Ok(gpus) => {
-            summary.reconciliation = Some(crate::analysis::reconcile::reconcile(&sink.state, &gpus));
+            summary.reconciliation = Some(crate::analysis::reconcile::reconcile(&sink.ingest.state, &gpus));
             summary.nvml = format!("available, {} GPU(s)", gpus.len());
         }
         Err(e) => summary.nvml = e.to_string(),
@@ -343,8 +350,8 @@ async fn run_async(s: Session) -> Result<ExitCode> {
 
 /// Where events go: state always, the printer unless quiet.
 struct Sink<W: std::io::Write> {
-    state: State,
-    stacks: Stacks,
+    ingest: Ingest,
+    distributions: Distributions,
     printer: Printer<W>,
     quiet: bool,
     write_error: Option<std::io::Error>,
@@ -372,25 +379,9 @@ fn show_progress(t: f64, duration: Option<f64>, state: &State) {
 
 impl<W: std::io::Write> Sink<W> {
     fn on_event(&mut self, ev: &gpumem_common::Event, stack: Option<&gpumem_common::StackEvent>) {
-        if ev.api != gpumem_common::api::PROCESS_EXIT && ev.api != gpumem_common::api::OOM_KILL && !self.state.processes.contains_key(&ev.pid) {
-            self.stacks.prepare(ev.pid);
-        }
-        let stack_id = stack.and_then(|s| self.stacks.record(s));
-        let mut applied = self.state.apply_with_stack(ev, stack_id);
-        // Who held the device, and from where, when an allocation ran out of memory.
-        let mut oom_stacks = Vec::new();
-        if let Some(oom) = &applied.cuda_oom {
-            for h in &oom.holders {
-                let groups = self.state.processes.get(&h.pid).map(|p| leaks::top_stacks(p, oom.device, &mut self.stacks, 3));
-                oom_stacks.push(serde_json::to_value(groups.unwrap_or_default()).unwrap_or_default());
-            }
-        }
-        if ev.api == gpumem_common::api::PROCESS_EXIT {
-            self.stacks.forget_process(ev.pid);
-        }
-        if let Some(kill) = applied.oom_kill.as_mut() {
-            // The victim may already be gone; the triggering task shares its cgroup in a memcg OOM.
-            kill.memcg = container::limited_memory_cgroup(ev.pid).or_else(|| container::limited_memory_cgroup(ev.tid));
+        let Ingested { applied, oom_stacks } = self.ingest.event(ev, stack);
+        if let Some(o) = distributions::observe(ev, &applied) {
+            self.distributions.record(&o);
         }
         // Kept for reports that come at the end (leaks); bounded.
         if self.ooms.len() < MAX_OOM_RECORDS {
@@ -401,16 +392,8 @@ impl<W: std::io::Write> Sink<W> {
                 self.ooms.push(event_json(ev, &applied, None));
             }
         }
-        let proc = self.state.processes.get_mut(&ev.pid);
-        // Looked up once per process, while it is alive; a process that is
-        // already gone when its first event is read keeps trying on the next.
-        let container = proc.and_then(|p| {
-            if p.container.is_none() && ev.api != gpumem_common::api::PROCESS_EXIT {
-                p.container = container::lookup(ev.pid);
-            }
-            p.container.as_ref()
-        });
         if !self.quiet && self.write_error.is_none() {
+            let container = self.ingest.state.processes.get(&ev.pid).and_then(|p| p.container.as_ref());
             if let Err(e) = self.printer.event(ev, &applied, container, &oom_stacks) {
                 self.write_error = Some(e);
             }

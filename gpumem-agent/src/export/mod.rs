@@ -1,5 +1,6 @@
 //! Outputs: they render state and events, they never compute.
 pub mod leaks;
 pub mod names;
+pub mod prometheus;
 pub mod summary;
 pub mod trace;

@@ -6,6 +6,7 @@ use serde::Serialize;
 use super::names::{api_name, bytes, result_name, short_id};
 use crate::{
     analysis::{
+        distributions::{DistributionSummary, Percentiles},
         fragmentation::{self, DeviceLayout},
         reconcile::Reconciliation,
     },
@@ -75,6 +76,8 @@ pub struct Summary {
     pub oom: OomCounters,
     /// Allocation stacks: how many, what they cost.
     pub stacks: StackStats,
+    /// Sizes, lifetimes and latencies (the same observations the exporter's histograms count).
+    pub distributions: DistributionSummary,
     /// Traced bytes against NVML's per-process figures; None without NVML.
     pub reconciliation: Option<Vec<Reconciliation>>,
     /// Whether NVML could be used, and if not why.
@@ -138,6 +141,7 @@ impl Summary {
             discovery,
             oom: state.oom.clone(),
             stacks: StackStats::default(),
+            distributions: DistributionSummary::default(),
             reconciliation: None,
             nvml: "not asked".into(),
         }
@@ -223,6 +227,7 @@ impl Summary {
                 }
             }
         }
+        self.write_distributions(out)?;
         let o = &self.oom;
         if o.cuda_ooms + o.host_oom_kills > 0 {
             writeln!(
@@ -256,6 +261,47 @@ impl Summary {
             )?;
         }
         Ok(())
+    }
+}
+
+impl Summary {
+    /// Percentiles of sizes, lifetimes and latencies (hdrhistogram, 1 % resolution).
+    fn write_distributions(&self, out: &mut impl Write) -> io::Result<()> {
+        let d = &self.distributions;
+        if d.api_latency_ns.is_empty() {
+            return Ok(());
+        }
+        let head = |out: &mut dyn Write, what: &str| writeln!(out, "\n{what:<36} {:>8} {:>10} {:>10} {:>10} {:>10}", "COUNT", "P50", "P90", "P99", "MAX");
+        let row = |out: &mut dyn Write, name: &str, p: &Percentiles, f: &dyn Fn(u64) -> String| {
+            writeln!(out, "{name:<36} {:>8} {:>10} {:>10} {:>10} {:>10}", p.count, f(p.p50), f(p.p90), f(p.p99), f(p.max))
+        };
+        if !d.allocation_size_bytes.is_empty() {
+            head(out, "ALLOCATION SIZE")?;
+            for (k, p) in &d.allocation_size_bytes {
+                row(out, k, p, &bytes)?;
+            }
+        }
+        if !d.allocation_lifetime_ns.is_empty() {
+            head(out, "ALLOCATION LIFETIME (explicit frees)")?;
+            for (k, p) in &d.allocation_lifetime_ns {
+                row(out, k, p, &duration)?;
+            }
+        }
+        head(out, "CALL LATENCY")?;
+        for (k, p) in &d.api_latency_ns {
+            row(out, k, p, &duration)?;
+        }
+        Ok(())
+    }
+}
+
+/// Nanoseconds in the unit that reads best.
+fn duration(ns: u64) -> String {
+    match ns {
+        0..=9_999 => format!("{ns} ns"),
+        10_000..=9_999_999 => format!("{:.1} µs", ns as f64 / 1e3),
+        10_000_000..=9_999_999_999 => format!("{:.1} ms", ns as f64 / 1e6),
+        _ => format!("{:.1} s", ns as f64 / 1e9),
     }
 }
 

@@ -104,6 +104,8 @@ pub struct Applied {
     pub untracked: bool,
     /// Not recorded: a table was full.
     pub dropped: bool,
+    /// An explicit free of a tracked allocation or handle: how long it lived.
+    pub lifetime_ns: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -160,6 +162,7 @@ impl State {
             let before = proc.entries();
             let released = release_all(proc);
             proc.exited = true;
+            proc.exited_ns = ev.ts_ns;
             proc.held_at_exit_bytes = released.iter().map(|r| r.bytes).sum();
             self.entries -= before;
             return Applied { device: DEVICE_UNKNOWN, size: released.iter().map(|r| r.bytes).sum(), released, ..Default::default() };
@@ -219,6 +222,19 @@ impl State {
         holders.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
         holders.truncate(n);
         holders
+    }
+
+    /// Forgets processes that exited before `cutoff_ns` (CLOCK_MONOTONIC), so
+    /// that a long-running agent does not keep every pid it ever saw.
+    /// Returns their pids.
+    pub fn forget_exited_before(&mut self, cutoff_ns: u64) -> Vec<u32> {
+        let gone: Vec<u32> = self.processes.values().filter(|p| p.exited && p.exited_ns < cutoff_ns).map(|p| p.pid).collect();
+        for pid in &gone {
+            if let Some(p) = self.processes.remove(pid) {
+                self.entries -= p.entries();
+            }
+        }
+        gone
     }
 
     /// Makes room by forgetting the oldest exited process. False if none.
@@ -282,6 +298,7 @@ fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool, stack
             Some(old) => {
                 out.device = old.device;
                 out.size = old.size;
+                out.lifetime_ns = Some(ev.ts_ns.saturating_sub(old.ts_ns));
                 credit_free(p, &old);
             }
             None => {
@@ -312,6 +329,7 @@ fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool, stack
                 out.device = h.device;
                 out.size = h.size;
                 h.released = true;
+                out.lifetime_ns = Some(ev.ts_ns.saturating_sub(h.ts_ns));
                 // Physical memory goes only once no mapping refers to it.
                 if h.mappings == 0 {
                     let h = p.vmm_handles.remove(&ev.handle).expect("present");

@@ -80,6 +80,8 @@ pub struct Process {
     pub pid: u32,
     pub comm: String,
     pub exited: bool,
+    /// CLOCK_MONOTONIC time of the exit event, when exited.
+    pub exited_ns: u64,
     pub allocs: HashMap<u64, Allocation>,
     pub vmm_handles: HashMap<u64, VmmHandle>,
     pub mappings: BTreeMap<u64, Mapping>,

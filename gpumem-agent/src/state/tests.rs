@@ -273,3 +273,27 @@ fn free_seen_after_the_address_was_reused_by_another_thread() {
     assert_eq!(a.size, 8192);
     assert_eq!(totals(&s, 100, 0).live_allocs, 0);
 }
+
+#[test]
+fn explicit_free_reports_the_allocation_lifetime() {
+    let mut s = state();
+    s.apply(&Event { ts_ns: 1_000, ..alloc(0x1000, MIB) });
+    let a = s.apply(&Event { ts_ns: 5_000, latency_ns: 10, ..free(0x1000) });
+    assert_eq!(a.lifetime_ns, Some(4_000));
+    // An untracked free has no lifetime.
+    assert_eq!(s.apply(&free(0x7777)).lifetime_ns, None);
+}
+
+#[test]
+fn exited_processes_are_forgotten_after_their_grace_period() {
+    let mut s = state();
+    s.apply(&Event { pid: 200, tid: 200, ..alloc(0x1, MIB) });
+    s.apply(&Event { ts_ns: 10, ..ev(api::PROCESS_EXIT) });
+    s.apply(&Event { pid: 200, tid: 200, ts_ns: 50, ..ev(api::PROCESS_EXIT) });
+    assert_eq!(s.forget_exited_before(10), Vec::<u32>::new());
+    assert_eq!(s.forget_exited_before(11), vec![100]);
+    assert!(s.processes.contains_key(&200));
+    assert_eq!(s.forget_exited_before(51), vec![200]);
+    assert!(s.processes.is_empty());
+    assert_eq!(s.live_entries(), 0);
+}

@@ -1,0 +1,335 @@
+//! `gpumem serve`: the daemon. Traces every process on the host, keeps the
+//! state, samples NVML, and answers Prometheus scrapes on /metrics until
+//! SIGTERM/SIGINT, then detaches every probe before it exits.
+//!
+//! One task owns all state; the HTTP handlers ask it for a rendering over a
+//! channel, so a scrape never races an event and nothing is locked.
+use std::{
+    future::IntoFuture as _,
+    collections::{BTreeMap, VecDeque},
+    process::ExitCode,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use axum::{
+    http::{header, HeaderMap},
+    response::IntoResponse,
+    routing::get,
+    Router,
+};
+use tokio::{
+    signal::unix::{signal, SignalKind},
+    sync::{mpsc, oneshot},
+};
+
+use super::{attach_discovered, attach_given, ingest::Ingest, require_root};
+use crate::{
+    analysis::{
+        distributions,
+        health::{self, Health, Thresholds},
+        leaks::{monotonic_ns, GrowthTracker},
+    },
+    cli::ServeArgs,
+    events::{EventReader, LostEvents},
+    export::prometheus::{self, ExportConfig, Exporter, Inputs},
+    nvml::{xid::XidWatcher, GpuSample, Sampler},
+    probes::{Agent, Options, ProbeSet},
+    state::{Limits, State},
+};
+
+/// How often new libcuda copies are looked for, and exited processes pruned.
+const DISCOVERY_INTERVAL: Duration = Duration::from_millis(500);
+/// NVIDIA descriptors are rescanned from /proc every this many discovery ticks.
+const FD_RESCAN_TICKS: u64 = 4;
+/// Samples per growth series (the detector's window: 10 min at 1 s).
+const GROWTH_SAMPLES: usize = 600;
+/// Health (ECC rate, XIDs) is judged over the last hour of readings.
+const HEALTH_WINDOW_S: f64 = 3600.0;
+/// A scrape or health check that the main task has not answered by then fails.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+enum Request {
+    Metrics(oneshot::Sender<String>),
+    Health(oneshot::Sender<String>),
+}
+
+pub fn run(args: ServeArgs) -> Result<ExitCode> {
+    require_root()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+    rt.block_on(serve(args))
+}
+
+/// NVML, when it is there: readings per GPU over the health window, and XIDs.
+struct Gpus {
+    lib: Option<std::ffi::OsString>,
+    sampler: Option<Sampler>,
+    xids: Option<XidWatcher>,
+    /// Readings per GPU index, oldest first, covering HEALTH_WINDOW_S.
+    windows: BTreeMap<u32, VecDeque<GpuSample>>,
+    /// XID events within the window, for health.
+    recent_xids: VecDeque<crate::nvml::xid::XidEvent>,
+    latest: Vec<GpuSample>,
+    health: BTreeMap<u32, Health>,
+    error: Option<String>,
+}
+
+impl Gpus {
+    fn open(lib: Option<std::ffi::OsString>) -> Self {
+        let mut g = Gpus {
+            lib,
+            sampler: None,
+            xids: None,
+            windows: BTreeMap::new(),
+            recent_xids: VecDeque::new(),
+            latest: Vec::new(),
+            health: BTreeMap::new(),
+            error: None,
+        };
+        g.connect();
+        g
+    }
+
+    /// (Re)opens NVML: the driver may load after the agent starts.
+    fn connect(&mut self) {
+        match Sampler::open(self.lib.as_deref()) {
+            Ok(s) => {
+                self.sampler = Some(s);
+                self.error = None;
+                if self.xids.is_none() {
+                    self.xids = XidWatcher::start(self.lib.clone(), monotonic_ns).ok();
+                }
+            }
+            Err(e) => self.error = Some(e.to_string()),
+        }
+    }
+
+    /// One reading of every GPU; a failure drops the stale readings (so no
+    /// old value is exported as current) and NVML is reopened next time.
+    fn sample(&mut self, exporter: &mut Exporter, thresholds: &Thresholds) {
+        if self.sampler.is_none() {
+            self.connect();
+        }
+        self.take_xids(exporter);
+        let Some(sampler) = self.sampler.as_mut() else { return };
+        let now = monotonic_ns() as f64 / 1e9;
+        match sampler.sample(now) {
+            Ok(readings) => {
+                self.error = None;
+                for r in &readings {
+                    let w = self.windows.entry(r.index).or_default();
+                    w.push_back(r.clone());
+                    while w.front().is_some_and(|f| now - f.t_s > HEALTH_WINDOW_S) {
+                        w.pop_front();
+                    }
+                }
+                while self.recent_xids.front().is_some_and(|x| now - x.ts_ns as f64 / 1e9 > HEALTH_WINDOW_S) {
+                    self.recent_xids.pop_front();
+                }
+                self.health = self
+                    .windows
+                    .iter()
+                    .filter_map(|(&i, w)| {
+                        let (first, last) = (w.front()?, w.back()?);
+                        let mine: Vec<_> = self.recent_xids.iter().filter(|x| x.gpu == i).cloned().collect();
+                        Some((i, health::assess(first, last, &mine, thresholds)))
+                    })
+                    .collect();
+                self.latest = readings;
+            }
+            Err(e) => {
+                eprintln!("gpumem: {e}; GPU series are left out until NVML answers again");
+                self.error = Some(e.to_string());
+                self.sampler = None;
+                self.latest.clear();
+                self.health.clear();
+                self.windows.clear();
+            }
+        }
+    }
+
+    fn take_xids(&mut self, exporter: &mut Exporter) {
+        if let Some(w) = &self.xids {
+            for x in w.events.try_iter() {
+                exporter.observe_xid(x.gpu, x.xid);
+                self.recent_xids.push_back(x);
+            }
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> Result<ExitCode> {
+    let say = |m: String| eprintln!("gpumem: {m}");
+    // Bind first: a taken port is the most likely mistake, report it before loading anything.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (is another gpumem or exporter using it? choose one with --listen)", args.listen))?;
+    let mut agent = Agent::load(Options {
+        filter_pids: false,
+        probe_set: ProbeSet::Full,
+        ringbuf_bytes: args.ringbuf_bytes,
+        nvidia_prefix: args.probes.nvidia_dev_prefix.clone(),
+        ioctl_mode: crate::probes::ioctl::IoctlMode::parse(&args.probes.ioctl),
+    })
+    .context("loading eBPF programs")?;
+    for note in &agent.notes {
+        say(note.clone());
+    }
+    let mut reader = EventReader::new(agent.take_events()?).context("watching the ring buffer")?;
+    attach_given(&mut agent, &args.probes, say)?;
+    attach_discovered(&mut agent, &args.probes, true, say);
+
+    let mut ingest = Ingest::new(State::new(Limits { max_entries: args.max_allocations, ..Limits::default() }));
+    let mut exporter = Exporter::new(ExportConfig {
+        max_process_series: args.max_process_series as usize,
+        leak_age_ns: (args.leak_age * 1e9) as u64,
+    });
+    let mut growth = GrowthTracker::with_capacity(GROWTH_SAMPLES);
+    let thresholds = Thresholds::default();
+    let mut gpus = Gpus::open(args.probes.nvml.as_ref().map(|p| p.as_os_str().to_os_string()));
+    gpus.sample(&mut exporter, &thresholds);
+    match &gpus.error {
+        None => say(format!("NVML: {} GPU(s)", gpus.latest.len())),
+        Some(e) => say(format!("{e}; serving traced memory only, retrying every {} s", args.nvml_interval)),
+    }
+
+    let (requests, mut incoming) = mpsc::channel::<Request>(16);
+    let (stop_server, server_stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(
+        axum::serve(listener, router(requests))
+            .with_graceful_shutdown(async move {
+                let _ = server_stopped.await;
+            })
+            .into_future(),
+    );
+    say(format!("serving http://{}/metrics ({} probes attached); SIGTERM or Ctrl-C to stop", args.listen, agent.attached_probe_count()));
+
+    let began = Instant::now();
+    let mut discovery = tokio::time::interval_at(tokio::time::Instant::now() + DISCOVERY_INTERVAL, DISCOVERY_INTERVAL);
+    let growth_every = Duration::from_secs_f64(args.growth_interval);
+    let mut growth_tick = tokio::time::interval(growth_every);
+    let nvml_every = Duration::from_secs_f64(args.nvml_interval);
+    let mut nvml_tick = tokio::time::interval_at(tokio::time::Instant::now() + nvml_every, nvml_every);
+    let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut ticks = 0u64;
+    let grace_ns = (args.exited_grace * 1e9) as u64;
+    let on_event = |ingest: &mut Ingest, exporter: &mut Exporter, ev: &gpumem_common::Event, stack: Option<&gpumem_common::StackEvent>| {
+        let done = ingest.event(ev, stack);
+        let obs = distributions::observe(ev, &done.applied);
+        exporter.observe(ev, &done.applied, obs.as_ref());
+    };
+
+    loop {
+        tokio::select! {
+            r = reader.readable() => {
+                r.context("reading events")?;
+                reader.drain_now(&mut |ev, stack| on_event(&mut ingest, &mut exporter, ev, stack));
+            }
+            Some(req) = incoming.recv() => match req {
+                Request::Metrics(reply) => {
+                    // Everything already in the ring counts in this scrape.
+                    reader.drain_now(&mut |ev, stack| on_event(&mut ingest, &mut exporter, ev, stack));
+                    gpus.take_xids(&mut exporter);
+                    let lost = LostEvents::from_stats(&agent.kernel_stats()?, reader.malformed);
+                    let body = exporter.render(Inputs {
+                        state: &ingest.state,
+                        growth: &mut growth,
+                        gpus: &gpus.latest,
+                        health: &gpus.health,
+                        nvml_error: gpus.error.as_deref(),
+                        lost: &lost,
+                        probes_attached: agent.attached_probe_count(),
+                        now_ns: monotonic_ns(),
+                    });
+                    let _ = reply.send(body.unwrap_or_else(|e| format!("# rendering failed: {e}\n")));
+                }
+                Request::Health(reply) => {
+                    let _ = reply.send(format!(
+                        "ok: up {:.0} s, {} probes attached, {} processes tracked, NVML {}\n",
+                        began.elapsed().as_secs_f64(),
+                        agent.attached_probe_count(),
+                        ingest.state.processes.len(),
+                        gpus.error.as_deref().unwrap_or("up"),
+                    ));
+                }
+            },
+            _ = growth_tick.tick() => growth.sample(&ingest.state, began.elapsed().as_secs_f64()),
+            _ = nvml_tick.tick() => gpus.sample(&mut exporter, &thresholds),
+            _ = discovery.tick() => {
+                attach_discovered(&mut agent, &args.probes, false, say);
+                ticks += 1;
+                if ticks % FD_RESCAN_TICKS == 0 {
+                    agent.seed_nvidia_fds();
+                }
+                // Exited processes keep their (zero) series for the grace period.
+                for pid in ingest.state.forget_exited_before(monotonic_ns().saturating_sub(grace_ns)) {
+                    exporter.forget_process(pid);
+                    growth.forget(pid);
+                }
+            }
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+        }
+    }
+    say("stopping".into());
+    let _ = stop_server.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    drop(reader);
+    // Detached here, not in the background: when serve exits, nothing of it
+    // is left in the kernel (a DaemonSet pod's grace period covers this).
+    let probes = agent.attached_probe_count();
+    let t = Instant::now();
+    drop(agent);
+    say(format!("{probes} probes detached in {:.1} s", t.elapsed().as_secs_f64()));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn router(requests: mpsc::Sender<Request>) -> Router {
+    let for_health = requests.clone();
+    Router::new()
+        .route(
+            "/metrics",
+            get(move |headers: HeaderMap| {
+                let requests = requests.clone();
+                // Prometheus asks for OpenMetrics; curl, promtool and older
+                // scrapers get the classic text format.
+                let openmetrics = headers
+                    .get(header::ACCEPT)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|a| a.contains("application/openmetrics-text"));
+                async move {
+                    match ask(&requests, Request::Metrics).await {
+                        Some(body) if openmetrics => ([(header::CONTENT_TYPE, OPENMETRICS)], body).into_response(),
+                        Some(body) => ([(header::CONTENT_TYPE, TEXT_FORMAT)], prometheus::to_text_format(&body)).into_response(),
+                        None => unavailable(),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/healthz",
+            get(move || {
+                let requests = for_health.clone();
+                async move {
+                    match ask(&requests, Request::Health).await {
+                        Some(body) => body.into_response(),
+                        None => unavailable(),
+                    }
+                }
+            }),
+        )
+}
+
+/// Asks the main task; None if it does not answer in time (stuck or stopping).
+async fn ask(requests: &mpsc::Sender<Request>, make: fn(oneshot::Sender<String>) -> Request) -> Option<String> {
+    let (tx, rx) = oneshot::channel();
+    requests.send(make(tx)).await.ok()?;
+    tokio::time::timeout(ANSWER_TIMEOUT, rx).await.ok()?.ok()
+}
+
+fn unavailable() -> axum::response::Response {
+    (axum::http::StatusCode::SERVICE_UNAVAILABLE, "gpumem: the agent did not answer\n").into_response()
+}
