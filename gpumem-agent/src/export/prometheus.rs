@@ -101,6 +101,8 @@ pub struct Exporter {
     oom_kills: BTreeMap<&'static str, u64>,
     /// (GPU index, XID) → events.
     xids: BTreeMap<(u32, u64), u64>,
+    /// Device → processes that exited holding memory on it.
+    exits: BTreeMap<i32, u64>,
     events: u64,
     /// Devices each process held memory on, so that its series read 0 after
     /// it exits (until it is forgotten) instead of vanishing at once.
@@ -240,6 +242,7 @@ impl Exporter {
             cuda_ooms: BTreeMap::new(),
             oom_kills: BTreeMap::new(),
             xids: BTreeMap::new(),
+            exits: BTreeMap::new(),
             events: 0,
             seen_devices: HashMap::new(),
         }
@@ -261,6 +264,11 @@ impl Exporter {
         if let Some(oom) = &applied.cuda_oom {
             *self.cuda_ooms.entry((oom.device, oom.fragmentation)).or_default() += 1;
         }
+        if ev.api == gpumem_common::api::PROCESS_EXIT {
+            for r in &applied.released {
+                *self.exits.entry(r.device).or_default() += 1;
+            }
+        }
         if let Some(kill) = &applied.oom_kill {
             *self.oom_kills.entry(if kill.memcg.is_some() { "memcg" } else { "host" }).or_default() += 1;
         }
@@ -279,7 +287,7 @@ impl Exporter {
     pub fn render(&mut self, inp: Inputs<'_>) -> Result<String, std::fmt::Error> {
         let mut fams = Families(Vec::new());
         self.process_families(&mut fams, inp.state, inp.growth, inp.gpus, inp.now_ns);
-        self.event_families(&mut fams, inp.gpus);
+        self.event_families(&mut fams, inp.state, inp.gpus);
         gpu_families(&mut fams, inp.state, inp.gpus, inp.health, &self.xids);
         self_families(&mut fams, &inp, self.events);
         let mut out = String::with_capacity(64 * 1024);
@@ -387,13 +395,16 @@ impl Exporter {
             .push((vec![], int(aggregated as u64)));
     }
 
-    fn event_families(&self, fams: &mut Families, gpus: &[GpuSample]) {
+    fn event_families(&self, fams: &mut Families, state: &State, gpus: &[GpuSample]) {
         let calls = fams.counter("gpumem_api_calls", "Traced driver calls by API and result (success or the CUresult name)");
         for (&(api, result), &n) in &self.api_calls {
             let result = if result == 0 { "success".to_string() } else { result_name(result).map_or_else(|| result.to_string(), str::to_string) };
             calls.push((vec![("api", api_name(api).to_string()), ("result", result)], Value::Count(n)));
         }
-        let mut by_device: BTreeMap<i32, (u64, u64)> = BTreeMap::new();
+        // Counters start at 0 on every known GPU, so that the first event is
+        // an increase Prometheus can see (increase() needs a sample before it).
+        let known = known_devices(state, gpus);
+        let mut by_device: BTreeMap<i32, (u64, u64)> = known.iter().map(|&d| (d, (0, 0))).collect();
         for (&(device, frag), &n) in &self.cuda_ooms {
             let e = by_device.entry(device).or_default();
             e.0 += n;
@@ -408,12 +419,30 @@ impl Exporter {
             "CUDA out-of-memory failures while the process's own cuMemGetInfo reported at least the requested size free",
         );
         frag.extend(by_device.iter().map(|(&d, &(_, f))| (device_labels(d, gpus), Value::Count(f))));
+        let exits = fams.counter(
+            "gpumem_process_exits",
+            "Processes that exited while holding memory on the GPU (the driver frees it): an exit explains a drop in used memory",
+        );
+        let mut exit_counts: BTreeMap<i32, u64> = known.iter().map(|&d| (d, 0)).collect();
+        exit_counts.extend(self.exits.iter().map(|(&d, &n)| (d, n)));
+        exits.extend(exit_counts.iter().map(|(&d, &n)| (device_labels(d, gpus), Value::Count(n))));
         let kills = fams.counter("gpumem_oom_kills", "Host OOM kills (oom:mark_victim), source=memcg when in a memory cgroup with a limit");
         for source in ["host", "memcg"] {
             kills.push((vec![("source", source.to_string())], Value::Count(self.oom_kills.get(source).copied().unwrap_or(0))));
         }
     }
 }
+
+/// GPUs NVML reports and devices traced processes hold memory on.
+fn known_devices(state: &State, gpus: &[GpuSample]) -> BTreeSet<i32> {
+    let mut known: BTreeSet<i32> = gpus.iter().map(|g| g.index as i32).collect();
+    known.extend(state.processes.values().flat_map(|p| p.devices.keys().copied()).filter(|&d| d != DEVICE_UNKNOWN));
+    known
+}
+
+/// XIDs that mean lost data or a lost GPU: their counters start at 0 on every
+/// GPU so that alerts see the first one (others appear when they happen).
+const CRITICAL_XIDS: [u64; 4] = [48, 64, 79, 95];
 
 fn kind_labels(kind: MemoryKind) -> Labels {
     vec![("memory", kind.label().to_string())]
@@ -471,7 +500,9 @@ fn gpu_families(fams: &mut Families, state: &State, gpus: &[GpuSample], health: 
         g.memory_temp_c.iter().map(|&t| (vec![], Value::Int(t as i64))).collect()
     });
     per_gpu("gpumem_gpu_xid_errors", "XID events received from NVML since the agent started, by XID code", Counter, &|g| {
-        xids.range((g.index, 0)..=(g.index, u64::MAX)).map(|(&(_, xid), &n)| (vec![("xid", xid.to_string())], Value::Count(n))).collect()
+        let mut counts: BTreeMap<u64, u64> = CRITICAL_XIDS.iter().map(|&x| (x, 0)).collect();
+        counts.extend(xids.range((g.index, 0)..=(g.index, u64::MAX)).map(|(&(_, xid), &n)| (xid, n)));
+        counts.into_iter().map(|(xid, n)| (vec![("xid", xid.to_string())], Value::Count(n))).collect()
     });
     per_gpu("gpumem_gpu_health_score", "Health score 0-100 from ECC, retirement, remap, temperature and XID rules (see `gpumem health`)", Gauge, &|g| {
         health.get(&g.index).map(|h| (vec![], Value::Int(h.score as i64))).into_iter().collect()
