@@ -31,6 +31,9 @@ pub enum Command {
     /// Run as a daemon: trace every process on the host and serve Prometheus
     /// metrics on /metrics (and /healthz) until SIGTERM or SIGINT.
     Serve(ServeArgs),
+    /// Render /metrics from a synthetic state, for `cargo xtask bench-metrics`.
+    #[command(hide = true)]
+    BenchRender(BenchRenderArgs),
     /// Attach probes and wait, for overhead measurements (see `cargo xtask bench`).
     #[command(hide = true)]
     Bench(BenchArgs),
@@ -207,6 +210,19 @@ pub struct BenchArgs {
     /// Command to run while the probes are attached.
     #[arg(short = 'c', long = "command", value_name = "CMD")]
     pub command: String,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchRenderArgs {
+    /// Processes, each holding memory on every GPU.
+    #[arg(long, default_value_t = 1250)]
+    pub processes: u32,
+    /// GPUs (each with NVML labels).
+    #[arg(long, default_value_t = 8)]
+    pub gpus: u32,
+    /// Renderings; the median is reported.
+    #[arg(long, default_value_t = 21)]
+    pub rounds: u32,
 }
 
 fn parse_duration(s: &str) -> Result<f64, String> {

@@ -21,6 +21,7 @@ fn main() -> ExitCode {
         Command::Leaks(args) => commands::trace::run(commands::trace::Session::for_leaks(args)),
         Command::Health(args) => commands::health::run(args),
         Command::Serve(args) => commands::serve::run(args),
+        Command::BenchRender(args) => commands::serve::bench_render(args).map(|()| ExitCode::SUCCESS),
         Command::Status(args) => commands::status::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => commands::trace::run(commands::trace::Session::for_bench(args)),
     };

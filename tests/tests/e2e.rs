@@ -72,6 +72,17 @@ fn every_allocation_kind_with_exact_sizes() {
     assert_eq!(p["comm"], "workload");
     assert_eq!(api_stats(p, "cuMemAllocPitch_v2")["calls"], 1);
     assert_eq!(api_stats(p, "cuMemHostAlloc")["calls"], 1);
+    // The summary's percentiles count exactly the calls the events show (the
+    // exporter's histograms are fed from the same observations).
+    let d = &t.summary["distributions"];
+    assert_eq!(d["allocation_size_bytes"]["device"]["count"], 7, "{d:#}");
+    assert_eq!(d["allocation_size_bytes"]["device"]["max"], 6 * MIB);
+    assert_eq!(d["allocation_size_bytes"]["host_pinned"]["count"], 2);
+    assert_eq!(d["allocation_lifetime_ns"]["device"]["count"], 3);
+    assert_eq!(d["allocation_lifetime_ns"]["host_pinned"]["count"], 1);
+    assert_eq!(d["api_latency_ns"]["cuMemAlloc_v2"]["count"], 1);
+    let calls: u64 = d["api_latency_ns"].as_object().unwrap().values().map(|p| p["count"].as_u64().unwrap()).sum();
+    assert_eq!(calls, t.events.iter().filter(|e| e["type"] != "exit").count() as u64);
     for e in &t.events {
         for key in ["type", "ts_ns", "pid", "tid", "comm", "api", "device", "addr", "size", "result", "latency_ns"] {
             assert!(e.get(key).is_some(), "{key} missing in {e}");

@@ -140,3 +140,39 @@ pub fn ioctl_overhead(calls: u64, rounds: u32) -> Result<()> {
     Ok(())
 }
 
+
+/// /metrics render time and size at two scales, and the daemon's idle cost.
+pub fn metrics(idle_s: u64) -> Result<()> {
+    crate::run(crate::cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
+    let bin = gpumem_tests::target_dir().join("release/gpumem");
+    println!("/metrics rendering (release build, 8 GPUs with NVML labels, median of 21):");
+    // 180 processes x 8 GPUs: about 10 000 samples in all; 1250 x 8: 10 000 process series.
+    for processes in ["180", "1250"] {
+        let out = Command::new(&bin).args(["bench-render", "--processes", processes, "--gpus", "8"]).output()?;
+        if !out.status.success() {
+            bail!("bench-render failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        println!("  {}", String::from_utf8_lossy(&out.stdout).trim());
+    }
+    // The daemon at rest: probes on the synthetic libcuda, the synthetic NVML
+    // read every 10 s, discovery every 0.5 s, nothing traced.
+    std::env::set_var("GPUMEM_BIN", &bin);
+    let f = gpumem_tests::fixtures();
+    let serve = gpumem_tests::Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap()], &[]);
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let read = |text: &str, name: &str| gpumem_tests::sample(text, name).unwrap_or(f64::NAN);
+    let before = serve.metrics();
+    let t0 = std::time::Instant::now();
+    std::thread::sleep(std::time::Duration::from_secs(idle_s));
+    let after = serve.metrics();
+    let dt = t0.elapsed().as_secs_f64();
+    let cpu = read(&after, "gpumem_agent_cpu_seconds_total") - read(&before, "gpumem_agent_cpu_seconds_total");
+    println!("gpumem serve at rest over {dt:.0} s ({} probes attached, synthetic NVML):", read(&after, "gpumem_probes_attached"));
+    println!("  resident memory  {:.1} MiB", read(&after, "gpumem_agent_resident_memory_bytes") / 1048576.0);
+    println!("  CPU              {:.2} % of one core", 100.0 * cpu / dt);
+    let (status, stderr) = serve.stop();
+    if !status.success() {
+        bail!("gpumem serve failed: {stderr}");
+    }
+    Ok(())
+}

@@ -5,6 +5,7 @@
 //! - `demo`: the real agent tracing a leaky workload on the bundled synthetic driver
 //! - `test`: setup, nvidia-libs, build, then every test (end-to-end ones as root, one at a time)
 //! - `bench`: probe overhead as a ratio to empty probes on the same symbols
+//! - `bench-metrics`: /metrics render time and size, the daemon's idle memory and CPU
 mod bench;
 mod setup;
 
@@ -42,6 +43,12 @@ enum Cmd {
         /// runs of each configuration, interleaved
         #[arg(long, default_value_t = 5)]
         rounds: u32,
+    },
+    /// Measure /metrics render time and size, and `gpumem serve`'s idle memory and CPU.
+    BenchMetrics {
+        /// seconds the daemon is left idle for the CPU measurement
+        #[arg(long, default_value_t = 30)]
+        idle: u64,
     },
     /// Measure probe overhead against empty probes on the same symbols.
     Bench {
@@ -125,6 +132,11 @@ fn main() -> Result<()> {
             require_root("the benchmark")?;
             setup::setup()?;
             bench::ioctl_overhead(calls, rounds)
+        }
+        Cmd::BenchMetrics { idle } => {
+            require_root("the benchmark")?;
+            setup::setup()?;
+            bench::metrics(idle)
         }
         Cmd::Bench { pairs, rounds } => {
             require_root("the benchmark")?;

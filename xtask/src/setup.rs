@@ -6,7 +6,9 @@ use anyhow::{bail, Context as _, Result};
 use crate::run;
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
-const APT_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev", "gcc", "util-linux"];
+/// LLVM for bpf-linker, a C compiler for the test fixtures, and Prometheus
+/// (server and promtool) for the exporter's end-to-end and rule tests.
+const APT_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev", "gcc", "util-linux", "prometheus"];
 
 fn installed(pkg: &str) -> bool {
     Command::new("dpkg-query")

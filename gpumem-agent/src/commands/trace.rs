@@ -303,6 +303,7 @@ async fn run_async(s: Session) -> Result<ExitCode> {
             oom_events: std::mem::take(&mut sink.ooms),
             stacks: sink.ingest.stacks.stats.clone(),
             lost_events: lost.total(),
+            distributions: sink.distributions.summary(),
         };
         let mut out = std::io::stdout().lock();
         if s.json {

@@ -4,7 +4,11 @@ use std::io::{self, Write};
 use serde::Serialize;
 
 use super::names::{bytes, short_id};
-use crate::{analysis::leaks::ProcessLeaks, stacks::StackStats, state::OomCounters};
+use crate::{
+    analysis::{distributions::DistributionSummary, leaks::ProcessLeaks},
+    stacks::StackStats,
+    state::OomCounters,
+};
 
 #[derive(Debug, Serialize)]
 pub struct LeaksReport {
@@ -20,6 +24,8 @@ pub struct LeaksReport {
     pub oom_events: Vec<serde_json::Value>,
     pub stacks: StackStats,
     pub lost_events: u64,
+    /// Sizes, lifetimes and latencies over the session (as in the trace summary).
+    pub distributions: DistributionSummary,
 }
 
 impl LeaksReport {
@@ -94,6 +100,7 @@ impl LeaksReport {
                 o.cuda_ooms, o.fragmentation_ooms, o.host_oom_kills
             )?;
         }
+        super::summary::write_distributions(out, &self.distributions)?;
         let s = &self.stacks;
         writeln!(
             out,
@@ -162,6 +169,7 @@ mod tests {
             oom_events: Vec::new(),
             stacks: StackStats { captured: 20, unique: 1, bytes_copied: 20 * 4096, ..Default::default() },
             lost_events: 0,
+            distributions: DistributionSummary::default(),
         };
         let mut out = Vec::new();
         report.write_human(&mut out).unwrap();

@@ -227,7 +227,7 @@ impl Summary {
                 }
             }
         }
-        self.write_distributions(out)?;
+        write_distributions(out, &self.distributions)?;
         let o = &self.oom;
         if o.cuda_ooms + o.host_oom_kills > 0 {
             writeln!(
@@ -264,35 +264,32 @@ impl Summary {
     }
 }
 
-impl Summary {
-    /// Percentiles of sizes, lifetimes and latencies (hdrhistogram, 1 % resolution).
-    fn write_distributions(&self, out: &mut impl Write) -> io::Result<()> {
-        let d = &self.distributions;
-        if d.api_latency_ns.is_empty() {
-            return Ok(());
+/// Percentiles of sizes, lifetimes and latencies (hdrhistogram, 1 % resolution).
+pub fn write_distributions(out: &mut impl Write, d: &DistributionSummary) -> io::Result<()> {
+    if d.api_latency_ns.is_empty() {
+        return Ok(());
+    }
+    let head = |out: &mut dyn Write, what: &str| writeln!(out, "\n{what:<36} {:>8} {:>10} {:>10} {:>10} {:>10}", "COUNT", "P50", "P90", "P99", "MAX");
+    let row = |out: &mut dyn Write, name: &str, p: &Percentiles, f: &dyn Fn(u64) -> String| {
+        writeln!(out, "{name:<36} {:>8} {:>10} {:>10} {:>10} {:>10}", p.count, f(p.p50), f(p.p90), f(p.p99), f(p.max))
+    };
+    if !d.allocation_size_bytes.is_empty() {
+        head(out, "ALLOCATION SIZE")?;
+        for (k, p) in &d.allocation_size_bytes {
+            row(out, k, p, &bytes)?;
         }
-        let head = |out: &mut dyn Write, what: &str| writeln!(out, "\n{what:<36} {:>8} {:>10} {:>10} {:>10} {:>10}", "COUNT", "P50", "P90", "P99", "MAX");
-        let row = |out: &mut dyn Write, name: &str, p: &Percentiles, f: &dyn Fn(u64) -> String| {
-            writeln!(out, "{name:<36} {:>8} {:>10} {:>10} {:>10} {:>10}", p.count, f(p.p50), f(p.p90), f(p.p99), f(p.max))
-        };
-        if !d.allocation_size_bytes.is_empty() {
-            head(out, "ALLOCATION SIZE")?;
-            for (k, p) in &d.allocation_size_bytes {
-                row(out, k, p, &bytes)?;
-            }
-        }
-        if !d.allocation_lifetime_ns.is_empty() {
-            head(out, "ALLOCATION LIFETIME (explicit frees)")?;
-            for (k, p) in &d.allocation_lifetime_ns {
-                row(out, k, p, &duration)?;
-            }
-        }
-        head(out, "CALL LATENCY")?;
-        for (k, p) in &d.api_latency_ns {
+    }
+    if !d.allocation_lifetime_ns.is_empty() {
+        head(out, "ALLOCATION LIFETIME (explicit frees)")?;
+        for (k, p) in &d.allocation_lifetime_ns {
             row(out, k, p, &duration)?;
         }
-        Ok(())
     }
+    head(out, "CALL LATENCY")?;
+    for (k, p) in &d.api_latency_ns {
+        row(out, k, p, &duration)?;
+    }
+    Ok(())
 }
 
 /// Nanoseconds in the unit that reads best.
