@@ -337,6 +337,45 @@ fn dechunk(mut body: &str) -> String {
     out
 }
 
+/// Reads the child's stderr until a line starting with `ready` (the agent's
+/// "everything is attached" line); the rest is collected on a thread whose
+/// result is all of stderr. Panics if stderr ends first.
+pub fn stderr_after_line(child: &mut std::process::Child, ready: &str) -> std::thread::JoinHandle<String> {
+    use std::io::{BufRead as _, BufReader};
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr piped"));
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "gpumem ended before `{ready}`: {seen}");
+        seen.push_str(&line);
+        if line.starts_with(ready) {
+            break;
+        }
+    }
+    std::thread::spawn(move || {
+        let mut s = seen;
+        for line in stderr.lines() {
+            s.push_str(&line.unwrap_or_default());
+            s.push('\n');
+        }
+        s
+    })
+}
+
+/// A memory cgroup (v1) limited to 64 MiB and a shell command that runs the
+/// memory hog workload in it: the kernel OOM-kills the hog. Remove the
+/// directory after the command.
+pub fn hog_in_memory_cgroup(name: &str) -> (PathBuf, String) {
+    let f = fixtures();
+    let cg = PathBuf::from("/sys/fs/cgroup/memory").join(name);
+    let _ = std::fs::remove_dir(&cg);
+    std::fs::create_dir_all(&cg).expect("creating a memory cgroup (cgroup v1 memory controller)");
+    std::fs::write(cg.join("memory.limit_in_bytes"), (64 * MIB).to_string()).unwrap();
+    let _ = std::fs::write(cg.join("memory.memsw.limit_in_bytes"), (64 * MIB).to_string());
+    let cmd = format!("echo $$ > {}/cgroup.procs && exec {} {} hog", cg.display(), f.workload.display(), f.libcuda.display());
+    (cg, cmd)
+}
+
 /// `gpumem serve` running in the background, ready (its "serving" line seen).
 pub struct Serve {
     pub child: std::process::Child,
@@ -346,7 +385,6 @@ pub struct Serve {
 
 impl Serve {
     pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Serve {
-        use std::io::{BufRead as _, BufReader};
         wait_for_detach();
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
@@ -356,25 +394,8 @@ impl Serve {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().expect("starting gpumem serve");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut seen = String::new();
-        loop {
-            let mut line = String::new();
-            assert!(stderr.read_line(&mut line).unwrap() > 0, "gpumem serve ended before serving: {seen}");
-            seen.push_str(&line);
-            if line.starts_with("gpumem: serving") {
-                break;
-            }
-        }
-        let rest = std::thread::spawn(move || {
-            let mut s = seen;
-            for line in stderr.lines() {
-                s.push_str(&line.unwrap_or_default());
-                s.push('\n');
-            }
-            s
-        });
-        Serve { child, port, stderr: Some(rest) }
+        let stderr = stderr_after_line(&mut child, "gpumem: serving");
+        Serve { child, port, stderr: Some(stderr) }
     }
 
     /// The exposition in the classic text format (what curl and promtool get).

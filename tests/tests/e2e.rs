@@ -376,7 +376,6 @@ fn lost_events_are_counted_exactly() {
 /// Starts `gpumem trace --json ARGS` in the background and waits until it
 /// traces (its "tracing" line on stderr).
 fn start_agent(args: &[&str]) -> (std::process::Child, std::thread::JoinHandle<String>) {
-    use std::io::{BufRead as _, BufReader};
     wait_for_detach();
     let mut child = std::process::Command::new(gpumem_bin())
         .args(["trace", "--json"])
@@ -385,24 +384,7 @@ fn start_agent(args: &[&str]) -> (std::process::Child, std::thread::JoinHandle<S
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut seen = String::new();
-    loop {
-        let mut line = String::new();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "agent ended before attaching: {seen}");
-        seen.push_str(&line);
-        if line.starts_with("gpumem: tracing") {
-            break;
-        }
-    }
-    let rest = std::thread::spawn(move || {
-        let mut s = seen;
-        for line in stderr.lines() {
-            s.push_str(&line.unwrap());
-            s.push('\n');
-        }
-        s
-    });
+    let rest = stderr_after_line(&mut child, "gpumem: tracing");
     (child, rest)
 }
 
@@ -550,12 +532,7 @@ fn cuda_oom_with_enough_reported_free_is_fragmentation() {
 fn host_oom_kill_in_a_memory_cgroup_names_victim_and_gpu_holdings() {
     require_root();
     let f = fixtures();
-    let cg = std::path::Path::new("/sys/fs/cgroup/memory/gpumem-oom-test");
-    let _ = std::fs::remove_dir(cg);
-    std::fs::create_dir_all(cg).expect("creating a memory cgroup (cgroup v1 memory controller)");
-    std::fs::write(cg.join("memory.limit_in_bytes"), (64 * MIB).to_string()).unwrap();
-    let _ = std::fs::write(cg.join("memory.memsw.limit_in_bytes"), (64 * MIB).to_string());
-    let cmd = format!("echo $$ > {}/cgroup.procs && exec {} {} hog", cg.display(), f.workload.display(), f.libcuda.display());
+    let (cg, cmd) = hog_in_memory_cgroup("gpumem-oom-test");
     let t = trace(&["--libcuda", f.libcuda.to_str().unwrap(), "-c", &cmd], &[]);
     let _ = std::fs::remove_dir(cg);
     assert_eq!(t.status.code(), Some(128 + 9), "the command was OOM-killed: {}", t.stderr);

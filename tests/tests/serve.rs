@@ -33,13 +33,7 @@ fn run_workload(scenario: &str, envs: &[(&str, &str)]) {
 
 /// Runs the memory hog in a fresh memory cgroup limited to 64 MiB: the kernel OOM-kills it.
 fn provoke_host_oom_kill() {
-    let f = fixtures();
-    let cg = std::path::Path::new("/sys/fs/cgroup/memory/gpumem-serve-oom");
-    let _ = std::fs::remove_dir(cg);
-    std::fs::create_dir_all(cg).expect("creating a memory cgroup (cgroup v1 memory controller)");
-    std::fs::write(cg.join("memory.limit_in_bytes"), (64 * MIB).to_string()).unwrap();
-    let _ = std::fs::write(cg.join("memory.memsw.limit_in_bytes"), (64 * MIB).to_string());
-    let cmd = format!("echo $$ > {}/cgroup.procs && exec {} {} hog", cg.display(), f.workload.display(), f.libcuda.display());
+    let (cg, cmd) = hog_in_memory_cgroup("gpumem-serve-oom");
     let status = Command::new("/bin/sh").args(["-c", &cmd]).status().unwrap();
     let _ = std::fs::remove_dir(cg);
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "the hog was OOM-killed: {status:?}");
