@@ -199,9 +199,9 @@ fn workload_labels(p: Option<&Process>, pid: Option<u32>) -> Labels {
             (None, None) => "other".to_string(),
         }),
         ("container", c.and_then(|c| c.container.clone()).unwrap_or_default()),
-        // The pod UID: names and namespaces need the kubelet (see README).
-        ("pod", c.and_then(|c| c.pod_uid.clone()).unwrap_or_default()),
-        ("namespace", String::new()),
+        // The pod's name where its container shows it, else its UID.
+        ("pod", c.and_then(|c| c.pod_name.clone().or_else(|| c.pod_uid.clone())).unwrap_or_default()),
+        ("namespace", c.and_then(|c| c.namespace.clone()).unwrap_or_default()),
     ]
 }
 

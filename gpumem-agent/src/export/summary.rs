@@ -56,6 +56,8 @@ pub struct ProcessSummary {
     pub uvm_mapped_bytes: u64,
     pub container: Option<String>,
     pub pod_uid: Option<String>,
+    pub pod: Option<String>,
+    pub namespace: Option<String>,
     pub ns_pid: Option<u32>,
     pub apis: Vec<ApiSummary>,
 }
@@ -116,6 +118,8 @@ impl Summary {
                 uvm_mapped_bytes: p.uvm_mapped_bytes,
                 container: p.container.as_ref().and_then(|c| c.container.clone()),
                 pod_uid: p.container.as_ref().and_then(|c| c.pod_uid.clone()),
+                pod: p.container.as_ref().and_then(|c| c.pod_name.clone()),
+                namespace: p.container.as_ref().and_then(|c| c.namespace.clone()),
                 ns_pid: p.container.as_ref().and_then(|c| c.ns_pid),
                 apis: p
                     .apis
@@ -193,7 +197,12 @@ impl Summary {
                 )?;
             }
             if let Some(c) = &p.container {
-                let pod = p.pod_uid.as_deref().map(|u| format!(", pod {u}")).unwrap_or_default();
+                let pod = match (&p.namespace, &p.pod, &p.pod_uid) {
+                    (Some(ns), Some(name), _) => format!(", pod {ns}/{name}"),
+                    (None, Some(name), _) => format!(", pod {name}"),
+                    (_, None, Some(uid)) => format!(", pod {uid}"),
+                    _ => String::new(),
+                };
                 writeln!(out, "{:>7} {:<15} container {}{pod}", p.pid, p.comm, short_id(c))?;
             }
             if p.rm_memory_objects > 0 || p.uvm_mapped_bytes > 0 {

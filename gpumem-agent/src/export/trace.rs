@@ -99,6 +99,8 @@ pub fn event_json(ev: &Event, applied: &Applied, container: Option<&ContainerInf
     let c = container.cloned().unwrap_or_default();
     obj.insert("container".into(), json!(c.container));
     obj.insert("pod_uid".into(), json!(c.pod_uid));
+    obj.insert("pod".into(), json!(c.pod_name));
+    obj.insert("namespace".into(), json!(c.namespace));
     obj.insert("ns_pid".into(), json!(c.ns_pid));
     if let Some(name) = result_name(ev.result).filter(|_| !api::is_ioctl(ev.api)) {
         obj.insert("result_name".into(), json!(name));

@@ -19,6 +19,9 @@ pub struct ContainerInfo {
     pub qos: Option<&'static str>,
     /// The process id inside its own pid namespace (innermost).
     pub ns_pid: Option<u32>,
+    /// Pod name and namespace, as the pod's own container sees them (see `pod_identity`).
+    pub pod_name: Option<String>,
+    pub namespace: Option<String>,
 }
 
 fn is_hex64(s: &str) -> bool {
@@ -118,7 +121,25 @@ pub fn lookup(pid: u32) -> Option<ContainerInfo> {
     }
     let mut info = parse_cgroup_file(&std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?);
     info.ns_pid = parse_ns_pid(&status).filter(|&p| p != 0);
+    if info.pod_uid.is_some() {
+        (info.pod_name, info.namespace) = pod_identity(std::path::Path::new(&format!("/proc/{pid}/root")));
+    }
     Some(info)
+}
+
+/// A pod's name and namespace from inside its container's root file system,
+/// with no API server or kubelet access: the kubelet writes the pod's
+/// hostname (its name, unless `spec.hostname` overrides it) to /etc/hostname
+/// and the namespace to the service-account volume (absent when
+/// `automountServiceAccountToken: false`).
+pub fn pod_identity(root: &std::path::Path) -> (Option<String>, Option<String>) {
+    let read = |rel: &str| {
+        std::fs::read_to_string(root.join(rel))
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty() && s.len() <= 253 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'))
+    };
+    (read("etc/hostname"), read("var/run/secrets/kubernetes.io/serviceaccount/namespace"))
 }
 
 /// The memory cgroup of a process, if it has a memory limit: an OOM kill
@@ -154,6 +175,22 @@ fn is_limited(limit: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn pod_name_and_namespace_from_the_containers_root() {
+        let root = std::env::temp_dir().join(format!("gpumem-pod-root-{}", std::process::id()));
+        let sa = root.join("var/run/secrets/kubernetes.io/serviceaccount");
+        std::fs::create_dir_all(&sa).unwrap();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::write(root.join("etc/hostname"), "trainer-7d9f-x2x\n").unwrap();
+        std::fs::write(sa.join("namespace"), "ml-team").unwrap();
+        assert_eq!(pod_identity(&root), (Some("trainer-7d9f-x2x".into()), Some("ml-team".into())));
+        // Whatever is not a DNS name is not taken (a label value must not carry junk).
+        std::fs::write(sa.join("namespace"), "bad\"name\n{}").unwrap();
+        assert_eq!(pod_identity(&root).1, None);
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(pod_identity(&root), (None, None));
+    }
+
     #[test]
     fn memory_limits() {
         assert!(super::is_limited("67108864"));
