@@ -139,7 +139,10 @@ pub fn pod_identity(root: &std::path::Path) -> (Option<String>, Option<String>) 
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty() && s.len() <= 253 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'))
     };
-    (read("etc/hostname"), read("var/run/secrets/kubernetes.io/serviceaccount/namespace"))
+    // /var/run is usually an absolute symlink to /run, which through
+    // /proc/PID/root would resolve in *our* root: look at /run first.
+    let namespace = read("run/secrets/kubernetes.io/serviceaccount/namespace").or_else(|| read("var/run/secrets/kubernetes.io/serviceaccount/namespace"));
+    (read("etc/hostname"), namespace)
 }
 
 /// The memory cgroup of a process, if it has a memory limit: an OOM kill
