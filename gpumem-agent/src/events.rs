@@ -68,7 +68,7 @@ fn drain(ring: &mut RingBuf<MapData>, malformed: &mut u64, buf: &mut StackEvent,
 }
 
 /// Every event that did not reach the agent, by cause.
-#[derive(Clone, Debug, Default, serde::Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct LostEvents {
     /// Ring buffer full in the kernel.
     pub ringbuf_full: u64,

@@ -6,6 +6,7 @@ mod events;
 mod export;
 mod nvml;
 mod probes;
+mod record;
 mod stacks;
 mod state;
 

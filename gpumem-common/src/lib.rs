@@ -185,7 +185,7 @@ pub const COMM_LEN: usize = 16;
 /// - VMM map/unmap, VA reserve/free: `addr` + `size` (+ `handle` for map);
 /// - context calls: `handle` = CUcontext, `device` where the call names one.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Event {
     /// CLOCK_MONOTONIC nanoseconds at return (bpf_ktime_get_ns).
     pub ts_ns: u64,
@@ -423,6 +423,13 @@ impl Event {
         // read_unaligned because ring-buffer records are only 8-byte aligned
         // by convention.
         Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr() as *const Event) })
+    }
+
+    /// The event's bytes, as the ring buffer carries them (for recordings).
+    pub fn to_bytes(&self) -> [u8; EVENT_SIZE] {
+        // SAFETY: Event is repr(C) plain old data of exactly EVENT_SIZE bytes
+        // with no padding (checked by a const assertion).
+        unsafe { core::mem::transmute_copy(self) }
     }
 
     /// The comm as text, up to its first NUL.

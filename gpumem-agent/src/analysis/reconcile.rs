@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::{nvml::GpuSample, state::State};
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Reconciliation {
     pub pid: u32,
     pub gpu: u32,

@@ -102,7 +102,7 @@ pub fn libcuda_in_maps(maps: &str) -> Vec<String> {
 }
 
 /// What the periodic scans of /proc cost, for the summary.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ScanStats {
     pub scans: u64,
     pub total_us: u64,

@@ -24,7 +24,7 @@ pub const MAX_STACKS: usize = 65536;
 const MAX_PROCESSES: usize = 1024;
 
 /// What stack capture and unwinding cost, for the summary.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct StackStats {
     pub captured: u64,
     pub unique: u64,

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::unwind::RawFrame;
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct Frame {
     /// Function name (demangled), or None when the module has no symbol for it.
     pub function: Option<String>,

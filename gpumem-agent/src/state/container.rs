@@ -24,6 +24,44 @@ pub struct ContainerInfo {
     pub namespace: Option<String>,
 }
 
+/// ContainerInfo as read back from a recording.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecordedContainerInfo {
+    container: Option<String>,
+    runtime: Option<String>,
+    pod_uid: Option<String>,
+    qos: Option<String>,
+    ns_pid: Option<u32>,
+    pod_name: Option<String>,
+    namespace: Option<String>,
+}
+
+// By hand: a derive would ask the input to outlive 'static for the &'static str fields.
+impl<'de> serde::Deserialize<'de> for ContainerInfo {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        RecordedContainerInfo::deserialize(d).map(Into::into)
+    }
+}
+
+impl From<RecordedContainerInfo> for ContainerInfo {
+    /// Runtime and QoS names: only the ones this module produces are taken
+    /// (anything else reads as unknown).
+    fn from(r: RecordedContainerInfo) -> Self {
+        const KNOWN: [&str; 7] = ["containerd", "cri-o", "docker", "podman", "guaranteed", "burstable", "besteffort"];
+        let known = |s: Option<String>| s.and_then(|s| KNOWN.iter().copied().find(|k| *k == s));
+        ContainerInfo {
+            container: r.container,
+            runtime: known(r.runtime),
+            pod_uid: r.pod_uid,
+            qos: known(r.qos),
+            ns_pid: r.ns_pid,
+            pod_name: r.pod_name,
+            namespace: r.namespace,
+        }
+    }
+}
+
 fn is_hex64(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
