@@ -23,6 +23,11 @@ pub enum Command {
     /// older than --older-than, per process and device, grouped by allocation stack,
     /// with a growth verdict per process.
     Leaks(LeaksArgs),
+    /// Record a session to a file (events, stacks symbolized now, lookups) for
+    /// `trace --from`, `leaks --from` and `replay`, here or on another host.
+    Record(RecordArgs),
+    /// Replay a recording: its events and summary, as `trace --from FILE`.
+    Replay(ReplayArgs),
     /// Show kernel features, every libcuda found and every probe attached or skipped.
     Status(StatusArgs),
     /// GPU health from NVML: ECC, retired pages, remapped rows, temperatures, a score
@@ -102,6 +107,12 @@ pub struct TraceArgs {
     /// Size of the kernel ring buffer in bytes (a power of two, at least 4096).
     #[arg(long, value_name = "BYTES", value_parser = parse_ringbuf, default_value_t = gpumem_common::RINGBUF_BYTES)]
     pub ringbuf_bytes: u32,
+    /// Also write a recording of the session to this file (see `gpumem record`).
+    #[arg(long, value_name = "FILE", conflicts_with = "from")]
+    pub record: Option<PathBuf>,
+    /// Read the session from a recording instead of tracing.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["pids", "command", "duration"])]
+    pub from: Option<PathBuf>,
     /// Fault injection for tests: do not read events for this long after start.
     #[arg(long, value_name = "MS", hide = true)]
     pub stall_reader_ms: Option<u64>,
@@ -122,9 +133,39 @@ pub struct LeaksArgs {
     /// Print the report as one JSON object (`"type":"leaks"`).
     #[arg(long)]
     pub json: bool,
+    /// Also write a recording of the session to this file (see `gpumem record`).
+    #[arg(long, value_name = "FILE", conflicts_with = "from")]
+    pub record: Option<PathBuf>,
+    /// Read the session from a recording instead of tracing.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["pids", "command", "duration"])]
+    pub from: Option<PathBuf>,
     /// Most live allocations kept in memory; beyond it allocations are counted as dropped.
     #[arg(long, value_name = "N", default_value_t = 1 << 20)]
     pub max_allocations: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// The recording to write.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: PathBuf,
+    #[command(flatten)]
+    pub probes: ProbeArgs,
+    /// Most live allocations kept in memory; beyond it events are counted as dropped.
+    #[arg(long, value_name = "N", default_value_t = 1 << 20)]
+    pub max_allocations: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// A file written by `gpumem record` (or `--record`).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// One JSON object per line, as `trace --json`.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

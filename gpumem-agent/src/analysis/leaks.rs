@@ -140,9 +140,9 @@ fn largest(groups: HashMap<Option<StackId>, Group>, stacks: &mut Stacks, now_ns:
     (shown, more)
 }
 
-/// A process's top stacks on a device right now (for OOM snapshots).
-pub fn top_stacks(p: &Process, device: i32, stacks: &mut Stacks, top: usize) -> Vec<LeakGroup> {
-    let now = monotonic_ns();
+/// A process's top stacks on a device (for OOM snapshots).
+/// Ages are taken at `now_ns` (the event that asked: replays give the same answer).
+pub fn top_stacks(p: &Process, device: i32, stacks: &mut Stacks, top: usize, now: u64) -> Vec<LeakGroup> {
     match group_by_stack(p, now, 0).remove(&device) {
         Some(groups) => largest(groups, stacks, now, top).0,
         None => Vec::new(),

@@ -1,17 +1,79 @@
 //! One event into the agent's state: its stack unwound, the state updated,
 //! the process's container looked up once, OOM kills placed in their memory
 //! cgroup. Shared by `trace`/`leaks` (which print) and `serve` (which exports).
+use std::collections::HashMap;
+
 use gpumem_common::{api, Event, StackEvent};
 
 use crate::{
     analysis::leaks,
-    state::{container, Applied, State},
-    stacks::Stacks,
+    record::Lookup,
+    stacks::{StackId, Stacks},
+    state::{
+        container::{self, ContainerInfo},
+        Applied, State,
+    },
 };
+
+/// Where what the agent looks up about a process comes from: /proc while
+/// tracing (kept in `log` when recording), the recording when replaying.
+pub enum Lookups {
+    Live { log: Option<Vec<Lookup>> },
+    Recorded { containers: HashMap<u32, ContainerInfo>, memcg: HashMap<u32, String> },
+}
+
+impl Lookups {
+    fn container(&mut self, pid: u32) -> Option<ContainerInfo> {
+        match self {
+            Lookups::Live { log } => {
+                let c = container::lookup(pid);
+                if let (Some(log), Some(c)) = (log, &c) {
+                    log.push(Lookup { pid, container: Some(c.clone()), memcg: None });
+                }
+                c
+            }
+            Lookups::Recorded { containers, .. } => containers.remove(&pid),
+        }
+    }
+
+    fn memcg(&mut self, pid: u32, tid: u32) -> Option<String> {
+        match self {
+            Lookups::Live { log } => {
+                let m = container::limited_memory_cgroup(pid).or_else(|| container::limited_memory_cgroup(tid));
+                if let (Some(log), Some(m)) = (log, &m) {
+                    log.push(Lookup { pid, container: None, memcg: Some(m.clone()) });
+                }
+                m
+            }
+            Lookups::Recorded { memcg, .. } => memcg.remove(&pid),
+        }
+    }
+
+    /// A recorded lookup, for the events that follow it.
+    pub fn add(&mut self, l: Lookup) {
+        if let Lookups::Recorded { containers, memcg } = self {
+            if let Some(c) = l.container {
+                containers.insert(l.pid, c);
+            }
+            if let Some(m) = l.memcg {
+                memcg.insert(l.pid, m);
+            }
+        }
+    }
+
+    /// The lookups made since the last call (when recording).
+    pub fn take_log(&mut self) -> Vec<Lookup> {
+        match self {
+            Lookups::Live { log: Some(log) } => std::mem::take(log),
+            _ => Vec::new(),
+        }
+    }
+}
 
 pub struct Ingest {
     pub state: State,
     pub stacks: Stacks,
+    pub lookups: Lookups,
 }
 
 /// What one event did.
@@ -23,21 +85,37 @@ pub struct Ingested {
 }
 
 impl Ingest {
-    pub fn new(state: State) -> Self {
-        Ingest { state, stacks: Stacks::default() }
+    /// Tracing; `recording` keeps a log of the lookups for the recording.
+    pub fn live(state: State, recording: bool) -> Self {
+        Ingest { state, stacks: Stacks::default(), lookups: Lookups::Live { log: recording.then(Vec::new) } }
     }
 
-    pub fn event(&mut self, ev: &Event, stack: Option<&StackEvent>) -> Ingested {
+    /// Replaying a recording.
+    pub fn replay(state: State) -> Self {
+        Ingest { state, stacks: Stacks::default(), lookups: Lookups::Recorded { containers: HashMap::new(), memcg: HashMap::new() } }
+    }
+
+    /// A traced event with the stack the kernel copied, unwound here.
+    pub fn event(&mut self, ev: &Event, stack: Option<&StackEvent>) -> (Ingested, Option<StackId>) {
         if ev.api != api::PROCESS_EXIT && ev.api != api::OOM_KILL && !self.state.processes.contains_key(&ev.pid) {
             self.stacks.prepare(ev.pid);
         }
         let stack_id = stack.and_then(|s| self.stacks.record(s));
+        (self.apply(ev, stack_id), stack_id)
+    }
+
+    /// A recorded event, whose stack was unwound when it was recorded.
+    pub fn recorded_event(&mut self, ev: &Event, stack_id: Option<StackId>) -> Ingested {
+        self.apply(ev, stack_id)
+    }
+
+    fn apply(&mut self, ev: &Event, stack_id: Option<StackId>) -> Ingested {
         let mut applied = self.state.apply_with_stack(ev, stack_id);
         // Who held the device, and from where, when an allocation ran out of memory.
         let mut oom_stacks = Vec::new();
         if let Some(oom) = &applied.cuda_oom {
             for h in &oom.holders {
-                let groups = self.state.processes.get(&h.pid).map(|p| leaks::top_stacks(p, oom.device, &mut self.stacks, 3));
+                let groups = self.state.processes.get(&h.pid).map(|p| leaks::top_stacks(p, oom.device, &mut self.stacks, 3, ev.ts_ns));
                 oom_stacks.push(serde_json::to_value(groups.unwrap_or_default()).unwrap_or_default());
             }
         }
@@ -46,13 +124,13 @@ impl Ingest {
         }
         if let Some(kill) = applied.oom_kill.as_mut() {
             // The victim may already be gone; the triggering task shares its cgroup in a memcg OOM.
-            kill.memcg = container::limited_memory_cgroup(ev.pid).or_else(|| container::limited_memory_cgroup(ev.tid));
+            kill.memcg = self.lookups.memcg(ev.pid, ev.tid);
         }
         // Looked up once per process, while it is alive; a process that is
         // already gone when its first event is read keeps trying on the next.
         if let Some(p) = self.state.processes.get_mut(&ev.pid) {
             if p.container.is_none() && ev.api != api::PROCESS_EXIT {
-                p.container = container::lookup(ev.pid);
+                p.container = self.lookups.container(ev.pid);
             }
         }
         Ingested { applied, oom_stacks }

@@ -188,7 +188,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
     attach_given(&mut agent, &args.probes, say)?;
     attach_discovered(&mut agent, &args.probes, true, say);
 
-    let mut ingest = Ingest::new(State::new(Limits { max_entries: args.max_allocations, ..Limits::default() }));
+    let mut ingest = Ingest::live(State::new(Limits { max_entries: args.max_allocations, ..Limits::default() }), false);
     let mut exporter = Exporter::new(ExportConfig {
         max_process_series: args.max_process_series as usize,
         leak_age_ns: (args.leak_age * 1e9) as u64,
@@ -224,7 +224,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
     let mut ticks = 0u64;
     let grace_ns = (args.exited_grace * 1e9) as u64;
     let on_event = |ingest: &mut Ingest, exporter: &mut Exporter, ev: &gpumem_common::Event, stack: Option<&gpumem_common::StackEvent>| {
-        let done = ingest.event(ev, stack);
+        let (done, _) = ingest.event(ev, stack);
         let obs = distributions::observe(ev, &done.applied);
         exporter.observe(ev, &done.applied, obs.as_ref());
     };

@@ -1,13 +1,15 @@
-//! `gpumem trace`: attach, stream events, keep state, summarise at the end.
+//! `gpumem trace`, `leaks` and `record`: attach, stream events, keep state,
+//! report at the end; or replay a recording through the same path (`--from`).
 use std::{
-    io::{BufWriter, IsTerminal as _, Write as _},
     ffi::CString,
+    io::{BufWriter, IsTerminal as _, Write as _},
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::{Path, PathBuf},
     process::ExitCode,
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{anyhow, bail, Context as _, Result};
 use tokio::signal::unix::{signal, SignalKind};
 
 use super::{
@@ -28,6 +30,8 @@ use crate::{
         trace::{cuda_oom_json, event_json, Filter, Printer},
     },
     probes::{Agent, Options, ProbeSet},
+    record::{self, Footer, Header, Record},
+    stacks::StackId,
     state::{Limits, State},
 };
 
@@ -49,6 +53,10 @@ pub struct Session {
     pub stall_reader_ms: Option<u64>,
     /// `gpumem leaks`: report outstanding allocations instead of events.
     pub leaks: Option<LeaksOptions>,
+    /// Also write a recording of the session here.
+    pub record: Option<PathBuf>,
+    /// Replay this recording instead of tracing.
+    pub from: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -72,6 +80,8 @@ impl Session {
             ringbuf_bytes: a.ringbuf_bytes,
             stall_reader_ms: a.stall_reader_ms,
             leaks: None,
+            record: a.record,
+            from: a.from,
         }
     }
 
@@ -89,6 +99,8 @@ impl Session {
             ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
             stall_reader_ms: None,
             leaks: Some(LeaksOptions { older_than_s: a.older_than, top: a.top }),
+            record: a.record,
+            from: a.from,
         }
     }
 }
@@ -163,6 +175,9 @@ fn exit_code(status: i32) -> u8 {
     }
 }
 pub fn run(s: Session) -> Result<ExitCode> {
+    if let Some(path) = s.from.clone() {
+        return replay(s, &path);
+    }
     require_root()?;
     for &pid in &s.pids {
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
@@ -176,6 +191,11 @@ pub fn run(s: Session) -> Result<ExitCode> {
 async fn run_async(s: Session) -> Result<ExitCode> {
     let say = |m: String| eprintln!("gpumem: {m}");
     let filter_pids = !s.pids.is_empty() || s.command.is_some();
+    // Created first: a path that cannot be written is a usage error, before any probe.
+    let recorder = match &s.record {
+        Some(path) => Some(record::Writer::create(path).with_context(|| format!("cannot write the recording {}", path.display()))?),
+        None => None,
+    };
     let mut agent = Agent::load(Options {
         filter_pids,
         probe_set: s.probe_set,
@@ -199,6 +219,18 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     for &pid in &s.pids {
         agent.add_pid(pid, false)?;
     }
+    let stdout = std::io::stdout();
+    let mut sink = Sink::new(&s, BufWriter::new(stdout.lock()), Ingest::live(State::new(s.limits), recorder.is_some()));
+    sink.recorder = recorder;
+    sink.record(|w| {
+        w.header(&Header {
+            gpumem_version: env!("CARGO_PKG_VERSION").into(),
+            recorded_by: if s.leaks.is_some() { "leaks" } else { "trace" }.into(),
+            command: s.command.clone(),
+            pids: s.pids.clone(),
+            started_ns: leaks::monotonic_ns(),
+        })
+    });
     let mut started = match &s.command {
         Some(cmd) => {
             let st = start_blocked(cmd)?;
@@ -212,16 +244,10 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     // Everything is in place: events from here on are seen.
     say(if s.leaks.is_some() { "tracing; the report comes at the end (Ctrl-C to stop early)".into() } else { "tracing; Ctrl-C to stop".into() });
 
-    let stdout = std::io::stdout();
-    let mut sink = Sink {
-        ingest: Ingest::new(State::new(s.limits)),
-        distributions: Distributions::default(),
-        printer: Printer::new(BufWriter::new(stdout.lock()), s.json, s.filter),
-        quiet: s.quiet,
-        write_error: None,
-        ooms: Vec::new(),
-    };
     let mut growth = GrowthTracker::default();
+    // Live bytes are sampled for the growth detector in `leaks`, and in every
+    // recording so that `leaks --from` sees the same samples.
+    let sampling = s.leaks.is_some() || sink.recorder.is_some();
     let mut sample = tokio::time::interval(GROWTH_SAMPLE_INTERVAL);
     let progress = s.leaks.is_some() && !s.json && std::io::stderr().is_terminal();
     let began = Instant::now();
@@ -242,9 +268,10 @@ async fn run_async(s: Session) -> Result<ExitCode> {
                 reader.drain_now(&mut |ev, stack| sink.on_event(ev, stack));
                 let _ = sink.printer.flush();
             }
-            _ = sample.tick(), if s.leaks.is_some() => {
+            _ = sample.tick(), if sampling => {
                 let t = began.elapsed().as_secs_f64();
                 growth.sample(&sink.ingest.state, t);
+                sink.record(|w| w.tick(t));
                 if progress {
                     show_progress(t, s.duration, &sink.ingest.state);
                 }
@@ -268,6 +295,10 @@ async fn run_async(s: Session) -> Result<ExitCode> {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
         }
+        if let Some(e) = sink.record_error.take() {
+            let path = s.record.as_deref().unwrap_or(Path::new("?"));
+            return Err(e).with_context(|| format!("writing the recording {}", path.display()));
+        }
         if let Some(e) = sink.write_error.take() {
             // A closed pipe (`| head`) ends the trace quietly.
             if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -282,27 +313,59 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     if progress {
         eprint!("\r\x1b[K");
     }
-    let lost = LostEvents::from_stats(&agent.kernel_stats()?, reader.malformed);
+    let mut footer = Footer {
+        duration_s: began.elapsed().as_secs_f64(),
+        ended_ns: leaks::monotonic_ns(),
+        lost: LostEvents::from_stats(&agent.kernel_stats()?, reader.malformed),
+        probes_attached: agent.attached_probe_count(),
+        discovery: agent.scan_stats.clone(),
+        stacks: sink.ingest.stacks.stats.clone(),
+        reconciliation: None,
+        nvml: "not asked".into(),
+        command_status: child_status,
+    };
+    if s.leaks.is_none() || sink.recorder.is_some() {
+        // Reconcile with the driver's own per-process figures, where NVML is there.
+        match crate::nvml::Sampler::open(s.probes.nvml.as_deref().map(|p| p.as_os_str())).and_then(|mut n| n.sample(0.0)) {
+            Ok(gpus) => {
+                footer.reconciliation = Some(crate::analysis::reconcile::reconcile(&sink.ingest.state, &gpus));
+                footer.nvml = format!("available, {} GPU(s)", gpus.len());
+            }
+            Err(e) => footer.nvml = e.to_string(),
+        }
+    }
+    if let Some(e) = sink.record_error.take() {
+        return Err(e).with_context(|| format!("writing the recording {}", s.record.as_deref().unwrap_or(Path::new("?")).display()));
+    }
+    if let Some(w) = sink.recorder.take() {
+        let path = s.record.as_deref().expect("recording");
+        let bytes = w.bytes;
+        w.finish(&footer).with_context(|| format!("writing the recording {}", path.display()))?;
+        say(format!("recorded {} events ({:.1} MiB) to {}", sink.ingest.state.events, bytes as f64 / 1048576.0, path.display()));
+    }
+    report(&s, &mut sink, &mut growth, &footer)?;
+    drop(reader);
+    agent.detach_in_background();
+    Ok(match child_status {
+        Some(st) => ExitCode::from(exit_code(st)),
+        None => ExitCode::SUCCESS,
+    })
+}
+
+/// The end of a session, live or replayed: the leaks report or the summary.
+fn report<W: std::io::Write>(s: &Session, sink: &mut Sink<W>, growth: &mut GrowthTracker, f: &Footer) -> Result<()> {
     if let Some(opts) = s.leaks {
-        let now_ns = leaks::monotonic_ns();
-        let processes = leaks::find(
-            &sink.ingest.state,
-            &mut sink.ingest.stacks,
-            &mut growth,
-            now_ns,
-            (opts.older_than_s * 1e9) as u64,
-            opts.top,
-        );
+        let processes = leaks::find(&sink.ingest.state, &mut sink.ingest.stacks, growth, f.ended_ns, (opts.older_than_s * 1e9) as u64, opts.top);
         let report = LeaksReport {
             kind: "leaks",
-            duration_s: began.elapsed().as_secs_f64(),
-            now_ns,
+            duration_s: f.duration_s,
+            now_ns: f.ended_ns,
             older_than_s: opts.older_than_s,
             processes,
             oom: sink.ingest.state.oom.clone(),
             oom_events: std::mem::take(&mut sink.ooms),
-            stacks: sink.ingest.stacks.stats.clone(),
-            lost_events: lost.total(),
+            stacks: f.stacks.clone(),
+            lost_events: f.lost.total(),
             distributions: sink.distributions.summary(),
         };
         let mut out = std::io::stdout().lock();
@@ -312,44 +375,81 @@ async fn run_async(s: Session) -> Result<ExitCode> {
             report.write_human(&mut out)?;
         }
         out.flush()?;
-        drop(reader);
-        agent.detach_in_background();
-        return Ok(match child_status {
-            Some(st) => ExitCode::from(exit_code(st)),
-            None => ExitCode::SUCCESS,
-        });
+        return Ok(());
     }
-
-    let mut summary =
-        Summary::build(&sink.ingest.state, lost, began.elapsed().as_secs_f64(), agent.attached_probe_count(), agent.scan_stats.clone());
-    summary.stacks = sink.ingest.stacks.stats.clone();
+    if s.quiet {
+        return Ok(());
+    }
+    let mut summary = Summary::build(&sink.ingest.state, f.lost.clone(), f.duration_s, f.probes_attached, f.discovery.clone());
+    summary.stacks = f.stacks.clone();
     summary.distributions = sink.distributions.summary();
-    // Reconcile with the driver's own per-process figures, where NVML is there.
-    match crate::nvml::Sampler::open(s.probes.nvml.as_deref().map(|p| p.as_os_str())).and_then(|mut n| n.sample(0.0)) {
-        Ok(gpus) => {
-            summary.reconciliation = Some(crate::analysis::reconcile::reconcile(&sink.ingest.state, &gpus));
-            summary.nvml = format!("available, {} GPU(s)", gpus.len());
-        }
-        Err(e) => summary.nvml = e.to_string(),
+    summary.reconciliation = f.reconciliation.clone();
+    summary.nvml = f.nvml.clone();
+    let out = sink.printer.inner();
+    if s.json {
+        summary.write_json(out)?;
+    } else {
+        summary.write_human(out)?;
     }
-    if !s.quiet {
-        let out = sink.printer.inner();
-        if s.json {
-            summary.write_json(out)?;
-        } else {
-            summary.write_human(out)?;
-        }
-        sink.printer.flush()?;
-    }
-    drop(reader);
-    agent.detach_in_background();
-    Ok(match child_status {
-        Some(st) => ExitCode::from(exit_code(st)),
-        None => ExitCode::SUCCESS,
-    })
+    sink.printer.flush()?;
+    Ok(())
 }
 
-/// Where events go: state always, the printer unless quiet.
+/// `--from FILE`: the recorded session through the same state, analyses and
+/// outputs. A damaged or unfinished recording is reported up to the damage,
+/// with a clear error and exit status 1.
+fn replay(s: Session, path: &Path) -> Result<ExitCode> {
+    let mut reader = record::Reader::open(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    let stdout = std::io::stdout();
+    let mut sink = Sink::new(&s, BufWriter::new(stdout.lock()), Ingest::replay(State::new(s.limits)));
+    let mut growth = GrowthTracker::default();
+    let (mut header, mut footer, mut damage) = (None, None, None);
+    let mut last_ts = 0;
+    while let Some(r) = reader.next_record() {
+        match r {
+            Ok(Record::Header(h)) => header = Some(h),
+            Ok(Record::Event { event, stack }) => {
+                last_ts = event.ts_ns;
+                sink.on_recorded(&event, stack);
+                if let Some(e) = sink.write_error.take() {
+                    if e.kind() == std::io::ErrorKind::BrokenPipe {
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    return Err(e).context("writing events");
+                }
+            }
+            Ok(Record::Stack { id, frames }) => sink.ingest.stacks.insert_symbolized(id, frames),
+            Ok(Record::Lookup(l)) => sink.ingest.lookups.add(l),
+            Ok(Record::Tick(t)) => growth.sample(&sink.ingest.state, t),
+            Ok(Record::Footer(f)) => footer = Some(f),
+            Err(e) => {
+                damage = Some(e);
+                break;
+            }
+        }
+    }
+    let _ = sink.printer.flush();
+    let complete = footer.is_some();
+    let footer = footer.unwrap_or_else(|| Footer {
+        duration_s: header.as_ref().map_or(0.0, |h: &Header| last_ts.saturating_sub(h.started_ns) as f64 / 1e9),
+        ended_ns: last_ts,
+        nvml: "unknown: the recording has no footer".into(),
+        ..Default::default()
+    });
+    report(&s, &mut sink, &mut growth, &footer)?;
+    let events = reader.events;
+    if let Some(e) = damage {
+        eprintln!("gpumem: {}: {e}; the report above covers the {events} events before it", path.display());
+        return Ok(ExitCode::FAILURE);
+    }
+    if !complete {
+        eprintln!("gpumem: {}: the recording ends without its footer (the session did not finish); the report above covers its {events} events", path.display());
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Where events go: state always, the printer unless quiet, the recording if one is made.
 struct Sink<W: std::io::Write> {
     ingest: Ingest,
     distributions: Distributions,
@@ -358,6 +458,8 @@ struct Sink<W: std::io::Write> {
     write_error: Option<std::io::Error>,
     /// OOM records (cuda_oom, oom_kill) for the leaks report.
     ooms: Vec<serde_json::Value>,
+    recorder: Option<record::Writer<std::fs::File>>,
+    record_error: Option<std::io::Error>,
 }
 
 const MAX_OOM_RECORDS: usize = 100;
@@ -379,8 +481,53 @@ fn show_progress(t: f64, duration: Option<f64>, state: &State) {
 }
 
 impl<W: std::io::Write> Sink<W> {
+    fn new(s: &Session, out: W, ingest: Ingest) -> Self {
+        Sink {
+            ingest,
+            distributions: Distributions::default(),
+            printer: Printer::new(out, s.json, s.filter),
+            quiet: s.quiet,
+            write_error: None,
+            ooms: Vec::new(),
+            recorder: None,
+            record_error: None,
+        }
+    }
+
+    /// Writes to the recording, if one is made; the first error is kept and
+    /// ends the session (a recording with a hole would mislead).
+    fn record(&mut self, f: impl FnOnce(&mut record::Writer<std::fs::File>) -> std::io::Result<()>) {
+        if let (Some(w), None) = (self.recorder.as_mut(), &self.record_error) {
+            if let Err(e) = f(w) {
+                self.record_error = Some(e);
+            }
+        }
+    }
+
+    /// A traced event.
     fn on_event(&mut self, ev: &gpumem_common::Event, stack: Option<&gpumem_common::StackEvent>) {
-        let Ingested { applied, oom_stacks } = self.ingest.event(ev, stack);
+        let (ingested, stack_id) = self.ingest.event(ev, stack);
+        if self.recorder.is_some() {
+            // What replay needs before this event: the lookups it caused and its stack.
+            for l in self.ingest.lookups.take_log() {
+                self.record(|w| w.lookup(&l));
+            }
+            if let Some(id) = stack_id.filter(|&id| !self.recorder.as_ref().is_some_and(|w| w.has_stack(id))) {
+                let frames = self.ingest.stacks.frames(id);
+                self.record(|w| w.stack(id, frames));
+            }
+            self.record(|w| w.event(ev, stack_id));
+        }
+        self.after(ev, ingested);
+    }
+
+    /// A replayed event.
+    fn on_recorded(&mut self, ev: &gpumem_common::Event, stack_id: Option<StackId>) {
+        let ingested = self.ingest.recorded_event(ev, stack_id);
+        self.after(ev, ingested);
+    }
+
+    fn after(&mut self, ev: &gpumem_common::Event, Ingested { applied, oom_stacks }: Ingested) {
         if let Some(o) = distributions::observe(ev, &applied) {
             self.distributions.record(&o);
         }
@@ -403,6 +550,47 @@ impl<W: std::io::Write> Sink<W> {
 }
 
 impl Session {
+    /// `gpumem record`: trace with nothing on stdout, everything into the file.
+    pub fn for_record(a: crate::cli::RecordArgs) -> Self {
+        Session {
+            pids: a.target.pids,
+            command: a.target.command,
+            duration: a.target.duration,
+            filter: Filter::default(),
+            probes: a.probes,
+            json: false,
+            limits: Limits { max_entries: a.max_allocations, ..Limits::default() },
+            probe_set: ProbeSet::Full,
+            quiet: true,
+            ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
+            stall_reader_ms: None,
+            leaks: None,
+            record: Some(a.output),
+            from: None,
+        }
+    }
+
+    /// `gpumem replay FILE`: `trace --from FILE`.
+    pub fn for_replay(a: crate::cli::ReplayArgs) -> Self {
+        let probes = ProbeArgs { libcuda: vec![], no_discover: true, nvidia_dev_prefix: "/dev/nvidia".into(), ioctl: "off".into(), nvml: None };
+        Session {
+            pids: Vec::new(),
+            command: None,
+            duration: None,
+            filter: Filter::default(),
+            probes,
+            json: a.json,
+            limits: Limits::default(),
+            probe_set: ProbeSet::Full,
+            quiet: false,
+            ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
+            stall_reader_ms: None,
+            leaks: None,
+            record: None,
+            from: Some(a.file),
+        }
+    }
+
     /// The overhead benchmark: the same session with output off, and either
     /// gpumem's probes or empty ones on the same symbols.
     pub fn for_bench(a: crate::cli::BenchArgs) -> Self {
@@ -419,6 +607,8 @@ impl Session {
             ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
             stall_reader_ms: None,
             leaks: None,
+            record: None,
+            from: None,
         }
     }
 }

@@ -56,6 +56,8 @@ pub struct Stacks {
     modules: ModuleCache,
     unwinders: HashMap<u32, ProcessUnwinder>,
     table: HashMap<StackId, Vec<RawFrame>>,
+    /// Stacks read from a recording, already symbolized.
+    recorded: HashMap<StackId, Vec<Frame>>,
     symbolizer: symbolize::Symbolizer,
     pub stats: StackStats,
 }
@@ -123,8 +125,16 @@ impl Stacks {
         self.unwinders.remove(&pid);
     }
 
+    /// A stack from a recording, symbolized when it was recorded.
+    pub fn insert_symbolized(&mut self, id: StackId, frames: Vec<Frame>) {
+        self.recorded.insert(id, frames);
+    }
+
     /// The symbolized frames of a stack, innermost first.
     pub fn frames(&mut self, id: StackId) -> Vec<Frame> {
+        if let Some(frames) = self.recorded.get(&id) {
+            return frames.clone();
+        }
         let Some(raw) = self.table.get(&id) else { return Vec::new() };
         raw.iter().map(|f| self.symbolizer.frame(f)).collect()
     }
