@@ -146,6 +146,11 @@ impl Series {
     pub fn assess(&mut self, cfg: &GrowthConfig) -> Verdict {
         assess(self.samples.make_contiguous(), cfg)
     }
+
+    /// The last `n` samples' bytes, oldest first (for trend lines).
+    pub fn recent(&self, n: usize) -> Vec<u64> {
+        self.samples.iter().skip(self.samples.len().saturating_sub(n)).map(|&(_, b)| b).collect()
+    }
 }
 
 #[cfg(test)]

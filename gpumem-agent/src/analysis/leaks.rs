@@ -87,6 +87,11 @@ impl GrowthTracker {
         }
     }
 
+    /// The last `n` samples of a process's live bytes on a device, oldest first.
+    pub fn recent(&self, pid: u32, device: i32, n: usize) -> Vec<u64> {
+        self.series.get(&(pid, device)).map(|s| s.recent(n)).unwrap_or_default()
+    }
+
     pub fn verdict(&mut self, pid: u32, device: i32) -> Option<Verdict> {
         Some(self.series.get_mut(&(pid, device))?.assess(&GrowthConfig::default()))
     }

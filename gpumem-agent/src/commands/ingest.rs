@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use gpumem_common::{api, Event, StackEvent};
 
 use crate::{
-    analysis::leaks,
-    record::Lookup,
+    analysis::leaks::{self, GrowthTracker},
+    record::{Footer, Header, Lookup, ReadError, Reader, Record},
     stacks::{StackId, Stacks},
     state::{
         container::{self, ContainerInfo},
@@ -135,4 +135,61 @@ impl Ingest {
         }
         Ingested { applied, oom_stacks }
     }
+}
+
+/// What a replay feeds: the ingest path and growth detector, and whatever
+/// the command does with each applied event.
+pub trait Replayer {
+    fn parts(&mut self) -> (&mut Ingest, &mut GrowthTracker);
+    /// One applied event; false stops the replay.
+    fn after(&mut self, ev: &Event, ingested: Ingested) -> bool;
+}
+
+/// How a replay ended.
+pub struct Replayed {
+    /// The recording's footer, or one made from what was read.
+    pub footer: Footer,
+    /// The footer was there: the session finished.
+    pub complete: bool,
+    /// Where and why reading stopped early.
+    pub damage: Option<ReadError>,
+    pub events: u64,
+}
+
+/// Feeds a recording through the same state and analyses as a live session:
+/// stacks and lookups as recorded, growth samples where they were taken.
+pub fn replay<R: std::io::Read>(reader: &mut Reader<R>, r: &mut impl Replayer) -> Replayed {
+    let (mut header, mut footer, mut damage): (Option<Header>, _, _) = (None, None, None);
+    let mut last_ts = 0;
+    while let Some(rec) = reader.next_record() {
+        match rec {
+            Ok(Record::Header(h)) => header = Some(h),
+            Ok(Record::Event { event, stack }) => {
+                last_ts = event.ts_ns;
+                let ingested = r.parts().0.recorded_event(&event, stack);
+                if !r.after(&event, ingested) {
+                    break;
+                }
+            }
+            Ok(Record::Stack { id, frames }) => r.parts().0.stacks.insert_symbolized(id, frames),
+            Ok(Record::Lookup(l)) => r.parts().0.lookups.add(l),
+            Ok(Record::Tick(t)) => {
+                let (ingest, growth) = r.parts();
+                growth.sample(&ingest.state, t);
+            }
+            Ok(Record::Footer(f)) => footer = Some(f),
+            Err(e) => {
+                damage = Some(e);
+                break;
+            }
+        }
+    }
+    let complete = footer.is_some();
+    let footer = footer.unwrap_or_else(|| Footer {
+        duration_s: header.as_ref().map_or(0.0, |h| last_ts.saturating_sub(h.started_ns) as f64 / 1e9),
+        ended_ns: last_ts,
+        nvml: "unknown: the recording has no footer".into(),
+        ..Default::default()
+    });
+    Replayed { footer, complete, damage, events: reader.events }
 }

@@ -6,7 +6,7 @@
 //! channel, so a scrape never races an event and nothing is locked.
 use std::{
     future::IntoFuture as _,
-    collections::{BTreeMap, VecDeque},
+    collections::BTreeMap,
     process::ExitCode,
     time::{Duration, Instant},
 };
@@ -27,13 +27,13 @@ use super::{attach_discovered, attach_given, ingest::Ingest, require_root};
 use crate::{
     analysis::{
         distributions,
-        health::{self, Health, Thresholds},
+        health::Thresholds,
         leaks::{monotonic_ns, GrowthTracker},
     },
     cli::ServeArgs,
     events::{EventReader, LostEvents},
     export::prometheus::{self, ExportConfig, Exporter, Inputs},
-    nvml::{xid::XidWatcher, GpuSample, Sampler},
+    nvml::{monitor::Monitor, GpuSample},
     probes::{Agent, Options, ProbeSet},
     state::{Limits, State},
 };
@@ -44,8 +44,6 @@ const DISCOVERY_INTERVAL: Duration = Duration::from_millis(500);
 const FD_RESCAN_TICKS: u64 = 4;
 /// Samples per growth series (the detector's window: 10 min at 1 s).
 const GROWTH_SAMPLES: usize = 600;
-/// Health (ECC rate, XIDs) is judged over the last hour of readings.
-const HEALTH_WINDOW_S: f64 = 3600.0;
 /// A scrape or health check that the main task has not answered by then fails.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -60,111 +58,6 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     require_root()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     rt.block_on(serve(args))
-}
-
-/// NVML, when it is there: readings per GPU over the health window, and XIDs.
-struct Gpus {
-    lib: Option<std::ffi::OsString>,
-    /// `--nvml none`: never loaded.
-    disabled: bool,
-    sampler: Option<Sampler>,
-    xids: Option<XidWatcher>,
-    /// Readings per GPU index, oldest first, covering HEALTH_WINDOW_S.
-    windows: BTreeMap<u32, VecDeque<GpuSample>>,
-    /// XID events within the window, for health.
-    recent_xids: VecDeque<crate::nvml::xid::XidEvent>,
-    latest: Vec<GpuSample>,
-    health: BTreeMap<u32, Health>,
-    error: Option<String>,
-}
-
-impl Gpus {
-    fn open(lib: Option<std::ffi::OsString>) -> Self {
-        let mut g = Gpus {
-            disabled: lib.as_deref() == Some(std::ffi::OsStr::new("none")),
-            lib,
-            sampler: None,
-            xids: None,
-            windows: BTreeMap::new(),
-            recent_xids: VecDeque::new(),
-            latest: Vec::new(),
-            health: BTreeMap::new(),
-            error: None,
-        };
-        g.connect();
-        g
-    }
-
-    /// (Re)opens NVML: the driver may load after the agent starts.
-    fn connect(&mut self) {
-        if self.disabled {
-            self.error = Some("NVML not used (--nvml none)".into());
-            return;
-        }
-        match Sampler::open(self.lib.as_deref()) {
-            Ok(s) => {
-                self.sampler = Some(s);
-                self.error = None;
-                if self.xids.is_none() {
-                    self.xids = XidWatcher::start(self.lib.clone(), monotonic_ns).ok();
-                }
-            }
-            Err(e) => self.error = Some(e.to_string()),
-        }
-    }
-
-    /// One reading of every GPU; a failure drops the stale readings (so no
-    /// old value is exported as current) and NVML is reopened next time.
-    fn sample(&mut self, exporter: &mut Exporter, thresholds: &Thresholds) {
-        if self.sampler.is_none() && !self.disabled {
-            self.connect();
-        }
-        self.take_xids(exporter);
-        let Some(sampler) = self.sampler.as_mut() else { return };
-        let now = monotonic_ns() as f64 / 1e9;
-        match sampler.sample(now) {
-            Ok(readings) => {
-                self.error = None;
-                for r in &readings {
-                    let w = self.windows.entry(r.index).or_default();
-                    w.push_back(r.clone());
-                    while w.front().is_some_and(|f| now - f.t_s > HEALTH_WINDOW_S) {
-                        w.pop_front();
-                    }
-                }
-                while self.recent_xids.front().is_some_and(|x| now - x.ts_ns as f64 / 1e9 > HEALTH_WINDOW_S) {
-                    self.recent_xids.pop_front();
-                }
-                self.health = self
-                    .windows
-                    .iter()
-                    .filter_map(|(&i, w)| {
-                        let (first, last) = (w.front()?, w.back()?);
-                        let mine: Vec<_> = self.recent_xids.iter().filter(|x| x.gpu == i).cloned().collect();
-                        Some((i, health::assess(first, last, &mine, thresholds)))
-                    })
-                    .collect();
-                self.latest = readings;
-            }
-            Err(e) => {
-                eprintln!("gpumem: {e}; GPU series are left out until NVML answers again");
-                self.error = Some(e.to_string());
-                self.sampler = None;
-                self.latest.clear();
-                self.health.clear();
-                self.windows.clear();
-            }
-        }
-    }
-
-    fn take_xids(&mut self, exporter: &mut Exporter) {
-        if let Some(w) = &self.xids {
-            for x in w.events.try_iter() {
-                exporter.observe_xid(x.gpu, x.xid);
-                self.recent_xids.push_back(x);
-            }
-        }
-    }
 }
 
 async fn serve(args: ServeArgs) -> Result<ExitCode> {
@@ -195,8 +88,10 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
     });
     let mut growth = GrowthTracker::with_capacity(GROWTH_SAMPLES);
     let thresholds = Thresholds::default();
-    let mut gpus = Gpus::open(args.probes.nvml.as_ref().map(|p| p.as_os_str().to_os_string()));
-    gpus.sample(&mut exporter, &thresholds);
+    let mut gpus = Monitor::open(args.probes.nvml.as_ref().map(|p| p.as_os_str().to_os_string()));
+    for x in gpus.sample(&thresholds) {
+        exporter.observe_xid(x.gpu, x.xid);
+    }
     match &gpus.error {
         None => say(format!("NVML: {} GPU(s)", gpus.latest.len())),
         Some(e) => say(format!("{e}; serving traced memory only, retrying every {} s", args.nvml_interval)),
@@ -239,7 +134,9 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
                 Request::Metrics(reply) => {
                     // Everything already in the ring counts in this scrape.
                     reader.drain_now(&mut |ev, stack| on_event(&mut ingest, &mut exporter, ev, stack));
-                    gpus.take_xids(&mut exporter);
+                    for x in gpus.take_xids() {
+                        exporter.observe_xid(x.gpu, x.xid);
+                    }
                     let lost = LostEvents::from_stats(&agent.kernel_stats()?, reader.malformed);
                     let body = exporter.render(Inputs {
                         state: &ingest.state,
@@ -264,7 +161,11 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
                 }
             },
             _ = growth_tick.tick() => growth.sample(&ingest.state, began.elapsed().as_secs_f64()),
-            _ = nvml_tick.tick() => gpus.sample(&mut exporter, &thresholds),
+            _ = nvml_tick.tick() => {
+                for x in gpus.sample(&thresholds) {
+                    exporter.observe_xid(x.gpu, x.xid);
+                }
+            }
             _ = discovery.tick() => {
                 attach_discovered(&mut agent, &args.probes, false, say);
                 ticks += 1;

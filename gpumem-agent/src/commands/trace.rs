@@ -14,7 +14,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use super::{
     attach_discovered, attach_given,
-    ingest::{Ingest, Ingested},
+    ingest::{replay as replay_records, Ingest, Ingested, Replayer},
     require_root,
 };
 use crate::{
@@ -30,8 +30,7 @@ use crate::{
         trace::{cuda_oom_json, event_json, Filter, Printer},
     },
     probes::{Agent, Options, ProbeSet},
-    record::{self, Footer, Header, Record},
-    stacks::StackId,
+    record::{self, Footer, Header},
     state::{Limits, State},
 };
 
@@ -244,7 +243,6 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     // Everything is in place: events from here on are seen.
     say(if s.leaks.is_some() { "tracing; the report comes at the end (Ctrl-C to stop early)".into() } else { "tracing; Ctrl-C to stop".into() });
 
-    let mut growth = GrowthTracker::default();
     // Live bytes are sampled for the growth detector in `leaks`, and in every
     // recording so that `leaks --from` sees the same samples.
     let sampling = s.leaks.is_some() || sink.recorder.is_some();
@@ -270,7 +268,7 @@ async fn run_async(s: Session) -> Result<ExitCode> {
             }
             _ = sample.tick(), if sampling => {
                 let t = began.elapsed().as_secs_f64();
-                growth.sample(&sink.ingest.state, t);
+                sink.growth.sample(&sink.ingest.state, t);
                 sink.record(|w| w.tick(t));
                 if progress {
                     show_progress(t, s.duration, &sink.ingest.state);
@@ -343,7 +341,7 @@ async fn run_async(s: Session) -> Result<ExitCode> {
         w.finish(&footer).with_context(|| format!("writing the recording {}", path.display()))?;
         say(format!("recorded {} events ({:.1} MiB) to {}", sink.ingest.state.events, bytes as f64 / 1048576.0, path.display()));
     }
-    report(&s, &mut sink, &mut growth, &footer)?;
+    report(&s, &mut sink, &footer)?;
     drop(reader);
     agent.detach_in_background();
     Ok(match child_status {
@@ -353,9 +351,9 @@ async fn run_async(s: Session) -> Result<ExitCode> {
 }
 
 /// The end of a session, live or replayed: the leaks report or the summary.
-fn report<W: std::io::Write>(s: &Session, sink: &mut Sink<W>, growth: &mut GrowthTracker, f: &Footer) -> Result<()> {
+fn report<W: std::io::Write>(s: &Session, sink: &mut Sink<W>, f: &Footer) -> Result<()> {
     if let Some(opts) = s.leaks {
-        let processes = leaks::find(&sink.ingest.state, &mut sink.ingest.stacks, growth, f.ended_ns, (opts.older_than_s * 1e9) as u64, opts.top);
+        let processes = leaks::find(&sink.ingest.state, &mut sink.ingest.stacks, &mut sink.growth, f.ended_ns, (opts.older_than_s * 1e9) as u64, opts.top);
         let report = LeaksReport {
             kind: "leaks",
             duration_s: f.duration_s,
@@ -402,56 +400,42 @@ fn replay(s: Session, path: &Path) -> Result<ExitCode> {
     let mut reader = record::Reader::open(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
     let stdout = std::io::stdout();
     let mut sink = Sink::new(&s, BufWriter::new(stdout.lock()), Ingest::replay(State::new(s.limits)));
-    let mut growth = GrowthTracker::default();
-    let (mut header, mut footer, mut damage) = (None, None, None);
-    let mut last_ts = 0;
-    while let Some(r) = reader.next_record() {
-        match r {
-            Ok(Record::Header(h)) => header = Some(h),
-            Ok(Record::Event { event, stack }) => {
-                last_ts = event.ts_ns;
-                sink.on_recorded(&event, stack);
-                if let Some(e) = sink.write_error.take() {
-                    if e.kind() == std::io::ErrorKind::BrokenPipe {
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                    return Err(e).context("writing events");
-                }
-            }
-            Ok(Record::Stack { id, frames }) => sink.ingest.stacks.insert_symbolized(id, frames),
-            Ok(Record::Lookup(l)) => sink.ingest.lookups.add(l),
-            Ok(Record::Tick(t)) => growth.sample(&sink.ingest.state, t),
-            Ok(Record::Footer(f)) => footer = Some(f),
-            Err(e) => {
-                damage = Some(e);
-                break;
-            }
-        }
-    }
+    let end = replay_records(&mut reader, &mut sink);
     let _ = sink.printer.flush();
-    let complete = footer.is_some();
-    let footer = footer.unwrap_or_else(|| Footer {
-        duration_s: header.as_ref().map_or(0.0, |h: &Header| last_ts.saturating_sub(h.started_ns) as f64 / 1e9),
-        ended_ns: last_ts,
-        nvml: "unknown: the recording has no footer".into(),
-        ..Default::default()
-    });
-    report(&s, &mut sink, &mut growth, &footer)?;
-    let events = reader.events;
-    if let Some(e) = damage {
+    if let Some(e) = sink.write_error.take() {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            return Ok(ExitCode::SUCCESS);
+        }
+        return Err(e).context("writing events");
+    }
+    report(&s, &mut sink, &end.footer)?;
+    let events = end.events;
+    if let Some(e) = end.damage {
         eprintln!("gpumem: {}: {e}; the report above covers the {events} events before it", path.display());
         return Ok(ExitCode::FAILURE);
     }
-    if !complete {
+    if !end.complete {
         eprintln!("gpumem: {}: the recording ends without its footer (the session did not finish); the report above covers its {events} events", path.display());
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
 }
 
+impl<W: std::io::Write> Replayer for Sink<W> {
+    fn parts(&mut self) -> (&mut Ingest, &mut GrowthTracker) {
+        (&mut self.ingest, &mut self.growth)
+    }
+    fn after(&mut self, ev: &gpumem_common::Event, ingested: Ingested) -> bool {
+        Sink::after(self, ev, ingested);
+        self.write_error.is_none()
+    }
+}
+
 /// Where events go: state always, the printer unless quiet, the recording if one is made.
 struct Sink<W: std::io::Write> {
     ingest: Ingest,
+    /// Live bytes sampled for the growth detector (leaks, recordings).
+    growth: GrowthTracker,
     distributions: Distributions,
     printer: Printer<W>,
     quiet: bool,
@@ -484,6 +468,7 @@ impl<W: std::io::Write> Sink<W> {
     fn new(s: &Session, out: W, ingest: Ingest) -> Self {
         Sink {
             ingest,
+            growth: GrowthTracker::default(),
             distributions: Distributions::default(),
             printer: Printer::new(out, s.json, s.filter),
             quiet: s.quiet,
@@ -518,12 +503,6 @@ impl<W: std::io::Write> Sink<W> {
             }
             self.record(|w| w.event(ev, stack_id));
         }
-        self.after(ev, ingested);
-    }
-
-    /// A replayed event.
-    fn on_recorded(&mut self, ev: &gpumem_common::Event, stack_id: Option<StackId>) {
-        let ingested = self.ingest.recorded_event(ev, stack_id);
         self.after(ev, ingested);
     }
 

@@ -3,4 +3,5 @@ pub mod leaks;
 pub mod names;
 pub mod prometheus;
 pub mod summary;
+pub mod top;
 pub mod trace;

@@ -8,6 +8,7 @@ use std::{
     ffi::OsStr,
 };
 
+pub mod monitor;
 pub mod xid;
 
 use nvml_wrapper::{

@@ -186,6 +186,7 @@ impl State {
         if ev.result != 0 {
             stats.failures += 1;
             *stats.failures_by_result.entry(ev.result).or_default() += 1;
+            proc.last_failure = Some((ev.api, ev.result, ev.ts_ns));
             let device = if ev.device != DEVICE_UNKNOWN { ev.device } else { proc.current_device(ev.tid) };
             let mut applied = Applied { device, size: ev.size, ..Default::default() };
             if ev.result == gpumem_common::cu_result::OUT_OF_MEMORY && matches!(info.class, ApiClass::DeviceAlloc | ApiClass::VmmCreate) {

@@ -115,6 +115,8 @@ pub struct Process {
     pub uvm_mapped_bytes: u64,
     /// Last (free, total) bytes the process's own cuMemGetInfo_v2 reported, per device.
     pub reported_free: HashMap<i32, (u64, u64)>,
+    /// The last failed call: (API, CUresult, CLOCK_MONOTONIC ns).
+    pub last_failure: Option<(u32, u32, u64)>,
     /// Container and pod, looked up from /proc when the process is first seen.
     pub container: Option<super::container::ContainerInfo>,
 }
