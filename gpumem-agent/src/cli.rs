@@ -23,6 +23,9 @@ pub enum Command {
     /// older than --older-than, per process and device, grouped by allocation stack,
     /// with a growth verdict per process.
     Leaks(LeaksArgs),
+    /// A live view of who holds GPU memory: per GPU, then per process, with
+    /// growth, trend, leak verdict and last failure (q quits).
+    Top(TopArgs),
     /// Record a session to a file (events, stacks symbolized now, lookups) for
     /// `trace --from`, `leaks --from` and `replay`, here or on another host.
     Record(RecordArgs),
@@ -140,6 +143,27 @@ pub struct LeaksArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = ["pids", "command", "duration"])]
     pub from: Option<PathBuf>,
     /// Most live allocations kept in memory; beyond it allocations are counted as dropped.
+    #[arg(long, value_name = "N", default_value_t = 1 << 20)]
+    pub max_allocations: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub probes: ProbeArgs,
+    /// Print one snapshot as text after --duration seconds and exit (for scripts).
+    #[arg(long)]
+    pub once: bool,
+    /// With --once: seconds to trace before the snapshot.
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0, value_parser = parse_duration)]
+    pub duration: f64,
+    /// Seconds between screen updates.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0, value_parser = parse_duration)]
+    pub interval: f64,
+    /// Show the end of a recording instead of tracing.
+    #[arg(long, value_name = "FILE")]
+    pub from: Option<PathBuf>,
+    /// Most live allocations kept in memory.
     #[arg(long, value_name = "N", default_value_t = 1 << 20)]
     pub max_allocations: usize,
 }

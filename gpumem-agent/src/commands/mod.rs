@@ -3,6 +3,7 @@ pub mod health;
 pub mod ingest;
 pub mod serve;
 pub mod status;
+pub mod top;
 pub mod trace;
 
 use anyhow::{bail, Context as _, Result};
