@@ -1,0 +1,182 @@
+//! `gpumem top`: the text snapshot against a running workload, the live view
+//! driven in a real terminal (tmux), and a recording shown by `--from`.
+//! Run as root, one test at a time (`cargo xtask test` does both).
+use std::{process::Command, time::Duration};
+
+use gpumem_tests::*;
+
+fn spawn_hold(hold_ms: u32) -> std::process::Child {
+    let f = fixtures();
+    Command::new(&f.workload)
+        .args([f.libcuda.to_str().unwrap(), "hold"])
+        .env("GPUMEM_WORKLOAD_HOLD_MS", hold_ms.to_string())
+        .spawn()
+        .expect("starting the workload")
+}
+
+/// The rows of a `top --once` snapshot for one pid: (GPU, live, allocations).
+fn rows_for(text: &str, pid: u32) -> Vec<(String, String, String)> {
+    text.lines()
+        .filter(|l| l.split_whitespace().next() == Some(&pid.to_string()))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            // PID POD COMM GPU LIVE(2 words) ALLOCS ...
+            (w[3].to_string(), format!("{} {}", w[4], w[5]), w[6].to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn top_once_shows_the_running_workload_per_gpu() {
+    require_root();
+    wait_for_detach();
+    let f = fixtures();
+    let mut top = Command::new(gpumem_bin())
+        .args(["top", "--once", "--duration", "4", "--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = stderr_after_line(&mut top, "gpumem: tracing for");
+    let mut hold = spawn_hold(10_000);
+    let out = top.wait_with_output().unwrap();
+    let stderr = stderr.join().unwrap();
+    let _ = hold.kill();
+    let _ = hold.wait();
+    assert!(out.status.success(), "{stderr}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("gpumem top: 3 GPU(s), 1 process(es), 10 events, 0 lost\n"), "{text}");
+    assert!(text.contains("GPU 0 Fake H200: 20.0 GiB / 144.0 GiB used, traced 9.0 MiB, 60 °C, HBM 70 °C, health 100\n"), "{text}");
+    assert!(text.contains("GPU 2 Fake GPU Old: 1.0 GiB / 144.0 GiB used, traced 0 B"), "{text}");
+    let rows = rows_for(&text, hold.id());
+    assert_eq!(
+        rows,
+        [("0".into(), "9.0 MiB".into(), "2".into()), ("1".into(), "2.0 MiB".into(), "1".into())],
+        "{text}"
+    );
+}
+
+/// A tmux session running one command, read with capture-pane and driven with send-keys.
+struct Tmux {
+    name: String,
+}
+
+impl Tmux {
+    fn start(name: &str, command: &str) -> Tmux {
+        let _ = Command::new("tmux").args(["kill-session", "-t", name]).output();
+        let ok = Command::new("tmux")
+            .args(["new-session", "-d", "-s", name, "-x", "160", "-y", "32", command])
+            .status()
+            .expect("tmux (apt-get install tmux)");
+        assert!(ok.success());
+        Tmux { name: name.into() }
+    }
+
+    fn screen(&self) -> String {
+        let out = Command::new("tmux").args(["capture-pane", "-p", "-t", &self.name]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut cmd = Command::new("tmux");
+        cmd.args(["send-keys", "-t", &self.name]).args(keys);
+        assert!(cmd.status().unwrap().success());
+    }
+
+    /// Polls the screen until `f` accepts it.
+    fn wait_for(&self, what: &str, f: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let s = self.screen();
+            if f(&s) {
+                return s;
+            }
+            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}; the screen:\n{s}");
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").args(["kill-session", "-t", &self.name]).output();
+    }
+}
+
+#[test]
+fn top_in_a_real_terminal_sorts_filters_switches_gpu_shows_stacks_and_quits() {
+    require_root();
+    wait_for_detach();
+    let f = fixtures();
+    let exit_file = target_dir().join("gpumem-fixtures/top.exit");
+    let _ = std::fs::remove_file(&exit_file);
+    let cmd = format!(
+        "{} top --interval 0.3 --libcuda {} --nvml {} 2>/dev/null; echo $? > {}",
+        gpumem_bin().display(),
+        f.libcuda.display(),
+        f.nvml.display(),
+        exit_file.display()
+    );
+    let tmux = Tmux::start("gpumem-top-test", &cmd);
+    tmux.wait_for("the title", |s| s.contains("gpumem top · sort: live bytes"));
+    let mut hold = spawn_hold(30_000);
+    let pid = hold.id().to_string();
+    let screen = tmux.wait_for("the workload's rows", |s| s.contains(&pid) && s.contains("9.0 MiB") && s.contains("2.0 MiB"));
+    // Largest first: GPU 0's 9 MiB row above GPU 1's 2 MiB row.
+    let (i9, i2) = (screen.find("9.0 MiB").unwrap(), screen.find("2.0 MiB").unwrap());
+    assert!(i9 < i2, "{screen}");
+    std::fs::create_dir_all(target_dir().join("screenshots")).unwrap();
+    let colored = Command::new("tmux").args(["capture-pane", "-p", "-e", "-t", "gpumem-top-test"]).output().unwrap();
+    std::fs::write(target_dir().join("screenshots/top.ansi"), &colored.stdout).unwrap();
+    std::fs::write(target_dir().join("screenshots/top.txt"), &screen).unwrap();
+
+    tmux.keys(&["s"]);
+    tmux.wait_for("sort by growth", |s| s.contains("sort: growth"));
+    tmux.keys(&["g"]);
+    let s = tmux.wait_for("GPU 0 only", |s| s.contains("GPU: 0"));
+    assert!(s.contains("9.0 MiB") && !s.contains("2.0 MiB      1"), "{s}");
+    tmux.keys(&["g", "g", "g"]);
+    tmux.wait_for("all GPUs again", |s| s.contains("GPU: all"));
+    tmux.keys(&["/", "n", "o", "p", "e", "Enter"]);
+    let s = tmux.wait_for("the filter", |s| s.contains("filter: nope"));
+    assert!(!s.contains(&pid), "filtered out: {s}");
+    tmux.keys(&["/", "w", "o", "r", "k", "Enter"]);
+    tmux.wait_for("the filter to match", |s| s.contains("filter: work") && s.contains(&pid));
+    tmux.keys(&["p"]);
+    tmux.wait_for("pause", |s| s.contains("PAUSED"));
+    tmux.keys(&["p", "Enter"]);
+    let s = tmux.wait_for("the stacks", |s| s.contains("largest live allocation stacks"));
+    assert!(s.contains("allocation(s), oldest"), "{s}");
+    tmux.keys(&["x"]);
+    tmux.wait_for("the stacks to close", |s| !s.contains("largest live allocation stacks"));
+    tmux.keys(&["q"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !exit_file.exists() {
+        assert!(std::time::Instant::now() < deadline, "top did not quit; screen:\n{}", tmux.screen());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(std::fs::read_to_string(&exit_file).unwrap().trim(), "0");
+    let _ = hold.kill();
+    let _ = hold.wait();
+}
+
+#[test]
+fn top_from_a_recording_shows_the_state_at_its_end() {
+    require_root();
+    let f = fixtures();
+    let rec = target_dir().join("gpumem-fixtures/top.gpumemrec");
+    // Recorded for 3 s while the workload still holds its memory.
+    let cmd = format!("{} {} hold", f.workload.display(), f.libcuda.display());
+    let out = run_gpumem(
+        &["record", "-o", rec.to_str().unwrap(), "--duration", "3", "--libcuda", f.libcuda.to_str().unwrap(), "-c", &cmd],
+        &[("GPUMEM_WORKLOAD_HOLD_MS", "6000")],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run_gpumem(&["top", "--once", "--from", rec.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("gpumem top: 2 GPU(s), 1 process(es), 10 events, 0 lost\n"), "{text}");
+    assert!(text.contains("GPU 0: NVML n/a, traced 9.0 MiB\n"), "{text}");
+    let pid: u32 = text.lines().nth(4).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert_eq!(rows_for(&text, pid), [("0".into(), "9.0 MiB".into(), "2".into()), ("1".into(), "2.0 MiB".into(), "1".into())]);
+}
