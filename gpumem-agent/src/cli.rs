@@ -31,6 +31,10 @@ pub enum Command {
     Record(RecordArgs),
     /// Replay a recording: its events and summary, as `trace --from FILE`.
     Replay(ReplayArgs),
+    /// Draw a recording: a self-contained HTML page (memory over time per GPU
+    /// and process, OOM and XID marks, ECC and temperatures, allocation sizes,
+    /// leak suspects with stacks) and/or one SVG chart for a ticket.
+    Report(ReportArgs),
     /// Show kernel features, every libcuda found and every probe attached or skipped.
     Status(StatusArgs),
     /// GPU health from NVML: ECC, retired pages, remapped rows, temperatures, a score
@@ -166,6 +170,26 @@ pub struct TopArgs {
     /// Most live allocations kept in memory.
     #[arg(long, value_name = "N", default_value_t = 1 << 20)]
     pub max_allocations: usize,
+}
+
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("out").required(true).multiple(true).args(["output", "svg"]))]
+pub struct ReportArgs {
+    /// A file written by `gpumem record` (or `--record`).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// The HTML page to write.
+    #[arg(short = 'o', long = "output", value_name = "HTML")]
+    pub output: Option<PathBuf>,
+    /// Also (or only) write the live-memory chart as one SVG file.
+    #[arg(long, value_name = "SVG")]
+    pub svg: Option<PathBuf>,
+    /// With --svg: only this GPU.
+    #[arg(long, value_name = "N")]
+    pub gpu: Option<i32>,
+    /// Leak suspects: live allocations at least this old at the end of the recording.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0, value_parser = parse_age)]
+    pub older_than: f64,
 }
 
 #[derive(Debug, Args)]

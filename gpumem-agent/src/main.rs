@@ -20,6 +20,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Trace(args) => commands::trace::run(commands::trace::Session::from_args(args)),
         Command::Leaks(args) => commands::trace::run(commands::trace::Session::for_leaks(args)),
+        Command::Report(args) => commands::report::run(args),
         Command::Top(args) => commands::top::run(args),
         Command::Record(args) => commands::trace::run(commands::trace::Session::for_record(args)),
         Command::Replay(args) => commands::trace::run(commands::trace::Session::for_replay(args)),

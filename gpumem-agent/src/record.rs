@@ -38,6 +38,8 @@ mod tag {
     pub const LOOKUP: u8 = 4;
     pub const TICK: u8 = 5;
     pub const FOOTER: u8 = 6;
+    pub const NVML: u8 = 7;
+    pub const XID: u8 = 8;
 }
 
 /// What the session was.
@@ -60,6 +62,47 @@ pub struct Lookup {
     pub container: Option<ContainerInfo>,
     /// The limited memory cgroup of an OOM kill's victim (or trigger).
     pub memcg: Option<String>,
+}
+
+/// One NVML reading of one GPU, at `t_s` seconds into the session.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NvmlPoint {
+    pub t_s: f64,
+    pub gpu: u32,
+    pub uuid: String,
+    pub name: String,
+    pub used_bytes: Option<u64>,
+    pub total_bytes: Option<u64>,
+    /// Volatile ECC counts.
+    pub ecc_corrected: Option<u64>,
+    pub ecc_uncorrected: Option<u64>,
+    pub gpu_temp_c: Option<u32>,
+    pub memory_temp_c: Option<u32>,
+}
+
+impl NvmlPoint {
+    pub fn from_sample(t_s: f64, g: &crate::nvml::GpuSample) -> Self {
+        NvmlPoint {
+            t_s,
+            gpu: g.index,
+            uuid: g.uuid.clone(),
+            name: g.name.clone(),
+            used_bytes: g.memory.as_ref().map(|m| m.used),
+            total_bytes: g.memory.as_ref().map(|m| m.total),
+            ecc_corrected: g.ecc.as_ref().map(|e| e.corrected_volatile),
+            ecc_uncorrected: g.ecc.as_ref().map(|e| e.uncorrected_volatile),
+            gpu_temp_c: g.gpu_temp_c,
+            memory_temp_c: g.memory_temp_c,
+        }
+    }
+}
+
+/// An XID event, at `t_s` seconds into the session.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct XidPoint {
+    pub t_s: f64,
+    pub gpu: u32,
+    pub xid: u64,
 }
 
 /// How the session ended: what a report needs besides the events.
@@ -88,6 +131,8 @@ pub enum Record {
     Lookup(Lookup),
     /// A sample of live bytes for the growth detector, at this many seconds.
     Tick(f64),
+    Nvml(NvmlPoint),
+    Xid(XidPoint),
     Footer(Footer),
 }
 
@@ -161,6 +206,14 @@ impl<W: Write> Writer<W> {
         // 0 is "no stack": ids are hashes, and 0 is as unlikely as any other value.
         payload[EVENT_SIZE..].copy_from_slice(&stack.unwrap_or(0).to_le_bytes());
         self.frame(tag::EVENT, &payload)
+    }
+
+    pub fn nvml(&mut self, p: &NvmlPoint) -> io::Result<()> {
+        self.json(tag::NVML, p)
+    }
+
+    pub fn xid(&mut self, x: &XidPoint) -> io::Result<()> {
+        self.json(tag::XID, x)
     }
 
     pub fn tick(&mut self, t_s: f64) -> io::Result<()> {
@@ -322,6 +375,8 @@ fn decode(tag: u8, payload: &[u8]) -> Result<Record, String> {
         tag::LOOKUP => Record::Lookup(json("lookup", payload)?),
         tag::TICK => Record::Tick(f64::from_le_bytes(payload.try_into().map_err(|_| "a tick frame of the wrong size")?)),
         tag::FOOTER => Record::Footer(json("footer", payload)?),
+        tag::NVML => Record::Nvml(json("NVML", payload)?),
+        tag::XID => Record::Xid(json("XID", payload)?),
         other => return Err(format!("unknown frame type {other}")),
     })
 }

@@ -6,9 +6,23 @@ use anyhow::{bail, Context as _, Result};
 use crate::run;
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
-/// LLVM for bpf-linker, a C compiler for the test fixtures, and Prometheus
-/// (server and promtool) for the exporter's end-to-end and rule tests.
-const APT_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev", "zlib1g-dev", "gcc", "util-linux", "prometheus"];
+/// LLVM for bpf-linker, a C compiler for the test fixtures, Prometheus
+/// (server and promtool) for the exporter's tests, tmux to drive `top` in a
+/// real terminal, and headless Chromium (with aha for terminal captures) to
+/// open the HTML report and take screenshots.
+const APT_PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "libzstd-dev",
+    "zlib1g-dev",
+    "gcc",
+    "util-linux",
+    "prometheus",
+    "tmux",
+    "chromium",
+    "aha",
+    "fonts-dejavu-core",
+];
 
 fn installed(pkg: &str) -> bool {
     Command::new("dpkg-query")

@@ -143,10 +143,14 @@ pub trait Replayer {
     fn parts(&mut self) -> (&mut Ingest, &mut GrowthTracker);
     /// One applied event; false stops the replay.
     fn after(&mut self, ev: &Event, ingested: Ingested) -> bool;
+    /// NVML readings and XIDs recorded during the session.
+    fn nvml(&mut self, _point: crate::record::NvmlPoint) {}
+    fn xid(&mut self, _xid: crate::record::XidPoint) {}
 }
 
 /// How a replay ended.
 pub struct Replayed {
+    pub header: Option<Header>,
     /// The recording's footer, or one made from what was read.
     pub footer: Footer,
     /// The footer was there: the session finished.
@@ -177,6 +181,8 @@ pub fn replay<R: std::io::Read>(reader: &mut Reader<R>, r: &mut impl Replayer) -
                 let (ingest, growth) = r.parts();
                 growth.sample(&ingest.state, t);
             }
+            Ok(Record::Nvml(p)) => r.nvml(p),
+            Ok(Record::Xid(x)) => r.xid(x),
             Ok(Record::Footer(f)) => footer = Some(f),
             Err(e) => {
                 damage = Some(e);
@@ -191,5 +197,5 @@ pub fn replay<R: std::io::Read>(reader: &mut Reader<R>, r: &mut impl Replayer) -
         nvml: "unknown: the recording has no footer".into(),
         ..Default::default()
     });
-    Replayed { footer, complete, damage, events: reader.events }
+    Replayed { header, footer, complete, damage, events: reader.events }
 }

@@ -1,6 +1,7 @@
 //! The subcommands' logic; main.rs only dispatches here.
 pub mod health;
 pub mod ingest;
+pub mod report;
 pub mod serve;
 pub mod status;
 pub mod top;

@@ -247,6 +247,10 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     // recording so that `leaks --from` sees the same samples.
     let sampling = s.leaks.is_some() || sink.recorder.is_some();
     let mut sample = tokio::time::interval(GROWTH_SAMPLE_INTERVAL);
+    // Recordings keep NVML's readings and XIDs too (for reports), where NVML is there.
+    let mut monitor = sink.recorder.is_some().then(|| crate::nvml::monitor::Monitor::open(s.probes.nvml.as_ref().map(|p| p.as_os_str().to_os_string())));
+    let mut nvml_tick = tokio::time::interval(NVML_RECORD_INTERVAL);
+    let thresholds = crate::analysis::health::Thresholds::default();
     let progress = s.leaks.is_some() && !s.json && std::io::stderr().is_terminal();
     let began = Instant::now();
     let deadline = s.duration.map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d));
@@ -272,6 +276,16 @@ async fn run_async(s: Session) -> Result<ExitCode> {
                 sink.record(|w| w.tick(t));
                 if progress {
                     show_progress(t, s.duration, &sink.ingest.state);
+                }
+            }
+            _ = nvml_tick.tick(), if monitor.is_some() => {
+                let m = monitor.as_mut().expect("guarded");
+                let t = began.elapsed().as_secs_f64();
+                for x in m.sample(&thresholds) {
+                    sink.record(|w| w.xid(&record::XidPoint { t_s: t, gpu: x.gpu, xid: x.xid }));
+                }
+                for g in &m.latest {
+                    sink.record(|w| w.nvml(&record::NvmlPoint::from_sample(t, g)));
                 }
             }
             _ = tick.tick() => {
@@ -450,6 +464,8 @@ const MAX_OOM_RECORDS: usize = 100;
 /// NVIDIA descriptors the open tracepoint cannot see (inherited, dup'ed) are
 /// picked up from /proc every this many discovery ticks (2 s).
 const FD_RESCAN_TICKS: u64 = 4;
+/// How often NVML is read while recording.
+const NVML_RECORD_INTERVAL: Duration = Duration::from_secs(1);
 /// How often live bytes are sampled for the growth detector.
 const GROWTH_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
 

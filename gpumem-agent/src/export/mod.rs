@@ -2,6 +2,7 @@
 pub mod leaks;
 pub mod names;
 pub mod prometheus;
+pub mod report;
 pub mod summary;
 pub mod top;
 pub mod trace;
