@@ -129,6 +129,18 @@ fn top_in_a_real_terminal_sorts_filters_switches_gpu_shows_stacks_and_quits() {
     let colored = Command::new("tmux").args(["capture-pane", "-p", "-e", "-t", "gpumem-top-test"]).output().unwrap();
     std::fs::write(target_dir().join("screenshots/top.ansi"), &colored.stdout).unwrap();
     std::fs::write(target_dir().join("screenshots/top.txt"), &screen).unwrap();
+    // A picture of the terminal: the capture's colours as HTML (aha), drawn by Chromium.
+    let html = Command::new("aha").args(["--black", "--title", "gpumem top"]).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn();
+    let mut aha = html.expect("aha (apt-get install aha)");
+    std::io::Write::write_all(&mut aha.stdin.take().unwrap(), &colored.stdout).unwrap();
+    let page = aha.wait_with_output().unwrap();
+    assert!(page.status.success());
+    let page_path = target_dir().join("screenshots/top.html");
+    std::fs::write(&page_path, &page.stdout).unwrap();
+    let png = target_dir().join("screenshots/top.png");
+    chromium_screenshot(&page_path, &png, 1300, 560);
+    let (colours, ink) = png_contents(&png);
+    assert!(colours >= 10 && ink > 0.5, "the terminal screenshot looks blank: {colours} colours, {:.0} % ink", ink * 100.0);
 
     tmux.keys(&["s"]);
     tmux.wait_for("sort by growth", |s| s.contains("sort: growth"));

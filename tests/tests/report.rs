@@ -1,0 +1,126 @@
+//! `gpumem report`: from a recording of a synthetic session (a leak, a CUDA
+//! OOM, NVML readings and an XID), a self-contained HTML page and an SVG
+//! chart that are well-formed, carry the expected series, and open in
+//! headless Chromium; the screenshot is checked to be a picture.
+//! Run as root, one test at a time (`cargo xtask test` does both).
+use std::process::Command;
+
+use gpumem_tests::*;
+
+/// Records a session: a leaking trainer still running at the end, a CUDA OOM,
+/// the synthetic NVML with XID 48 on GPU 1.
+fn record_session(name: &str) -> std::path::PathBuf {
+    let f = fixtures();
+    let dir = target_dir().join("gpumem-fixtures");
+    let rec = dir.join(name);
+    let xids = dir.join("report-xids");
+    std::fs::write(&xids, "1:48").unwrap();
+    let script = format!(
+        "GPUMEM_STEPS=60 {w} {l} deep_leak & GPUMEM_FAKE_CAPACITY={cap} {w} {l} oom; wait",
+        w = f.workload.display(),
+        l = f.libcuda.display(),
+        cap = 64 * MIB
+    );
+    let out = run_gpumem(
+        &[
+            "record",
+            "-o",
+            rec.to_str().unwrap(),
+            "--duration",
+            "3",
+            "--libcuda",
+            f.libcuda.to_str().unwrap(),
+            "--nvml",
+            f.nvml.to_str().unwrap(),
+            "-c",
+            &script,
+        ],
+        &[("GPUMEM_FAKE_NVML_XIDS_FILE", xids.to_str().unwrap())],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    rec
+}
+
+#[test]
+fn the_report_and_chart_are_well_formed_complete_and_open_in_chromium() {
+    require_root();
+    let rec = record_session("report.gpumemrec");
+    let shots = target_dir().join("screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let html_path = shots.join("report.html");
+    let svg_path = shots.join("chart.svg");
+    let out = run_gpumem(
+        &["report", rec.to_str().unwrap(), "-o", html_path.to_str().unwrap(), "--svg", svg_path.to_str().unwrap(), "--older-than", "0.5"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // The SVG chart: an XML document whose text names the series and the marks.
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    let doc = roxmltree::Document::parse(&svg).expect("the SVG chart is well-formed XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let texts: Vec<&str> = doc.descendants().filter(|n| n.is_text()).filter_map(|n| n.text()).map(str::trim).filter(|t| !t.is_empty()).collect();
+    assert!(texts.iter().any(|t| t.starts_with("workload (") && t.ends_with(") GPU 0")), "series labels: {texts:?}");
+    assert!(texts.iter().any(|t| t.starts_with("CUDA OOM pid ")), "the OOM mark: {texts:?}");
+    assert!(texts.iter().any(|t| *t == "XID 48"), "the XID mark: {texts:?}");
+    assert!(doc.descendants().filter(|n| n.has_tag_name("polyline")).count() >= 3, "one line per process and GPU");
+
+    // The page: self-contained, every section there, every SVG well-formed.
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    for want in [
+        "<h2>Live memory over time</h2>",
+        "<h2 id=\"gpu-0\">GPU 0</h2>",
+        "<h2 id=\"gpu-1\">GPU 1</h2>",
+        "GPU 1: ECC errors",
+        "GPU 0: temperatures",
+        "<h2>Out-of-memory and XID events</h2>",
+        "<td>XID 48</td>",
+        "Allocation sizes",
+        "leak_buffer",
+        "train_step",
+        "growth: growing",
+    ] {
+        assert!(html.contains(want), "the report lacks `{want}`");
+    }
+    for attr in [" src=", " href=", "<script", "<link"] {
+        assert!(!html.contains(attr), "the report must not load anything (`{attr}`)");
+    }
+    let mut rest = html.as_str();
+    let mut charts = 0;
+    while let Some(start) = rest.find("<svg") {
+        let end = rest[start..].find("</svg>").expect("closed svg") + start + 6;
+        roxmltree::Document::parse(&rest[start..end]).unwrap_or_else(|e| panic!("chart {charts} is not well-formed: {e}"));
+        charts += 1;
+        rest = &rest[end..];
+    }
+    assert!(charts >= 8, "{charts} charts");
+
+    // Chromium opens it and draws it.
+    let png = shots.join("report.png");
+    let _ = std::fs::remove_file(&png);
+    let dom = chromium_screenshot(&html_path, &png, 1200, 1500);
+    assert!(dom.contains("<h1>gpumem report:"), "{}", &dom[..dom.len().min(500)]);
+    let (colours, ink) = png_contents(&png);
+    assert!(colours >= 20 && ink > 0.03, "the screenshot looks blank: {colours} colours, {:.1} % not white", ink * 100.0);
+}
+
+#[test]
+fn a_damaged_recording_gives_a_report_of_what_was_read_and_an_error() {
+    require_root();
+    let rec = record_session("report-damaged.gpumemrec");
+    let bytes = std::fs::read(&rec).unwrap();
+    let cut = target_dir().join("gpumem-fixtures/report-cut.gpumemrec");
+    std::fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let html = target_dir().join("gpumem-fixtures/report-cut.html");
+    let out = Command::new(gpumem_bin()).args(["report", cut.to_str().unwrap(), "-o", html.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("recording truncated at byte"), "{stderr}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("The recording is damaged: recording truncated at byte"), "the page says so too");
+    assert!(page.contains("<h2 id=\"gpu-0\">GPU 0</h2>"));
+    // Neither a page nor a chart asked for: a usage error (2).
+    let out = Command::new(gpumem_bin()).args(["report", cut.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
