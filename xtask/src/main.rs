@@ -2,7 +2,7 @@
 //!
 //! - `setup`: llvm-22-dev, bpf-linker 0.13.0 built for LLVM 22, rust-src (each only if missing)
 //! - `nvidia-libs`: NVIDIA's libcuda1/libnvidia-ml1 535 from Debian non-free, unpacked under target/nvidia
-//! - `demo`: the real agent tracing a leaky workload on the bundled synthetic driver
+//! - `demo`: the real agent on the bundled synthetic driver: trace, leaks, health, a recording drawn as a report
 //! - `test`: setup, nvidia-libs, build, then every test (end-to-end ones as root, one at a time)
 //! - `bench`: probe overhead as a ratio to empty probes on the same symbols
 //! - `bench-metrics`: /metrics render time and size, the daemon's idle memory and CPU
@@ -116,7 +116,17 @@ fn main() -> Result<()> {
             // 3. Device health, from the synthetic NVML.
             let nvml = f.nvml.to_str().unwrap();
             println!("\n$ gpumem health --interval 1 --nvml {nvml}\n");
-            run(Command::new(&bin).args(["health", "--interval", "1", "--nvml", nvml]))
+            run(Command::new(&bin).args(["health", "--interval", "1", "--nvml", nvml]))?;
+            // 4. A recording, drawn as a page to open in a browser.
+            gpumem_tests::wait_for_detach();
+            let dir = gpumem_tests::target_dir().join("demo");
+            std::fs::create_dir_all(&dir)?;
+            let (rec, html) = (dir.join("session.gpumemrec"), dir.join("report.html"));
+            let cmd = gpumem_tests::workload_cmd("leaky");
+            println!("\n$ gpumem record -o {} --nvml {nvml} --libcuda {lib} -c '{cmd}'", rec.display());
+            run(Command::new(&bin).args(["record", "-o", rec.to_str().unwrap(), "--nvml", nvml, "--libcuda", lib, "-c", &cmd]))?;
+            println!("$ gpumem report {} -o {}", rec.display(), html.display());
+            run(Command::new(&bin).args(["report", rec.to_str().unwrap(), "-o", html.to_str().unwrap()]))
         }
         Cmd::Test { args } => {
             require_root("the test suite")?;
