@@ -14,6 +14,18 @@ use crate::{
     probes::{discover, Agent, LibraryReport, ProbeStatus, Source},
 };
 
+/// Loads the eBPF programs for the probes the command line asks for.
+pub fn load_agent(probes: &ProbeArgs, filter_pids: bool, probe_set: crate::probes::ProbeSet, ringbuf_bytes: u32) -> Result<Agent> {
+    Agent::load(crate::probes::Options {
+        filter_pids,
+        probe_set,
+        ringbuf_bytes,
+        nvidia_prefix: probes.nvidia_dev_prefix.clone(),
+        ioctl_mode: crate::probes::ioctl::IoctlMode::parse(&probes.ioctl),
+    })
+    .context("loading eBPF programs")
+}
+
 pub fn require_root() -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {

@@ -23,7 +23,8 @@ use tokio::{
     sync::{mpsc, oneshot},
 };
 
-use super::{attach_discovered, attach_given, ingest::Ingest, require_root};
+use super::{
+    load_agent,attach_discovered, attach_given, ingest::Ingest, require_root};
 use crate::{
     analysis::{
         distributions,
@@ -34,7 +35,7 @@ use crate::{
     events::{EventReader, LostEvents},
     export::prometheus::{self, ExportConfig, Exporter, Inputs},
     nvml::{monitor::Monitor, GpuSample},
-    probes::{Agent, Options, ProbeSet},
+    probes::ProbeSet,
     state::{Limits, State},
 };
 
@@ -66,14 +67,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {} (is another gpumem or exporter using it? choose one with --listen)", args.listen))?;
-    let mut agent = Agent::load(Options {
-        filter_pids: false,
-        probe_set: ProbeSet::Full,
-        ringbuf_bytes: args.ringbuf_bytes,
-        nvidia_prefix: args.probes.nvidia_dev_prefix.clone(),
-        ioctl_mode: crate::probes::ioctl::IoctlMode::parse(&args.probes.ioctl),
-    })
-    .context("loading eBPF programs")?;
+    let mut agent = load_agent(&args.probes, false, ProbeSet::Full, args.ringbuf_bytes)?;
     for note in &agent.notes {
         say(note.clone());
     }

@@ -1,25 +1,20 @@
 //! `gpumem status`: kernel features, libcuda copies, probes attached or skipped.
 use std::io::Write as _;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use serde_json::json;
 
-use super::{attach_discovered, attach_given, require_root};
+use super::{
+    load_agent,attach_discovered, attach_given, require_root};
 use crate::{
     cli::StatusArgs,
-    probes::{features, Agent, Options, ProbeSet, ProbeStatus},
+    probes::{features, ProbeSet, ProbeStatus},
 };
 
 pub fn run(args: StatusArgs) -> Result<()> {
     require_root()?;
     let mut notes = Vec::new();
-    let mut agent = Agent::load(Options {
-        filter_pids: false,
-        probe_set: ProbeSet::Full,
-        ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
-        nvidia_prefix: args.probes.nvidia_dev_prefix.clone(),
-        ioctl_mode: crate::probes::ioctl::IoctlMode::parse(&args.probes.ioctl),
-    }).context("loading eBPF programs")?;
+    let mut agent = load_agent(&args.probes, false, ProbeSet::Full, gpumem_common::RINGBUF_BYTES)?;
     // Features after load: loading mounts tracefs when it can.
     let features = features::detect();
     attach_given(&mut agent, &args.probes, |m| notes.push(m))?;

@@ -26,6 +26,7 @@ use tokio::{
 };
 
 use super::{
+    load_agent,
     attach_discovered, attach_given,
     ingest::{self, Ingest, Ingested, Replayer},
     require_root,
@@ -42,7 +43,7 @@ use crate::{
         top::{self, device_name, growth, gpu_line, sparkline, SortKey, Snapshot},
     },
     nvml::monitor::Monitor,
-    probes::{Agent, Options, ProbeSet},
+    probes::ProbeSet,
     record,
     state::{Limits, State},
 };
@@ -112,14 +113,7 @@ fn spawn_key_reader() -> mpsc::UnboundedReceiver<Key> {
 async fn live(args: TopArgs) -> Result<ExitCode> {
     let quiet_say = |_m: String| {};
     let say = |m: String| eprintln!("gpumem: {m}");
-    let mut agent = Agent::load(Options {
-        filter_pids: false,
-        probe_set: ProbeSet::Full,
-        ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
-        nvidia_prefix: args.probes.nvidia_dev_prefix.clone(),
-        ioctl_mode: crate::probes::ioctl::IoctlMode::parse(&args.probes.ioctl),
-    })
-    .context("loading eBPF programs")?;
+    let mut agent = load_agent(&args.probes, false, ProbeSet::Full, gpumem_common::RINGBUF_BYTES)?;
     let mut reader = EventReader::new(agent.take_events()?).context("watching the ring buffer")?;
     attach_given(&mut agent, &args.probes, say)?;
     attach_discovered(&mut agent, &args.probes, true, if args.once { say } else { quiet_say });

@@ -13,6 +13,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use tokio::signal::unix::{signal, SignalKind};
 
 use super::{
+    load_agent,
     attach_discovered, attach_given,
     ingest::{replay as replay_records, Ingest, Ingested, Replayer},
     require_root,
@@ -29,7 +30,7 @@ use crate::{
         summary::Summary,
         trace::{cuda_oom_json, event_json, Filter, Printer},
     },
-    probes::{Agent, Options, ProbeSet},
+    probes::ProbeSet,
     record::{self, Footer, Header},
     state::{Limits, State},
 };
@@ -195,13 +196,7 @@ async fn run_async(s: Session) -> Result<ExitCode> {
         Some(path) => Some(record::Writer::create(path).with_context(|| format!("cannot write the recording {}", path.display()))?),
         None => None,
     };
-    let mut agent = Agent::load(Options {
-        filter_pids,
-        probe_set: s.probe_set,
-        ringbuf_bytes: s.ringbuf_bytes,
-        nvidia_prefix: s.probes.nvidia_dev_prefix.clone(),
-        ioctl_mode: crate::probes::ioctl::IoctlMode::parse(&s.probes.ioctl),
-    }).context("loading eBPF programs")?;
+    let mut agent = load_agent(&s.probes, filter_pids, s.probe_set, s.ringbuf_bytes)?;
     for note in &agent.notes {
         say(note.clone());
     }
