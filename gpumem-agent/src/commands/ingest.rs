@@ -36,10 +36,14 @@ impl Lookups {
         }
     }
 
-    fn memcg(&mut self, pid: u32, tid: u32) -> Option<String> {
+    /// `known`: the memory cgroup read while the process was alive, for when
+    /// the victim is already gone (its cgroup directory is still there).
+    fn memcg(&mut self, pid: u32, tid: u32, known: Option<&(String, String)>) -> Option<String> {
         match self {
             Lookups::Live { log } => {
-                let m = container::limited_memory_cgroup(pid).or_else(|| container::limited_memory_cgroup(tid));
+                let m = container::limited_memory_cgroup(pid)
+                    .or_else(|| container::limited_memory_cgroup(tid))
+                    .or_else(|| known.and_then(container::limited));
                 if let (Some(log), Some(m)) = (log, &m) {
                     log.push(Lookup { pid, container: None, memcg: Some(m.clone()) });
                 }
@@ -124,7 +128,8 @@ impl Ingest {
         }
         if let Some(kill) = applied.oom_kill.as_mut() {
             // The victim may already be gone; the triggering task shares its cgroup in a memcg OOM.
-            kill.memcg = self.lookups.memcg(ev.pid, ev.tid);
+            let known = self.state.processes.get(&ev.pid).and_then(|p| p.container.as_ref()).and_then(|c| c.memory_limit_file.as_ref());
+            kill.memcg = self.lookups.memcg(ev.pid, ev.tid, known);
         }
         // Looked up once per process, while it is alive; a process that is
         // already gone when its first event is read keeps trying on the next.

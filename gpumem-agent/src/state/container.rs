@@ -22,6 +22,10 @@ pub struct ContainerInfo {
     /// Pod name and namespace, as the pod's own container sees them (see `pod_identity`).
     pub pod_name: Option<String>,
     pub namespace: Option<String>,
+    /// The limit file of the process's memory cgroup, when it has a limit:
+    /// kept so that an OOM kill is placed in it even when the victim is gone
+    /// before /proc can be read.
+    pub memory_limit_file: Option<(String, String)>,
 }
 
 /// ContainerInfo as read back from a recording.
@@ -35,6 +39,8 @@ struct RecordedContainerInfo {
     ns_pid: Option<u32>,
     pod_name: Option<String>,
     namespace: Option<String>,
+    #[serde(default)]
+    memory_limit_file: Option<(String, String)>,
 }
 
 // By hand: a derive would ask the input to outlive 'static for the &'static str fields.
@@ -58,6 +64,7 @@ impl From<RecordedContainerInfo> for ContainerInfo {
             ns_pid: r.ns_pid,
             pod_name: r.pod_name,
             namespace: r.namespace,
+            memory_limit_file: r.memory_limit_file,
         }
     }
 }
@@ -157,7 +164,9 @@ pub fn lookup(pid: u32) -> Option<ContainerInfo> {
     if status.lines().any(|l| l.starts_with("State:") && (l.contains("zombie") || l.contains("dead"))) {
         return None;
     }
-    let mut info = parse_cgroup_file(&std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?);
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let mut info = parse_cgroup_file(&cgroups);
+    info.memory_limit_file = memory_cgroup(&cgroups);
     info.ns_pid = parse_ns_pid(&status).filter(|&p| p != 0);
     if info.pod_uid.is_some() {
         (info.pod_name, info.namespace) = pod_identity(std::path::Path::new(&format!("/proc/{pid}/root")));
@@ -183,10 +192,8 @@ pub fn pod_identity(root: &std::path::Path) -> (Option<String>, Option<String>) 
     (read("etc/hostname"), namespace)
 }
 
-/// The memory cgroup of a process, if it has a memory limit: an OOM kill
-/// inside it is a memory-cgroup kill rather than a host-wide one.
-pub fn limited_memory_cgroup(pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+/// The memory cgroup of a process (path, limit file), from /proc/PID/cgroup's text.
+fn memory_cgroup(text: &str) -> Option<(String, String)> {
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
         let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
@@ -198,12 +205,24 @@ pub fn limited_memory_cgroup(pid: u32) -> Option<String> {
         } else {
             continue;
         };
-        let Ok(limit) = std::fs::read_to_string(&limit_file) else { continue };
-        if is_limited(limit.trim()) && path != "/" {
-            return Some(path.to_string());
+        if path != "/" && std::path::Path::new(&limit_file).exists() {
+            return Some((path.to_string(), limit_file));
         }
     }
     None
+}
+
+/// The cgroup path, if its limit file says it has a memory limit.
+pub fn limited(cgroup: &(String, String)) -> Option<String> {
+    let limit = std::fs::read_to_string(&cgroup.1).ok()?;
+    is_limited(limit.trim()).then(|| cgroup.0.clone())
+}
+
+/// The memory cgroup of a process, if it has a memory limit: an OOM kill
+/// inside it is a memory-cgroup kill rather than a host-wide one.
+pub fn limited_memory_cgroup(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    limited(&memory_cgroup(&text)?)
 }
 
 /// `max` (v2) or a page-rounded i64::MAX (v1) mean no limit.
