@@ -191,3 +191,24 @@ fn events_in_title(screen: &str) -> u64 {
     let title = screen.lines().next().unwrap_or_default();
     title.find(" events,").and_then(|i| title[..i].rsplit(' ').next()?.parse().ok()).unwrap_or(0)
 }
+
+#[test]
+fn top_from_a_recording_shows_the_state_at_its_end() {
+    require_root();
+    let f = fixtures();
+    let rec = target_dir().join("gpumem-fixtures/top.gpumemrec");
+    // Recorded for 3 s while the workload still holds its memory.
+    let cmd = format!("{} {} hold", f.workload.display(), f.libcuda.display());
+    let out = run_gpumem(
+        &["record", "-o", rec.to_str().unwrap(), "--duration", "3", "--libcuda", f.libcuda.to_str().unwrap(), "-c", &cmd],
+        &[("GPUMEM_WORKLOAD_HOLD_MS", "6000")],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run_gpumem(&["top", "--once", "--from", rec.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("gpumem top: 2 GPU(s), 1 process(es), 10 events, 0 lost\n"), "{text}");
+    assert!(text.contains("GPU 0: NVML n/a, traced 9.0 MiB\n"), "{text}");
+    let pid: u32 = text.lines().nth(4).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert_eq!(rows_for(&text, pid), [("0".into(), "9.0 MiB".into(), "2".into()), ("1".into(), "2.0 MiB".into(), "1".into())]);
+}
