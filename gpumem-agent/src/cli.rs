@@ -43,6 +43,9 @@ pub enum Command {
     /// Run as a daemon: trace every process on the host and serve Prometheus
     /// metrics on /metrics (and /healthz) until SIGTERM or SIGINT.
     Serve(ServeArgs),
+    /// Engine throughput and memory per live allocation, for `cargo xtask bench-engine`.
+    #[command(hide = true)]
+    BenchEngine(BenchEngineArgs),
     /// Render /metrics from a synthetic state, for `cargo xtask bench-metrics`.
     #[command(hide = true)]
     BenchRender(BenchRenderArgs),
@@ -299,6 +302,25 @@ pub struct BenchArgs {
     /// Command to run while the probes are attached.
     #[arg(short = 'c', long = "command", value_name = "CMD")]
     pub command: String,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchEngineArgs {
+    /// Events in the synthetic recording.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub events: u64,
+    /// Processes in it.
+    #[arg(long, default_value_t = 100)]
+    pub processes: u32,
+    /// Replays; the median rate is reported.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: u32,
+    /// Live allocations for the memory measurement.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub live: u64,
+    /// Processes holding them.
+    #[arg(long, default_value_t = 1000)]
+    pub live_processes: u32,
 }
 
 #[derive(Debug, Args)]

@@ -26,6 +26,7 @@ fn main() -> ExitCode {
         Command::Replay(args) => commands::trace::run(commands::trace::Session::for_replay(args)),
         Command::Health(args) => commands::health::run(args),
         Command::Serve(args) => commands::serve::run(args),
+        Command::BenchEngine(args) => commands::bench::run(args).map(|()| ExitCode::SUCCESS),
         Command::BenchRender(args) => commands::serve::bench_render(args).map(|()| ExitCode::SUCCESS),
         Command::Status(args) => commands::status::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => commands::trace::run(commands::trace::Session::for_bench(args)),

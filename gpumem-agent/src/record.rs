@@ -246,6 +246,8 @@ pub enum ReadError {
 
 pub struct Reader<R: Read> {
     input: BufReader<R>,
+    /// Reused for every frame's payload.
+    payload: Vec<u8>,
     offset: u64,
     pub events: u64,
     done: bool,
@@ -286,7 +288,7 @@ impl<R: Read> Reader<R> {
         if found < VERSION {
             return Err(ReadError::OlderVersion { found, supported: VERSION });
         }
-        Ok(Reader { input, offset: 12, events: 0, done: false })
+        Ok(Reader { input, payload: Vec::new(), offset: 12, events: 0, done: false })
     }
 
     fn corrupt(&mut self, why: impl Into<String>) -> ReadError {
@@ -322,7 +324,8 @@ impl<R: Read> Reader<R> {
         if len > MAX_PAYLOAD {
             return Some(Err(self.corrupt(format!("a frame claims {len} bytes"))));
         }
-        let mut payload = vec![0u8; len as usize + 4];
+        let mut payload = std::mem::take(&mut self.payload);
+        payload.resize(len as usize + 4, 0);
         match read_full(&mut self.input, &mut payload) {
             Ok(got) if got == payload.len() => {}
             Ok(_) => return Some(Err(truncated(self))),
@@ -331,14 +334,14 @@ impl<R: Read> Reader<R> {
                 return Some(Err(e.into()));
             }
         }
-        let crc_bytes = payload.split_off(len as usize);
+        let (body, crc_bytes) = payload.split_at(len as usize);
         let mut crc = crc32fast::Hasher::new();
         crc.update(&head);
-        crc.update(&payload);
-        if crc.finalize().to_le_bytes()[..] != crc_bytes[..] {
-            return Some(Err(self.corrupt("checksum mismatch")));
-        }
-        let record = match decode(tag, &payload) {
+        crc.update(body);
+        let ok = crc.finalize().to_le_bytes()[..] == crc_bytes[..];
+        let decoded = if ok { decode(tag, body) } else { Err("checksum mismatch".to_string()) };
+        self.payload = payload;
+        let record = match decoded {
             Ok(r) => r,
             Err(why) => return Some(Err(self.corrupt(why))),
         };

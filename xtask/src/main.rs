@@ -5,6 +5,7 @@
 //! - `demo`: the real agent on the bundled synthetic driver: trace, leaks, health, a recording drawn as a report
 //! - `test`: setup, nvidia-libs, build, then every test (end-to-end ones as root, one at a time)
 //! - `bench`: probe overhead as a ratio to empty probes on the same symbols
+//! - `bench-engine`: events/s through decode → state → analyses from a recording; bytes per live allocation
 //! - `bench-metrics`: /metrics render time and size, the daemon's idle memory and CPU
 mod bench;
 mod setup;
@@ -43,6 +44,12 @@ enum Cmd {
         /// runs of each configuration, interleaved
         #[arg(long, default_value_t = 5)]
         rounds: u32,
+    },
+    /// Measure the engine's throughput (decode → state → analyses, no kernel) and its memory per live allocation.
+    BenchEngine {
+        /// events in the synthetic recording
+        #[arg(long, default_value_t = 1_000_000)]
+        events: u64,
     },
     /// Measure /metrics render time and size, and `gpumem serve`'s idle memory and CPU.
     BenchMetrics {
@@ -142,6 +149,11 @@ fn main() -> Result<()> {
             require_root("the benchmark")?;
             setup::setup()?;
             bench::ioctl_overhead(calls, rounds)
+        }
+        Cmd::BenchEngine { events } => {
+            run(cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
+            let bin = gpumem_tests::target_dir().join("release/gpumem");
+            run(Command::new(bin).args(["bench-engine", "--events", &events.to_string()]))
         }
         Cmd::BenchMetrics { idle } => {
             require_root("the benchmark")?;

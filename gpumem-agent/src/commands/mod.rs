@@ -1,4 +1,5 @@
 //! The subcommands' logic; main.rs only dispatches here.
+pub mod bench;
 pub mod health;
 pub mod ingest;
 pub mod report;

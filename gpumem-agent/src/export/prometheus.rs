@@ -93,6 +93,10 @@ pub struct Exporter {
     sizes: HistogramFamily,
     lifetimes: HistogramFamily,
     latencies: HistogramFamily,
+    /// Handles into the families above, by API and kind of memory.
+    latency_of: HashMap<u32, Histogram>,
+    size_of: HashMap<MemoryKind, Histogram>,
+    lifetime_of: HashMap<MemoryKind, Histogram>,
     /// (api, CUresult) → calls.
     api_calls: BTreeMap<(u32, u32), u64>,
     /// (device, fragmentation) → CUDA out-of-memory failures.
@@ -238,6 +242,9 @@ impl Exporter {
             sizes,
             lifetimes,
             latencies,
+            latency_of: HashMap::new(),
+            size_of: HashMap::new(),
+            lifetime_of: HashMap::new(),
             api_calls: BTreeMap::new(),
             cuda_ooms: BTreeMap::new(),
             oom_kills: BTreeMap::new(),
@@ -253,12 +260,19 @@ impl Exporter {
         self.events += 1;
         if let Some(o) = obs {
             *self.api_calls.entry((o.api, ev.result)).or_default() += 1;
-            self.latencies.get_or_create(&vec![("api", api_name(o.api).to_string())]).observe(o.latency_ns as f64 / 1e9);
+            // Histogram handles are cached: a family lookup builds its label set (allocations) every time.
+            let latencies = &self.latencies;
+            self.latency_of
+                .entry(o.api)
+                .or_insert_with(|| latencies.get_or_create(&vec![("api", api_name(o.api).to_string())]).clone())
+                .observe(o.latency_ns as f64 / 1e9);
             if let Some((kind, size)) = o.allocation {
-                self.sizes.get_or_create(&kind_labels(kind)).observe(size as f64);
+                let sizes = &self.sizes;
+                self.size_of.entry(kind).or_insert_with(|| sizes.get_or_create(&kind_labels(kind)).clone()).observe(size as f64);
             }
             if let Some((kind, ns)) = o.lifetime {
-                self.lifetimes.get_or_create(&kind_labels(kind)).observe(ns as f64 / 1e9);
+                let lifetimes = &self.lifetimes;
+                self.lifetime_of.entry(kind).or_insert_with(|| lifetimes.get_or_create(&kind_labels(kind)).clone()).observe(ns as f64 / 1e9);
             }
         }
         if let Some(oom) = &applied.cuda_oom {
