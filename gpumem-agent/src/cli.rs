@@ -91,7 +91,7 @@ pub struct TargetArgs {
     #[arg(short = 'c', long = "command", value_name = "CMD")]
     pub command: Option<String>,
     /// Stop after this many seconds (fractions allowed); default: until Ctrl-C or the command exits.
-    #[arg(long, value_name = "SECONDS", value_parser = parse_duration)]
+    #[arg(long, value_name = "SECONDS", value_parser = parse_duration, allow_negative_numbers = true)]
     pub duration: Option<f64>,
 }
 
@@ -133,7 +133,7 @@ pub struct LeaksArgs {
     #[command(flatten)]
     pub target: TargetArgs,
     /// Report only allocations at least this old when the report is made.
-    #[arg(long, value_name = "SECONDS", default_value_t = 5.0, value_parser = parse_age)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0, value_parser = parse_age, allow_negative_numbers = true)]
     pub older_than: f64,
     /// Show the largest N stacks per process and device.
     #[arg(short = 'n', long = "top", value_name = "N", default_value_t = 10)]
@@ -162,10 +162,10 @@ pub struct TopArgs {
     #[arg(long)]
     pub once: bool,
     /// With --once: seconds to trace before the snapshot.
-    #[arg(long, value_name = "SECONDS", default_value_t = 2.0, value_parser = parse_duration)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0, value_parser = parse_duration, allow_negative_numbers = true)]
     pub duration: f64,
     /// Seconds between screen updates.
-    #[arg(long, value_name = "SECONDS", default_value_t = 1.0, value_parser = parse_duration)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0, value_parser = parse_duration, allow_negative_numbers = true)]
     pub interval: f64,
     /// Show the end of a recording instead of tracing.
     #[arg(long, value_name = "FILE")]
@@ -191,7 +191,7 @@ pub struct ReportArgs {
     #[arg(long, value_name = "N")]
     pub gpu: Option<i32>,
     /// Leak suspects: live allocations at least this old at the end of the recording.
-    #[arg(long, value_name = "SECONDS", default_value_t = 5.0, value_parser = parse_age)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0, value_parser = parse_age, allow_negative_numbers = true)]
     pub older_than: f64,
 }
 
@@ -222,7 +222,7 @@ pub struct ReplayArgs {
 #[derive(Debug, Args)]
 pub struct HealthArgs {
     /// Seconds between the two readings that rates are computed from.
-    #[arg(long, value_name = "SECONDS", default_value_t = 2.0, value_parser = parse_duration)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0, value_parser = parse_duration, allow_negative_numbers = true)]
     pub interval: f64,
     /// NVML library to load (default: libnvidia-ml.so.1 from the library path).
     #[arg(long, value_name = "PATH")]
@@ -257,22 +257,22 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub probes: ProbeArgs,
     /// Seconds between NVML readings (memory, ECC, temperatures, health).
-    #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = parse_duration)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = parse_duration, allow_negative_numbers = true)]
     pub nvml_interval: f64,
     /// Most (process, device) series exported; the smallest holders beyond it
     /// are summed into one series per GPU with comm="other".
     #[arg(long, value_name = "N", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_process_series: u32,
     /// Seconds an exited process's series stay (at 0) before they are removed.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60.0, value_parser = parse_age)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0, value_parser = parse_age, allow_negative_numbers = true)]
     pub exited_grace: f64,
     /// While a process's growth detector fires, its live allocations older
     /// than this are exported as leak suspects.
-    #[arg(long, value_name = "SECONDS", default_value_t = 600.0, value_parser = parse_age)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0, value_parser = parse_age, allow_negative_numbers = true)]
     pub leak_age: f64,
     /// Seconds between samples of live bytes for the growth detector (it
     /// looks at the last 600 samples: 10 minutes at the default).
-    #[arg(long, value_name = "SECONDS", default_value_t = 1.0, value_parser = parse_duration)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0, value_parser = parse_duration, allow_negative_numbers = true)]
     pub growth_interval: f64,
     /// Most live allocations, VMM handles, mappings and reservations kept in memory;
     /// beyond it they are counted in gpumem_table_overflow_total.
@@ -396,6 +396,42 @@ mod tests {
         assert_eq!(parse_ringbuf("4096"), Ok(4096));
         assert!(parse_ringbuf("5000").is_err());
         assert!(parse_ringbuf("1024").is_err());
+    }
+
+    /// Every option given a wrong value is a usage error (exit status 2)
+    /// whose message names the option and what is wrong.
+    #[test]
+    fn wrong_values_are_usage_errors_that_say_what_is_wrong() {
+        for (args, says) in [
+            (&["trace", "--min-size", "lots"][..], "use e.g. 4096, 64K or 20MiB"),
+            (&["trace", "--duration", "-1"], "duration must be a positive number of seconds"),
+            (&["trace", "--duration", "0"], "duration must be a positive number of seconds"),
+            (&["trace", "--ringbuf-bytes", "5000"], "a power of two between 4096 and 1GiB"),
+            (&["trace", "-p", "x"], "'--pid <PID>'"),
+            (&["trace", "--ioctl", "maybe"], "[possible values: auto, kprobes, tracepoints, off]"),
+            (&["trace", "--nvidia-dev-prefix", "rel"], "must be an absolute path"),
+            (&["leaks", "--older-than", "soon"], "`soon` is not a number of seconds"),
+            (&["leaks", "--older-than", "-3"], "age must be zero or a positive number of seconds"),
+            (&["leaks", "-n", "many"], "'--top <N>'"),
+            (&["health", "--interval", "0"], "duration must be a positive number of seconds"),
+            (&["health", "--count", "3"], "--watch"),
+            (&["serve", "--listen", "nope"], "invalid socket address syntax"),
+            (&["serve", "--max-process-series", "0"], "0 is not in 1.."),
+            (&["serve", "--exited-grace", "-5"], "age must be zero or a positive number of seconds"),
+            (&["serve", "--nvml-interval", "x"], "`x` is not a number of seconds"),
+            (&["top", "--interval", "0"], "duration must be a positive number of seconds"),
+            (&["record", "-c", "true"], "--output <FILE>"),
+            (&["report", "f.rec"], "--output <HTML>"),
+            (&["trace", "--from", "f.rec", "-c", "true"], "cannot be used with"),
+            (&["trace", "--bogus"], "unexpected argument '--bogus'"),
+        ] {
+            let mut argv = vec!["gpumem"];
+            argv.extend_from_slice(args);
+            let e = Cli::try_parse_from(&argv).expect_err(&format!("{args:?} must be refused"));
+            assert_eq!(e.exit_code(), 2, "{args:?}");
+            let msg = e.render().to_string();
+            assert!(msg.contains(says), "{args:?}: `{says}` not in:\n{msg}");
+        }
     }
 
     #[test]
