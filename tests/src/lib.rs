@@ -227,6 +227,18 @@ pub fn workload_cmd(scenario: &str) -> String {
     format!("{} {} {}", f.workload.display(), f.libcuda.display(), scenario)
 }
 
+/// Starts one workload scenario on the synthetic driver in the background
+/// (stdout, where `churn` prints its timing, discarded; stderr kept).
+pub fn spawn_workload(scenario: &str, envs: &[(&str, &str)]) -> std::process::Child {
+    let f = fixtures();
+    let mut cmd = Command::new(&f.workload);
+    cmd.args([f.libcuda.to_str().unwrap(), scenario]).stdout(std::process::Stdio::null());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("starting the workload")
+}
+
 /// Traces one workload scenario against the synthetic driver (attached by path).
 pub fn trace_workload(scenario: &str, envs: &[(&str, &str)]) -> Trace {
     let f = fixtures();

@@ -416,13 +416,7 @@ fn system_wide_trace_sees_processes_started_later() {
 /// Starts the synthetic driver's late_load workload: it waits `delay_ms`, then
 /// allocates 8 MiB (freed) and 4 MiB (kept), then holds `hold_ms`.
 fn spawn_late_load(delay_ms: u32, hold_ms: u32) -> std::process::Child {
-    let f = fixtures();
-    std::process::Command::new(&f.workload)
-        .args([f.libcuda.to_str().unwrap(), "late_load"])
-        .env("GPUMEM_WORKLOAD_DELAY_MS", delay_ms.to_string())
-        .env("GPUMEM_WORKLOAD_HOLD_MS", hold_ms.to_string())
-        .spawn()
-        .expect("starting the workload")
+    spawn_workload("late_load", &[("GPUMEM_WORKLOAD_DELAY_MS", &delay_ms.to_string()), ("GPUMEM_WORKLOAD_HOLD_MS", &hold_ms.to_string())])
 }
 
 #[test]

@@ -15,17 +15,6 @@ fn rules_file() -> PathBuf {
     deploy("prometheus/gpumem-rules.yaml")
 }
 
-/// `workload LIB SCENARIO` with extra environment, started in the background.
-fn spawn_workload(scenario: &str, envs: &[(&str, &str)]) -> std::process::Child {
-    let f = fixtures();
-    let mut cmd = Command::new(&f.workload);
-    cmd.args([f.libcuda.to_str().unwrap(), scenario]);
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("starting the workload")
-}
-
 fn run_workload(scenario: &str, envs: &[(&str, &str)]) {
     let status = spawn_workload(scenario, envs).wait().unwrap();
     assert!(status.success(), "workload {scenario}: {status:?}");

@@ -6,12 +6,7 @@ use std::{process::Command, time::Duration};
 use gpumem_tests::*;
 
 fn spawn_hold(hold_ms: u32) -> std::process::Child {
-    let f = fixtures();
-    Command::new(&f.workload)
-        .args([f.libcuda.to_str().unwrap(), "hold"])
-        .env("GPUMEM_WORKLOAD_HOLD_MS", hold_ms.to_string())
-        .spawn()
-        .expect("starting the workload")
+    spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", &hold_ms.to_string())])
 }
 
 /// The rows of a `top --once` snapshot for one pid: (GPU, live, allocations).
@@ -144,12 +139,7 @@ fn top_in_a_real_terminal_sorts_filters_switches_gpu_shows_stacks_and_quits() {
 
     // From here on a second process allocates and frees as fast as the probes
     // let it (tens of thousands of events a second): keys must still work.
-    let mut churn = Command::new(&f.workload)
-        .args([f.libcuda.to_str().unwrap(), "churn"])
-        .env("GPUMEM_BENCH_N", "300000")
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut churn = spawn_workload("churn", &[("GPUMEM_BENCH_N", "300000")]);
     let before = events_in_title(&tmux.screen());
     tmux.wait_for("the churn to show", |s| events_in_title(s) > before + 20_000);
     tmux.keys(&["s"]);
