@@ -7,6 +7,7 @@ mod export;
 mod nvml;
 mod probes;
 mod record;
+mod selfstat;
 mod stacks;
 mod state;
 
@@ -26,8 +27,8 @@ fn main() -> ExitCode {
         Command::Replay(args) => commands::trace::run(commands::trace::Session::for_replay(args)),
         Command::Health(args) => commands::health::run(args),
         Command::Serve(args) => commands::serve::run(args),
-        Command::BenchEngine(args) => commands::bench::run(args).map(|()| ExitCode::SUCCESS),
-        Command::BenchRender(args) => commands::serve::bench_render(args).map(|()| ExitCode::SUCCESS),
+        Command::BenchEngine(args) => commands::bench::engine(args).map(|()| ExitCode::SUCCESS),
+        Command::BenchRender(args) => commands::bench::render(args).map(|()| ExitCode::SUCCESS),
         Command::Status(args) => commands::status::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => commands::trace::run(commands::trace::Session::for_bench(args)),
     };

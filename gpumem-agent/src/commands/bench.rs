@@ -1,6 +1,7 @@
-//! Benchmarks of the agent's own engine, no kernel involved (for
-//! `cargo xtask bench-engine`): throughput of decode → state → analyses on a
-//! recorded session, and memory per live allocation.
+//! Benchmarks of the agent's own engine, no kernel involved: throughput of
+//! decode → state → analyses on a recorded session and memory per live
+//! allocation (`cargo xtask bench-engine`), and /metrics rendering at scale
+//! (`cargo xtask bench-metrics`).
 use std::{collections::BTreeMap, time::Instant};
 
 use anyhow::{anyhow, Result};
@@ -10,13 +11,18 @@ use super::ingest::{self, Ingest, Ingested, Replayer};
 use crate::{
     analysis::{
         distributions::{self, Distributions},
-        leaks::GrowthTracker,
+        leaks::{self, GrowthTracker},
     },
     cli::BenchEngineArgs,
-    export::prometheus::{ExportConfig, Exporter},
+    events::LostEvents,
+    export::prometheus::{self, ExportConfig, Exporter, Inputs},
+    nvml::GpuSample,
     record::{self, Footer, Header},
     state::{Limits, State},
 };
+
+/// The comm of every synthetic process.
+const COMM: [u8; 16] = *b"python3\0\0\0\0\0\0\0\0\0";
 
 /// A synthetic session: `processes` processes, each with a primary context,
 /// doing allocate/free pairs (sizes from 4 KiB to 64 MiB) with a tenth of
@@ -24,11 +30,10 @@ use crate::{
 fn synthetic_recording(events: u64, processes: u32) -> Result<Vec<u8>> {
     let mut w = record::Writer::new(Vec::with_capacity((events as usize) * 100))?;
     w.header(&Header { gpumem_version: env!("CARGO_PKG_VERSION").into(), recorded_by: "bench".into(), command: None, pids: vec![], started_ns: 0 })?;
-    let comm = *b"python3\0\0\0\0\0\0\0\0\0";
     let mut ts = 1u64;
     let mut ev = |pid: u32, e: Event, w: &mut record::Writer<Vec<u8>>| -> Result<()> {
         ts += 1_000;
-        w.event(&Event { pid, tid: pid, comm, ts_ns: ts, latency_ns: 20_000, ..e }, None)?;
+        w.event(&Event { pid, tid: pid, comm: COMM, ts_ns: ts, latency_ns: 20_000, ..e }, None)?;
         Ok(())
     };
     let mut n = 0u64;
@@ -74,14 +79,13 @@ impl Replayer for Engine {
     }
 }
 
-pub fn run(a: BenchEngineArgs) -> Result<()> {
+pub fn engine(a: BenchEngineArgs) -> Result<()> {
     // 1. Memory per live allocation (first, in a fresh heap): `live` allocations across `live_processes`.
-    let rss0 = rss();
+    let rss0 = crate::selfstat::resident_bytes();
     let mut state = State::new(Limits { max_entries: a.live as usize + 1, max_processes: 1 << 20 });
     let per = (a.live / a.live_processes as u64).max(1);
-    let comm = *b"python3\0\0\0\0\0\0\0\0\0";
     for pid in 1..=a.live_processes {
-        let at = |e: Event| Event { pid, tid: pid, comm, ts_ns: 1, ..e };
+        let at = |e: Event| Event { pid, tid: pid, comm: COMM, ts_ns: 1, ..e };
         state.apply_with_stack(&at(Event { handle: 0xc0, device: 0, ..Event::empty(api::CU_DEVICE_PRIMARY_CTX_RETAIN) }), None);
         state.apply_with_stack(&at(Event { handle: 0xc0, ..Event::empty(api::CU_CTX_SET_CURRENT) }), None);
         for i in 0..per {
@@ -89,7 +93,7 @@ pub fn run(a: BenchEngineArgs) -> Result<()> {
         }
     }
     let live: u64 = state.processes.values().map(|p| p.allocs.len() as u64).sum();
-    let rss1 = rss();
+    let rss1 = crate::selfstat::resident_bytes();
     let by_dev: BTreeMap<i32, u64> = state.processes.values().flat_map(|p| p.devices.iter().map(|(&d, t)| (d, t.live_allocs))).fold(BTreeMap::new(), |mut m, (d, n)| {
         *m.entry(d).or_default() += n;
         m
@@ -139,12 +143,65 @@ pub fn run(a: BenchEngineArgs) -> Result<()> {
     Ok(())
 }
 
-/// Resident bytes of this process (/proc/self/statm).
-fn rss() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
-        .map_or(0, |p| p * page)
+/// Renders the exposition of a synthetic host (every process holding memory
+/// on every GPU, no cap) and reports its size and the median render time.
+pub fn render(args: crate::cli::BenchRenderArgs) -> Result<()> {
+    let mut state = State::new(Limits::default());
+    let mut exporter = Exporter::new(ExportConfig { max_process_series: usize::MAX, leak_age_ns: u64::MAX });
+    let gpus: Vec<GpuSample> = (0..args.gpus)
+        .map(|i| GpuSample {
+            index: i,
+            uuid: format!("GPU-{i:08x}-0000-0000-0000-000000000000"),
+            pci_bus_id: format!("00000000:{:02X}:00.0", 0x10 + i),
+            name: "NVIDIA H200".into(),
+            memory: Some(crate::nvml::MemoryInfo { total: 141 << 30, used: 1 << 30, free: 140 << 30, reserved: 0 }),
+            gpu_temp_c: Some(40),
+            memory_temp_c: Some(45),
+            ..Default::default()
+        })
+        .collect();
+    for pid in 1..=args.processes {
+        let at = |e: Event| Event { pid, tid: pid, comm: COMM, ts_ns: 1, latency_ns: 5_000, ..e };
+        for dev in 0..args.gpus as i32 {
+            let ctx = 0x100 + dev as u64;
+            for e in [
+                at(Event { handle: ctx, device: dev, ..Event::empty(api::CU_DEVICE_PRIMARY_CTX_RETAIN) }),
+                at(Event { handle: ctx, ..Event::empty(api::CU_CTX_SET_CURRENT) }),
+                at(Event { addr: 0x1000 + dev as u64, size: 2 << 20, ..Event::empty(api::CU_MEM_ALLOC_V2) }),
+            ] {
+                let applied = state.apply_with_stack(&e, None);
+                exporter.observe(&e, &applied, distributions::observe(&e, &applied).as_ref());
+            }
+        }
+    }
+    let mut growth = GrowthTracker::default();
+    let health = BTreeMap::new();
+    let lost = LostEvents::default();
+    let mut times = Vec::new();
+    let mut body = String::new();
+    for _ in 0..args.rounds.max(1) {
+        let t = Instant::now();
+        body = exporter.render(Inputs {
+            state: &state,
+            growth: &mut growth,
+            gpus: &gpus,
+            health: &health,
+            nvml_error: None,
+            lost: &lost,
+            probes_attached: 30,
+            now_ns: leaks::monotonic_ns(),
+        })?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    let samples = body.lines().filter(|l| !l.starts_with('#')).count();
+    let process_series = body.lines().filter(|l| l.starts_with("gpumem_process_memory_bytes{")).count();
+    println!(
+        "process_series={process_series} samples={samples} bytes={} text_bytes={} median_ms={:.2} min_ms={:.2}",
+        body.len(),
+        prometheus::to_text_format(&body).len(),
+        times[times.len() / 2] * 1e3,
+        times[0] * 1e3
+    );
+    Ok(())
 }

@@ -6,7 +6,6 @@
 //! channel, so a scrape never races an event and nothing is locked.
 use std::{
     future::IntoFuture as _,
-    collections::BTreeMap,
     process::ExitCode,
     time::{Duration, Instant},
 };
@@ -34,7 +33,7 @@ use crate::{
     cli::ServeArgs,
     events::{EventReader, LostEvents},
     export::prometheus::{self, ExportConfig, Exporter, Inputs},
-    nvml::{monitor::Monitor, GpuSample},
+    nvml::monitor::Monitor,
     probes::ProbeSet,
     state::{Limits, State},
 };
@@ -234,69 +233,4 @@ async fn ask(requests: &mpsc::Sender<Request>, make: fn(oneshot::Sender<String>)
 
 fn unavailable() -> axum::response::Response {
     (axum::http::StatusCode::SERVICE_UNAVAILABLE, "gpumem: the agent did not answer\n").into_response()
-}
-
-/// Renders the exposition of a synthetic host (every process holding memory
-/// on every GPU, no cap) and reports its size and the median render time.
-pub fn bench_render(args: crate::cli::BenchRenderArgs) -> Result<()> {
-    use gpumem_common::{api, Event};
-    let mut state = State::new(Limits::default());
-    let mut exporter = Exporter::new(ExportConfig { max_process_series: usize::MAX, leak_age_ns: u64::MAX });
-    let gpus: Vec<GpuSample> = (0..args.gpus)
-        .map(|i| GpuSample {
-            index: i,
-            uuid: format!("GPU-{i:08x}-0000-0000-0000-000000000000"),
-            pci_bus_id: format!("00000000:{:02X}:00.0", 0x10 + i),
-            name: "NVIDIA H200".into(),
-            memory: Some(crate::nvml::MemoryInfo { total: 141 << 30, used: 1 << 30, free: 140 << 30, reserved: 0 }),
-            gpu_temp_c: Some(40),
-            memory_temp_c: Some(45),
-            ..Default::default()
-        })
-        .collect();
-    let comm = *b"python3\0\0\0\0\0\0\0\0\0";
-    for pid in 1..=args.processes {
-        let at = |e: Event| Event { pid, tid: pid, comm, ts_ns: 1, latency_ns: 5_000, ..e };
-        for dev in 0..args.gpus as i32 {
-            let ctx = 0x100 + dev as u64;
-            for e in [
-                at(Event { handle: ctx, device: dev, ..Event::empty(api::CU_DEVICE_PRIMARY_CTX_RETAIN) }),
-                at(Event { handle: ctx, ..Event::empty(api::CU_CTX_SET_CURRENT) }),
-                at(Event { addr: 0x1000 + dev as u64, size: 2 << 20, ..Event::empty(api::CU_MEM_ALLOC_V2) }),
-            ] {
-                let applied = state.apply_with_stack(&e, None);
-                exporter.observe(&e, &applied, distributions::observe(&e, &applied).as_ref());
-            }
-        }
-    }
-    let mut growth = GrowthTracker::with_capacity(GROWTH_SAMPLES);
-    let health = BTreeMap::new();
-    let lost = LostEvents::default();
-    let mut times = Vec::new();
-    let mut body = String::new();
-    for _ in 0..args.rounds.max(1) {
-        let t = Instant::now();
-        body = exporter.render(Inputs {
-            state: &state,
-            growth: &mut growth,
-            gpus: &gpus,
-            health: &health,
-            nvml_error: None,
-            lost: &lost,
-            probes_attached: 30,
-            now_ns: monotonic_ns(),
-        })?;
-        times.push(t.elapsed().as_secs_f64());
-    }
-    times.sort_by(|a, b| a.total_cmp(b));
-    let samples = body.lines().filter(|l| !l.starts_with('#')).count();
-    let process_series = body.lines().filter(|l| l.starts_with("gpumem_process_memory_bytes{")).count();
-    println!(
-        "process_series={process_series} samples={samples} bytes={} text_bytes={} median_ms={:.2} min_ms={:.2}",
-        body.len(),
-        prometheus::to_text_format(&body).len(),
-        times[times.len() / 2] * 1e3,
-        times[0] * 1e3
-    );
-    Ok(())
 }

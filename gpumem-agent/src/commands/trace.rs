@@ -66,22 +66,40 @@ pub struct LeaksOptions {
 }
 
 impl Session {
+    /// Everything at its default: all processes, full probes, events printed,
+    /// the default ring buffer and tables, no recording.
+    fn with_probes(probes: ProbeArgs) -> Self {
+        Session {
+            pids: Vec::new(),
+            command: None,
+            duration: None,
+            filter: Filter::default(),
+            probes,
+            json: false,
+            limits: Limits::default(),
+            probe_set: ProbeSet::Full,
+            quiet: false,
+            ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
+            stall_reader_ms: None,
+            leaks: None,
+            record: None,
+            from: None,
+        }
+    }
+
     pub fn from_args(a: TraceArgs) -> Self {
         Session {
             pids: a.target.pids,
             command: a.target.command,
             duration: a.target.duration,
             filter: Filter { min_size: a.min_size.unwrap_or(0), failed_only: a.failed_only },
-            probes: a.probes,
             json: a.json,
             limits: Limits { max_entries: a.max_allocations, ..Limits::default() },
-            probe_set: ProbeSet::Full,
-            quiet: false,
             ringbuf_bytes: a.ringbuf_bytes,
             stall_reader_ms: a.stall_reader_ms,
-            leaks: None,
             record: a.record,
             from: a.from,
+            ..Session::with_probes(a.probes)
         }
     }
 
@@ -90,17 +108,13 @@ impl Session {
             pids: a.target.pids,
             command: a.target.command,
             duration: a.target.duration,
-            filter: Filter::default(),
-            probes: a.probes,
             json: a.json,
             limits: Limits { max_entries: a.max_allocations, ..Limits::default() },
-            probe_set: ProbeSet::Full,
             quiet: true,
-            ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
-            stall_reader_ms: None,
             leaks: Some(LeaksOptions { older_than_s: a.older_than, top: a.top }),
             record: a.record,
             from: a.from,
+            ..Session::with_probes(a.probes)
         }
     }
 }
@@ -546,59 +560,27 @@ impl Session {
             pids: a.target.pids,
             command: a.target.command,
             duration: a.target.duration,
-            filter: Filter::default(),
-            probes: a.probes,
-            json: false,
             limits: Limits { max_entries: a.max_allocations, ..Limits::default() },
-            probe_set: ProbeSet::Full,
             quiet: true,
-            ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
-            stall_reader_ms: None,
-            leaks: None,
             record: Some(a.output),
-            from: None,
+            ..Session::with_probes(a.probes)
         }
     }
 
     /// `gpumem replay FILE`: `trace --from FILE`.
     pub fn for_replay(a: crate::cli::ReplayArgs) -> Self {
         let probes = ProbeArgs { libcuda: vec![], no_discover: true, nvidia_dev_prefix: "/dev/nvidia".into(), ioctl: "off".into(), nvml: None };
-        Session {
-            pids: Vec::new(),
-            command: None,
-            duration: None,
-            filter: Filter::default(),
-            probes,
-            json: a.json,
-            limits: Limits::default(),
-            probe_set: ProbeSet::Full,
-            quiet: false,
-            ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
-            stall_reader_ms: None,
-            leaks: None,
-            record: None,
-            from: Some(a.file),
-        }
+        Session { json: a.json, from: Some(a.file), ..Session::with_probes(probes) }
     }
 
     /// The overhead benchmark: the same session with output off, and either
     /// gpumem's probes or empty ones on the same symbols.
     pub fn for_bench(a: crate::cli::BenchArgs) -> Self {
         Session {
-            pids: Vec::new(),
             command: Some(a.command),
-            duration: None,
-            filter: Filter::default(),
-            probes: a.probes,
-            json: false,
-            limits: Limits::default(),
             probe_set: if a.probe_set == "empty" { ProbeSet::Empty } else { ProbeSet::Full },
             quiet: true,
-            ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
-            stall_reader_ms: None,
-            leaks: None,
-            record: None,
-            from: None,
+            ..Session::with_probes(a.probes)
         }
     }
 }

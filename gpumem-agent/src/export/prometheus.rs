@@ -541,7 +541,7 @@ fn self_families(fams: &mut Families, inp: &Inputs<'_>, events: u64) {
     fams.counter("gpumem_events_processed", "Events read from the ring buffer and applied").push((vec![], Value::Count(events)));
     fams.gauge("gpumem_tracked_processes", "Processes in the agent's state, live or recently exited").push((vec![], int(inp.state.processes.len() as u64)));
     fams.gauge("gpumem_nvml_up", "1 when NVML answers (GPU series come from it)").push((vec![], bool_value(inp.nvml_error.is_none())));
-    let (cpu_s, rss) = own_usage();
+    let (cpu_s, rss) = (crate::selfstat::cpu_seconds(), crate::selfstat::resident_bytes());
     fams.counter("gpumem_agent_cpu_seconds", "CPU time the agent has used (user + system)").push((vec![], Value::FloatCount(cpu_s)));
     fams.gauge("gpumem_agent_resident_memory_bytes", "The agent's resident memory").push((vec![], int(rss)));
     fams.gauge("gpumem_build_info", "The agent's version").push((vec![("version", env!("CARGO_PKG_VERSION").to_string())], Value::Int(1)));
@@ -581,22 +581,6 @@ pub fn to_text_format(openmetrics: &str) -> String {
         out.push('\n');
     }
     out
-}
-
-/// CPU seconds (getrusage) and resident bytes (/proc/self/statm) of the agent.
-fn own_usage() -> (f64, u64) {
-    // SAFETY: getrusage fills the struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    let cpu = tv(ru.ru_utime) + tv(ru.ru_stime);
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
-    let rss = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
-        .map_or(0, |pages| pages * page);
-    (cpu, rss)
 }
 
 #[cfg(test)]
