@@ -110,7 +110,7 @@ fn group_by_stack(p: &Process, now_ns: u64, older_than_ns: u64) -> BTreeMap<i32,
         g.oldest_ts = g.oldest_ts.min(ts);
     };
     for a in p.allocs.values().filter(|a| a.memory == Memory::Device) {
-        add(a.device, a.stack, a.size, a.ts_ns);
+        add(a.device(), a.stack(), a.size, a.ts_ns);
     }
     for h in p.vmm_handles.values() {
         add(h.device, h.stack, h.size, h.ts_ns);
@@ -121,7 +121,7 @@ fn group_by_stack(p: &Process, now_ns: u64, older_than_ns: u64) -> BTreeMap<i32,
 /// Bytes of a process's live device memory on `device` allocated at or
 /// before `before_ns` (allocations and VMM handles).
 pub fn bytes_allocated_before(p: &Process, device: i32, before_ns: u64) -> u64 {
-    let allocs = p.allocs.values().filter(|a| a.memory == Memory::Device && a.device == device && a.ts_ns <= before_ns).map(|a| a.size);
+    let allocs = p.allocs.values().filter(|a| a.memory == Memory::Device && a.device() == device && a.ts_ns <= before_ns).map(|a| a.size);
     let handles = p.vmm_handles.values().filter(|h| h.device == device && h.ts_ns <= before_ns).map(|h| h.size);
     allocs.chain(handles).sum()
 }

@@ -152,11 +152,10 @@ impl State {
         }
         let room = self.entries < self.limits.max_entries;
         let proc = self.processes.get_mut(&ev.pid).expect("inserted above");
-        if proc.comm.is_empty() || ev.tid == ev.pid {
-            let comm = String::from_utf8_lossy(ev.comm_bytes()).into_owned();
-            if !comm.is_empty() {
-                proc.comm = comm;
-            }
+        // The main thread's comm is the process's name; compare bytes first so
+        // that the common case (unchanged) allocates nothing.
+        if (proc.comm.is_empty() || ev.tid == ev.pid) && !ev.comm_bytes().is_empty() && proc.comm.as_bytes() != ev.comm_bytes() {
+            proc.comm = String::from_utf8_lossy(ev.comm_bytes()).into_owned();
         }
         if ev.api == gpumem_common::api::PROCESS_EXIT {
             let before = proc.entries();
@@ -265,7 +264,8 @@ fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool, stack
                 out.dropped = true;
                 return out;
             }
-            let alloc = Allocation { size: ev.size, device, memory, ctx: p.current_ctx(ev.tid), ts_ns: ev.ts_ns, stack };
+            let ctx = p.current_ctx(ev.tid);
+            let alloc = Allocation::new(ev.size, device, memory, p.ctx_index(ctx), ev.ts_ns, stack);
             // A pointer handed out twice means we missed its free: replace it.
             if let Some(old) = p.allocs.insert(ev.addr, alloc) {
                 credit_free(p, &old);
@@ -291,13 +291,13 @@ fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool, stack
         ApiClass::DeviceFree | ApiClass::HostFree
             if p.allocs.get(&ev.addr).is_some_and(|cur| ev.ts_ns.saturating_sub(ev.latency_ns) < cur.ts_ns) =>
         {
-            out.device = p.allocs[&ev.addr].device;
+            out.device = p.allocs[&ev.addr].device();
             out.size = 0;
             p.reordered_frees += 1;
         }
         ApiClass::DeviceFree | ApiClass::HostFree => match p.allocs.remove(&ev.addr) {
             Some(old) => {
-                out.device = old.device;
+                out.device = old.device();
                 out.size = old.size;
                 out.lifetime_ns = Some(ev.ts_ns.saturating_sub(old.ts_ns));
                 credit_free(p, &old);
@@ -479,7 +479,7 @@ fn holdings(p: &Process) -> Vec<Release> {
 fn credit_free(p: &mut Process, a: &Allocation) {
     match a.memory {
         Memory::Device => {
-            let t = p.totals_mut(a.device);
+            let t = p.totals_mut(a.device());
             t.live_bytes -= a.size;
             t.live_allocs -= 1;
         }
@@ -501,11 +501,12 @@ fn uncount_handle(p: &mut Process, h: &VmmHandle) {
 /// Frees every device allocation made in `ctx` (destroying a context frees
 /// its memory). VMM handles are not bound to a context and stay.
 fn release_ctx(p: &mut Process, ctx: u64) -> Vec<Release> {
+    let Some(ctx) = p.ctx_ids.iter().position(|&c| c == ctx).map(|i| i as u32) else { return Vec::new() };
     let addrs: Vec<u64> = p.allocs.iter().filter(|(_, a)| a.ctx == ctx && a.memory == Memory::Device).map(|(&k, _)| k).collect();
     let mut by_dev: BTreeMap<i32, Release> = BTreeMap::new();
     for addr in addrs {
         let a = p.allocs.remove(&addr).expect("present");
-        let r = by_dev.entry(a.device).or_insert(Release { device: a.device, bytes: 0, allocs: 0 });
+        let r = by_dev.entry(a.device()).or_insert(Release { device: a.device(), bytes: 0, allocs: 0 });
         r.bytes += a.size;
         r.allocs += 1;
         credit_free(p, &a);

@@ -1,25 +1,48 @@
 //! One traced process: its live allocations, VMM handles, contexts and call
 //! statistics.
-use std::collections::{BTreeMap, HashMap};
+use std::{collections::BTreeMap, num::NonZeroU64};
+
+// Per-process tables are keyed by driver addresses, handles and tids the agent
+// chooses nothing about; FxHash is several times cheaper than SipHash there and
+// the agent's own input is not attacker-controlled hash flooding material
+// beyond what the per-process entry caps already bound.
+pub use rustc_hash::FxHashMap as HashMap;
 
 /// Where an allocation lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Memory {
     Device,
     /// Page-locked host memory (cuMemHostAlloc/cuMemAllocHost): host RAM, not VRAM.
     HostPinned,
 }
 
+/// One live allocation. Packed to 32 bytes (40 with its key): a host with
+/// a million live allocations is normal, and this is most of the agent's memory.
 #[derive(Clone, Debug)]
 pub struct Allocation {
     pub size: u64,
-    pub device: i32,
-    pub memory: Memory,
-    /// Context current when it was made; destroyed with it.
-    pub ctx: u64,
     pub ts_ns: u64,
-    /// The caller's stack, when it was captured and unwound.
-    pub stack: Option<crate::stacks::StackId>,
+    /// The caller's stack id, when it was captured and unwound (ids are hashes; 0 is mapped to 1).
+    stack: Option<NonZeroU64>,
+    /// Context current when it was made (an index into `Process::ctx_ids`); destroyed with it.
+    pub ctx: u32,
+    /// CUdevice ordinal (DEVICE_UNKNOWN is -1); ordinals fit in 16 bits.
+    device: i16,
+    pub memory: Memory,
+}
+
+impl Allocation {
+    pub fn new(size: u64, device: i32, memory: Memory, ctx: u32, ts_ns: u64, stack: Option<crate::stacks::StackId>) -> Self {
+        let device = i16::try_from(device).unwrap_or(gpumem_common::DEVICE_UNKNOWN as i16);
+        Allocation { size, ts_ns, stack: stack.map(|s| NonZeroU64::new(s).unwrap_or(NonZeroU64::MIN)), ctx, device, memory }
+    }
+    pub fn device(&self) -> i32 {
+        self.device as i32
+    }
+    pub fn stack(&self) -> Option<crate::stacks::StackId> {
+        self.stack.map(NonZeroU64::get)
+    }
 }
 
 /// A cuMemCreate handle: physical memory, alive until released and unmapped.
@@ -97,6 +120,8 @@ pub struct Process {
     /// The last context created or retained: the device guess for threads
     /// whose current context predates the trace.
     pub last_ctx: Option<u64>,
+    /// Context handles allocations were made in, interned (Allocation::ctx is an index).
+    pub ctx_ids: Vec<u64>,
     pub apis: BTreeMap<u32, ApiStats>,
     /// Frees of pointers allocated before tracing began (or not seen).
     pub untracked_frees: u64,
@@ -138,6 +163,18 @@ impl Process {
 
     pub fn current_ctx(&self, tid: u32) -> u64 {
         self.thread_ctx.get(&tid).and_then(|s| s.last().copied()).or(self.last_ctx).unwrap_or(0)
+    }
+
+    /// The index of a context handle in `ctx_ids`, added if new. A process has a
+    /// few contexts, so a scan is cheaper than a map.
+    pub fn ctx_index(&mut self, ctx: u64) -> u32 {
+        match self.ctx_ids.iter().position(|&c| c == ctx) {
+            Some(i) => i as u32,
+            None => {
+                self.ctx_ids.push(ctx);
+                (self.ctx_ids.len() - 1) as u32
+            }
+        }
     }
 
     /// Number of table entries this process holds (for the global bound).
