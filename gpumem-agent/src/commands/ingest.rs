@@ -1,7 +1,7 @@
 //! One event into the agent's state: its stack unwound, the state updated,
 //! the process's container looked up once, OOM kills placed in their memory
 //! cgroup. Shared by `trace`/`leaks` (which print) and `serve` (which exports).
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use gpumem_common::{api, Event, StackEvent};
 
@@ -96,7 +96,7 @@ impl Ingest {
 
     /// Replaying a recording.
     pub fn replay(state: State) -> Self {
-        Ingest { state, stacks: Stacks::default(), lookups: Lookups::Recorded { containers: HashMap::new(), memcg: HashMap::new() } }
+        Ingest { state, stacks: Stacks::default(), lookups: Lookups::Recorded { containers: HashMap::default(), memcg: HashMap::default() } }
     }
 
     /// A traced event with the stack the kernel copied, unwound here.

@@ -10,7 +10,9 @@
 //! series, the largest by live bytes; the rest are summed into one series per
 //! device with `comm="other"` and empty pid. Processes that exited show 0 until
 //! the caller forgets them (after its grace period), then their series go.
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap as HashMap;
 
 use gpumem_common::DEVICE_UNKNOWN;
 use prometheus_client::{
@@ -98,7 +100,7 @@ pub struct Exporter {
     size_of: HashMap<MemoryKind, Histogram>,
     lifetime_of: HashMap<MemoryKind, Histogram>,
     /// (api, CUresult) → calls.
-    api_calls: BTreeMap<(u32, u32), u64>,
+    api_calls: HashMap<(u32, u32), u64>,
     /// (device, fragmentation) → CUDA out-of-memory failures.
     cuda_ooms: BTreeMap<(i32, bool), u64>,
     /// "host" or "memcg" → OOM kills.
@@ -242,16 +244,16 @@ impl Exporter {
             sizes,
             lifetimes,
             latencies,
-            latency_of: HashMap::new(),
-            size_of: HashMap::new(),
-            lifetime_of: HashMap::new(),
-            api_calls: BTreeMap::new(),
+            latency_of: HashMap::default(),
+            size_of: HashMap::default(),
+            lifetime_of: HashMap::default(),
+            api_calls: HashMap::default(),
             cuda_ooms: BTreeMap::new(),
             oom_kills: BTreeMap::new(),
             xids: BTreeMap::new(),
             exits: BTreeMap::new(),
             events: 0,
-            seen_devices: HashMap::new(),
+            seen_devices: HashMap::default(),
         }
     }
 
@@ -411,7 +413,9 @@ impl Exporter {
 
     fn event_families(&self, fams: &mut Families, state: &State, gpus: &[GpuSample]) {
         let calls = fams.counter("gpumem_api_calls", "Traced driver calls by API and result (success or the CUresult name)");
-        for (&(api, result), &n) in &self.api_calls {
+        // Counted in a hash map (per event), rendered in a stable order.
+        let sorted: BTreeMap<(u32, u32), u64> = self.api_calls.iter().map(|(&k, &v)| (k, v)).collect();
+        for ((api, result), n) in sorted {
             let result = if result == 0 { "success".to_string() } else { result_name(result).map_or_else(|| result.to_string(), str::to_string) };
             calls.push((vec![("api", api_name(api).to_string()), ("result", result)], Value::Count(n)));
         }

@@ -86,13 +86,14 @@ pub struct OomCounters {
     pub host_oom_kills: u64,
 }
 
-/// What applying one event did, for rendering.
+/// What applying one event did, for rendering. Returned for every event, so
+/// the rare parts (OOMs) are boxed to keep it small to move.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Applied {
     /// Host OOM kill: the victim's GPU holdings per device at that moment.
-    pub oom_kill: Option<OomKill>,
+    pub oom_kill: Option<Box<OomKill>>,
     /// A CUDA allocation failed with out-of-memory.
-    pub cuda_oom: Option<CudaOom>,
+    pub cuda_oom: Option<Box<CudaOom>>,
     /// Device the event is attributed to (resolved from contexts if the call
     /// itself names none).
     pub device: i32,
@@ -141,7 +142,7 @@ impl State {
             // The victim need not be a CUDA process: do not create one for it.
             self.oom.host_oom_kills += 1;
             let holdings = self.processes.get(&ev.pid).map(holdings).unwrap_or_default();
-            return Applied { device: DEVICE_UNKNOWN, oom_kill: Some(OomKill { holdings, memcg: None }), ..Default::default() };
+            return Applied { device: DEVICE_UNKNOWN, oom_kill: Some(Box::new(OomKill { holdings, memcg: None })), ..Default::default() };
         }
         if !self.processes.contains_key(&ev.pid) {
             if self.processes.len() >= self.limits.max_processes && !self.evict_exited() {
@@ -196,7 +197,7 @@ impl State {
                     self.oom.fragmentation_ooms += 1;
                 }
                 let holders = self.top_holders(device, OOM_TOP_HOLDERS);
-                applied.cuda_oom = Some(CudaOom { device, requested: ev.size, reported_free, fragmentation, holders });
+                applied.cuda_oom = Some(Box::new(CudaOom { device, requested: ev.size, reported_free, fragmentation, holders }));
             }
             return applied;
         }
