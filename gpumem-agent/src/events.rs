@@ -78,6 +78,10 @@ pub struct LostEvents {
     pub return_without_entry: u64,
     /// Record too short to decode.
     pub malformed: u64,
+    /// Ring-buffer and call-table losses per process (the kernel's LOST_BY_PID):
+    /// those processes' figures are uncertain.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub by_pid: std::collections::BTreeMap<u32, u64>,
 }
 
 impl LostEvents {
@@ -87,6 +91,7 @@ impl LostEvents {
             pending_full: kernel[stat::PENDING_FULL as usize],
             return_without_entry: kernel[stat::RETURN_WITHOUT_ENTRY as usize],
             malformed,
+            by_pid: Default::default(),
         }
     }
 

@@ -382,6 +382,9 @@ pub const RINGBUF_BYTES: u32 = 16 * 1024 * 1024;
 pub const PENDING_MAX: u32 = 16384;
 pub const TRACKED_MAX: u32 = 16384;
 pub const FILTER_MAX: u32 = 16384;
+/// Processes whose lost events are counted one by one (LOST_BY_PID); beyond
+/// it losses are still counted in STATS, just not attributed.
+pub const LOST_PIDS_MAX: u32 = 4096;
 
 pub const NV_FDS_MAX: u32 = 65536;
 

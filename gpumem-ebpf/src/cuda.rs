@@ -7,7 +7,7 @@ use aya_ebpf::{
 use gpumem_common::{api, flags, stat, Event, DEVICE_UNKNOWN};
 
 use crate::{
-    maps::{count, should_trace, track, Pending, PendingKey, EVENTS, PENDING},
+    maps::{count, lost, should_trace, track, Pending, PendingKey, EVENTS, PENDING},
     stack, vmm,
 };
 
@@ -27,7 +27,7 @@ pub fn on_entry(ctx: &ProbeContext, api_id: u32) -> u32 {
     let pending = Pending { ts_ns: unsafe { bpf_ktime_get_ns() }, args, device, _pad: 0 };
     let key = PendingKey { pid_tgid, api: api_id, _pad: 0 };
     if PENDING.insert(&key, &pending, 0).is_err() {
-        count(stat::PENDING_FULL);
+        lost(stat::PENDING_FULL, (pid_tgid >> 32) as u32);
     }
     0
 }
@@ -76,7 +76,7 @@ pub fn on_return(ctx: &RetProbeContext, api_id: u32) -> u32 {
                 entry.write(ev);
                 entry.submit(0);
             }
-            None => count(stat::RINGBUF_FULL),
+            None => lost(stat::RINGBUF_FULL, tgid),
         }
     }
 

@@ -17,7 +17,7 @@ use aya_ebpf::{
 };
 use gpumem_common::{api, nv, nv_fd, stat, Event, FdKey, NV_FDS_MAX, NV_PREFIX_MAX, PENDING_MAX};
 
-use crate::maps::{count, should_trace, track, EVENTS};
+use crate::maps::{count, lost, should_trace, track, EVENTS};
 
 /// Open NVIDIA descriptors: (tgid, fd) → `nv_fd::RM` or `nv_fd::UVM`.
 #[map]
@@ -131,7 +131,7 @@ pub fn on_enter_close(ctx: &TracePointContext) -> u32 {
 fn save(pid_tgid: u64, cmd: u32, arg: u64, api_id: u32) {
     let p = IoctlPending { ts_ns: unsafe { bpf_ktime_get_ns() }, arg, cmd, api: api_id };
     if IOCTL_PENDING.insert(&pid_tgid, &p, 0).is_err() {
-        count(stat::PENDING_FULL);
+        lost(stat::PENDING_FULL, (pid_tgid >> 32) as u32);
     }
 }
 
@@ -273,7 +273,7 @@ fn finish(pid_tgid: u64) -> u32 {
             entry.write(ev);
             entry.submit(0);
         }
-        None => count(stat::RINGBUF_FULL),
+        None => lost(stat::RINGBUF_FULL, (pid_tgid >> 32) as u32),
     }
     track((pid_tgid >> 32) as u32);
     0

@@ -1,9 +1,9 @@
 //! Maps and load-time globals shared by every probe family.
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
-use gpumem_common::{stat, FILTER_MAX, PENDING_MAX, RINGBUF_BYTES, TRACKED_MAX};
+use gpumem_common::{stat, FILTER_MAX, LOST_PIDS_MAX, PENDING_MAX, RINGBUF_BYTES, TRACKED_MAX};
 
 /// Every event to userspace.
 #[map]
@@ -12,6 +12,11 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
 /// What the kernel side could not do (indexed by `gpumem_common::stat`).
 #[map]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
+
+/// Events of each process that never reached the agent (ring buffer or
+/// in-flight table full): the agent marks those processes' accounting uncertain.
+#[map]
+pub static LOST_BY_PID: PerCpuHashMap<u32, u64> = PerCpuHashMap::with_max_entries(LOST_PIDS_MAX, 0);
 
 /// Per-CPU scratch for building a record with a stack (too big for the BPF stack).
 #[map]
@@ -65,6 +70,21 @@ pub fn count(stat_index: u32) {
     if let Some(slot) = STATS.get_ptr_mut(stat_index) {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU.
         unsafe { *slot += 1 };
+    }
+}
+
+/// An event of process `tgid` is lost (`stat_index`: why): counted in total
+/// and for the process.
+#[inline(always)]
+pub fn lost(stat_index: u32, tgid: u32) {
+    count(stat_index);
+    // Per-CPU values: no two CPUs write one slot (the agent sums them).
+    match LOST_BY_PID.get_ptr_mut(&tgid) {
+        // SAFETY: this CPU's slot of a value of this map.
+        Some(n) => unsafe { *n += 1 },
+        None => {
+            let _ = LOST_BY_PID.insert(&tgid, &1, 0);
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use aya_ebpf::{
 };
 use gpumem_common::{api, filter, stat, Event};
 
-use crate::maps::{count, filter_mode, EVENTS, FILTER_PIDS, FORK_CHILD_PID_OFFSET, TRACKED};
+use crate::maps::{count, filter_mode, lost, EVENTS, FILTER_PIDS, FORK_CHILD_PID_OFFSET, TRACKED};
 
 /// sched:sched_process_exit runs for every exiting thread; the process is
 /// gone when its leader exits (tid == tgid).
@@ -28,7 +28,7 @@ pub fn on_exit(_ctx: &TracePointContext) -> u32 {
     }
     let _ = TRACKED.remove(&tgid);
     let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
-        count(stat::RINGBUF_FULL);
+        lost(stat::RINGBUF_FULL, tgid);
         return 0;
     };
     entry.write(Event {

@@ -371,6 +371,12 @@ fn lost_events_are_counted_exactly() {
     // init + retain + 9 set_current + 1600 allocs + 800 frees + exit: every one
     // either arrived or is counted as lost.
     assert_eq!(t.events.len() as u64 + ringbuf_full, 1 + 1 + 9 + 1600 + 800 + 1);
+    // Every loss is the workload's: it is marked uncertain, with the count.
+    assert_eq!(lost["by_pid"].as_object().unwrap().len(), 1, "{lost}");
+    let pid = t.pids()[0];
+    let p = t.summary_process(pid);
+    assert_eq!(p["events_lost"].as_u64().unwrap(), ringbuf_full, "{p}");
+    assert_eq!(p["uncertain"], true, "{p}");
 }
 
 /// Starts `gpumem trace --json ARGS` in the background and waits until it

@@ -168,7 +168,8 @@ pub fn metrics(idle_s: u64) -> Result<()> {
     let dt = t0.elapsed().as_secs_f64();
     let cpu = read(&after, "gpumem_agent_cpu_seconds_total") - read(&before, "gpumem_agent_cpu_seconds_total");
     println!("gpumem serve at rest over {dt:.0} s ({} probes attached, synthetic NVML):", read(&after, "gpumem_probes_attached"));
-    println!("  resident memory  {:.1} MiB", read(&after, "gpumem_agent_resident_memory_bytes") / 1048576.0);
+    let (rss, bpf) = (read(&after, "gpumem_agent_resident_memory_bytes"), read(&after, "gpumem_agent_bpf_map_resident_memory_bytes"));
+    println!("  resident memory  {:.1} MiB: the agent's own {:.1} MiB + BPF ring buffer mapping {:.1} MiB (kernel memory)", rss / 1048576.0, (rss - bpf) / 1048576.0, bpf / 1048576.0);
     println!("  CPU              {:.2} % of one core", 100.0 * cpu / dt);
     let (status, stderr) = serve.stop();
     if !status.success() {

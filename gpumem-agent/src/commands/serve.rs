@@ -31,7 +31,7 @@ use crate::{
         leaks::{monotonic_ns, GrowthTracker},
     },
     cli::ServeArgs,
-    events::{EventReader, LostEvents},
+    events::EventReader,
     export::prometheus::{self, ExportConfig, Exporter, Inputs},
     nvml::monitor::Monitor,
     probes::ProbeSet,
@@ -130,7 +130,8 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
                     for x in gpus.take_xids() {
                         exporter.observe_xid(x.gpu, x.xid);
                     }
-                    let lost = LostEvents::from_stats(&agent.kernel_stats()?, reader.malformed);
+                    let lost = agent.lost_events(reader.malformed)?;
+                    ingest.state.mark_lost(&lost.by_pid);
                     let body = exporter.render(Inputs {
                         state: &ingest.state,
                         growth: &mut growth,
@@ -164,6 +165,8 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
                 ticks += 1;
                 if ticks % FD_RESCAN_TICKS == 0 {
                     agent.seed_nvidia_fds();
+                    let state = &ingest.state;
+                    agent.forget_lost(|pid| state.processes.contains_key(&pid));
                 }
                 // Exited processes keep their (zero) series for the grace period.
                 for pid in ingest.state.forget_exited_before(monotonic_ns().saturating_sub(grace_ns)) {

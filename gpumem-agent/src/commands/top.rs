@@ -37,7 +37,7 @@ use crate::{
         leaks::{self, monotonic_ns, GrowthTracker},
     },
     cli::TopArgs,
-    events::{EventReader, LostEvents},
+    events::EventReader,
     export::{
         names::bytes,
         top::{self, device_name, growth, gpu_line, sparkline, SortKey, Snapshot},
@@ -151,7 +151,7 @@ async fn live(args: TopArgs) -> Result<ExitCode> {
         }
         reader.drain_now(&mut |ev, stack| on_event(&mut ingest, ev, stack));
         gpus.sample(&thresholds);
-        let lost = LostEvents::from_stats(&agent.kernel_stats()?, reader.malformed).total();
+        let lost = agent.lost_events(reader.malformed)?.total();
         let snap = top::build(&ingest.state, &mut growth, &gpus.latest, &gpus.health, lost);
         let mut out = std::io::stdout().lock();
         snap.write_text(&mut out)?;
@@ -195,7 +195,7 @@ async fn live(args: TopArgs) -> Result<ExitCode> {
                 _ = sigterm.recv() => return Ok(()),
             }
             if !view.paused {
-                let lost = LostEvents::from_stats(&agent.kernel_stats()?, reader.malformed).total();
+                let lost = agent.lost_events(reader.malformed)?.total();
                 snap = top::build(&ingest.state, &mut growth, &gpus.latest, &gpus.health, lost);
                 snap.sort(view.sort);
             }

@@ -20,7 +20,7 @@ use super::{
 };
 use crate::{
     cli::{ProbeArgs, TraceArgs},
-    events::{EventReader, LostEvents},
+    events::EventReader,
     analysis::{
         distributions::{self, Distributions},
         leaks::{self, GrowthTracker},
@@ -337,7 +337,7 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     let mut footer = Footer {
         duration_s: began.elapsed().as_secs_f64(),
         ended_ns: leaks::monotonic_ns(),
-        lost: LostEvents::from_stats(&agent.kernel_stats()?, reader.malformed),
+        lost: agent.lost_events(reader.malformed)?,
         probes_attached: agent.attached_probe_count(),
         discovery: agent.scan_stats.clone(),
         stacks: sink.ingest.stacks.stats.clone(),
@@ -401,6 +401,7 @@ fn report<W: std::io::Write>(s: &Session, sink: &mut Sink<W>, f: &Footer) -> Res
     if s.quiet {
         return Ok(());
     }
+    sink.ingest.state.mark_lost(&f.lost.by_pid);
     let mut summary = Summary::build(&sink.ingest.state, f.lost.clone(), f.duration_s, f.probes_attached, f.discovery.clone());
     summary.stacks = f.stacks.clone();
     summary.distributions = sink.distributions.summary();

@@ -396,6 +396,12 @@ impl Exporter {
             pinned.push((workload_labels(None, None), int(pinned_other)));
         }
 
+        // Only processes that lost events: their other series are uncertain.
+        let lost = fams.counter("gpumem_process_events_lost", "Events of the process lost in the kernel (ring buffer or call table full): its other series may be wrong");
+        for p in state.processes.values().filter(|p| p.events_lost > 0).take(cap) {
+            lost.push((workload_labels(Some(p), Some(p.pid)), Value::Count(p.events_lost)));
+        }
+
         let untracked = fams.gauge(
             "gpumem_process_untracked_bytes",
             "GPU memory NVML reports for the process minus what gpumem traced (context overhead, memory allocated before the agent started, untraced paths)",
@@ -547,7 +553,9 @@ fn self_families(fams: &mut Families, inp: &Inputs<'_>, events: u64) {
     fams.gauge("gpumem_nvml_up", "1 when NVML answers (GPU series come from it)").push((vec![], bool_value(inp.nvml_error.is_none())));
     let (cpu_s, rss) = (crate::selfstat::cpu_seconds(), crate::selfstat::resident_bytes());
     fams.counter("gpumem_agent_cpu_seconds", "CPU time the agent has used (user + system)").push((vec![], Value::FloatCount(cpu_s)));
-    fams.gauge("gpumem_agent_resident_memory_bytes", "The agent's resident memory").push((vec![], int(rss)));
+    fams.gauge("gpumem_agent_resident_memory_bytes", "The agent's resident memory, BPF ring buffer mapping included").push((vec![], int(rss)));
+    fams.gauge("gpumem_agent_bpf_map_resident_memory_bytes", "Part of the resident memory that is BPF maps mapped from the kernel (the event ring buffer, whose pages are mapped twice)")
+        .push((vec![], int(crate::selfstat::bpf_map_resident_bytes())));
     fams.gauge("gpumem_build_info", "The agent's version").push((vec![("version", env!("CARGO_PKG_VERSION").to_string())], Value::Int(1)));
 }
 

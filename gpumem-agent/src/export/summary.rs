@@ -50,6 +50,9 @@ pub struct ProcessSummary {
     pub reordered_frees: u64,
     /// Device bytes the process still held when it exited.
     pub held_at_exit_bytes: u64,
+    /// Events of the process lost in the kernel; nonzero: its figures are uncertain.
+    pub events_lost: u64,
+    pub uncertain: bool,
     /// Video memory held through RM objects allocated by ioctl (class 0x40).
     pub rm_memory_bytes: u64,
     pub rm_memory_objects: u64,
@@ -113,6 +116,8 @@ impl Summary {
                 untracked_frees: p.untracked_frees,
                 reordered_frees: p.reordered_frees,
                 held_at_exit_bytes: p.held_at_exit_bytes,
+                events_lost: p.events_lost,
+                uncertain: p.events_lost > 0,
                 rm_memory_bytes: p.rm_memory_bytes,
                 rm_memory_objects: p.rm_memory_objects,
                 uvm_mapped_bytes: p.uvm_mapped_bytes,
@@ -173,11 +178,14 @@ impl Summary {
             )?;
         }
         for p in &self.processes {
-            let state = match (p.exited, p.held_at_exit_bytes) {
+            let mut state = match (p.exited, p.held_at_exit_bytes) {
                 (false, _) => String::new(),
                 (true, 0) => " (exited)".to_string(),
                 (true, held) => format!(" (exited holding {} it never freed)", bytes(held)),
             };
+            if p.uncertain {
+                state += &format!(" (UNCERTAIN: {} of its events were lost in the kernel)", p.events_lost);
+            }
             if p.devices.is_empty() && p.host_pinned_allocs == 0 {
                 writeln!(out, "{:>7} {:<15} {:>4} {:>12} {:>8}{}", p.pid, p.comm, "-", bytes(0), 0, state)?;
             }

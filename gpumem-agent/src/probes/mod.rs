@@ -384,6 +384,30 @@ impl Agent {
         Ok(out)
     }
 
+    /// Every loss so far: the kernel's counters, the per-process ones and the
+    /// reader's `malformed` records.
+    pub fn lost_events(&self, malformed: u64) -> Result<crate::events::LostEvents, ProbeError> {
+        let mut lost = crate::events::LostEvents::from_stats(&self.kernel_stats()?, malformed);
+        let map = self.ebpf.map("LOST_BY_PID").ok_or(ProbeError::MissingMap("LOST_BY_PID"))?;
+        let by_pid: aya::maps::PerCpuHashMap<_, u32, u64> =
+            aya::maps::PerCpuHashMap::try_from(map).map_err(|source| ProbeError::Map { map: "LOST_BY_PID", source })?;
+        // An entry removed while iterating ends the walk early; the next read has it.
+        lost.by_pid = by_pid.iter().filter_map(Result::ok).map(|(pid, per_cpu)| (pid, per_cpu.iter().sum())).collect();
+        Ok(lost)
+    }
+
+    /// Drops the per-process loss counts of processes that are gone and no
+    /// longer in the agent's state, so that the kernel table (LOST_PIDS_MAX)
+    /// does not fill up over a daemon's life.
+    pub fn forget_lost(&mut self, keep: impl Fn(u32) -> bool) {
+        let Some(map) = self.ebpf.map_mut("LOST_BY_PID") else { return };
+        let Ok(mut by_pid) = aya::maps::PerCpuHashMap::<_, u32, u64>::try_from(map) else { return };
+        let gone: Vec<u32> = by_pid.keys().filter_map(Result::ok).filter(|&pid| !keep(pid) && !std::path::Path::new(&format!("/proc/{pid}")).exists()).collect();
+        for pid in gone {
+            let _ = by_pid.remove(&pid);
+        }
+    }
+
     pub fn attached_probe_count(&self) -> usize {
         self.libraries.iter().map(LibraryReport::attached).sum()
     }

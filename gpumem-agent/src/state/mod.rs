@@ -210,6 +210,16 @@ impl State {
         applied
     }
 
+    /// Marks the processes that lost events (cumulative counts per pid, as
+    /// the kernel keeps them) as uncertain.
+    pub fn mark_lost(&mut self, by_pid: &BTreeMap<u32, u64>) {
+        for (pid, &n) in by_pid {
+            if let Some(p) = self.processes.get_mut(pid) {
+                p.events_lost = p.events_lost.max(n);
+            }
+        }
+    }
+
     /// The processes holding the most memory on a device, most first.
     pub fn top_holders(&self, device: i32, n: usize) -> Vec<Holder> {
         let mut holders: Vec<Holder> = self

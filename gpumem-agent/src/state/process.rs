@@ -142,6 +142,9 @@ pub struct Process {
     pub reported_free: HashMap<i32, (u64, u64)>,
     /// The last failed call: (API, CUresult, CLOCK_MONOTONIC ns).
     pub last_failure: Option<(u32, u32, u64)>,
+    /// Events of this process lost in the kernel (ring buffer or call table
+    /// full): its figures may be wrong, and are shown as uncertain.
+    pub events_lost: u64,
     /// Container and pod, looked up from /proc when the process is first seen.
     pub container: Option<super::container::ContainerInfo>,
 }
