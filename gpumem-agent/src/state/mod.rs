@@ -277,9 +277,12 @@ fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool, stack
             }
             let ctx = p.current_ctx(ev.tid);
             let alloc = Allocation::new(ev.size, device, memory, p.ctx_index(ctx), ev.ts_ns, stack);
-            // A pointer handed out twice means we missed its free: replace it.
+            // A pointer handed out twice: its free is late (another thread's,
+            // not yet seen; see below) or was missed. Replace it, and remember
+            // that a late free of this address may still come.
             if let Some(old) = p.allocs.insert(ev.addr, alloc) {
                 credit_free(p, &old);
+                p.note_displaced(ev.addr);
             }
             match memory {
                 Memory::Device => {
@@ -303,6 +306,14 @@ fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool, stack
             if p.allocs.get(&ev.addr).is_some_and(|cur| ev.ts_ns.saturating_sub(ev.latency_ns) < cur.ts_ns) =>
         {
             out.device = p.allocs[&ev.addr].device();
+            out.size = 0;
+            p.reordered_frees += 1;
+            p.take_displaced(ev.addr);
+        }
+        // The same, later still: the second thread has freed the address too
+        // before the first thread's free is seen.
+        ApiClass::DeviceFree | ApiClass::HostFree if !p.allocs.contains_key(&ev.addr) && p.take_displaced(ev.addr) => {
+            out.device = if class == ApiClass::HostFree { DEVICE_UNKNOWN } else { p.current_device(ev.tid) };
             out.size = 0;
             p.reordered_frees += 1;
         }

@@ -127,6 +127,10 @@ pub struct Process {
     pub untracked_frees: u64,
     /// Frees seen after a reuse of their address by another thread (see apply).
     pub reordered_frees: u64,
+    /// Addresses whose allocation was replaced by a newer one before its free
+    /// was seen (address → frees still expected). Transient: a late free
+    /// takes its entry; bounded by DISPLACED_MAX against missed frees.
+    pub displaced: HashMap<u64, u32>,
     /// Device bytes still held when the process exited (freed by the driver,
     /// never by the program: a leak hint).
     pub held_at_exit_bytes: u64,
@@ -148,6 +152,9 @@ pub struct Process {
     /// Container and pod, looked up from /proc when the process is first seen.
     pub container: Option<super::container::ContainerInfo>,
 }
+
+/// Most displaced addresses remembered per process (see `Process::displaced`).
+const DISPLACED_MAX: usize = 4096;
 
 impl Process {
     pub fn new(pid: u32) -> Self {
@@ -177,6 +184,29 @@ impl Process {
                 self.ctx_ids.push(ctx);
                 (self.ctx_ids.len() - 1) as u32
             }
+        }
+    }
+
+    pub fn note_displaced(&mut self, addr: u64) {
+        if self.displaced.len() >= DISPLACED_MAX {
+            // Only missed frees (lost events) accumulate here: forget them.
+            self.displaced.clear();
+        }
+        *self.displaced.entry(addr).or_default() += 1;
+    }
+
+    /// Whether a late free of `addr` was expected (and now is not).
+    pub fn take_displaced(&mut self, addr: u64) -> bool {
+        match self.displaced.get_mut(&addr) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                true
+            }
+            Some(_) => {
+                self.displaced.remove(&addr);
+                true
+            }
+            None => false,
         }
     }
 

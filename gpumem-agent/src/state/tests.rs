@@ -297,3 +297,24 @@ fn exited_processes_are_forgotten_after_their_grace_period() {
     assert!(s.processes.is_empty());
     assert_eq!(s.live_entries(), 0);
 }
+
+#[test]
+fn free_seen_after_the_reusing_thread_freed_the_address_too() {
+    let mut s = state();
+    s.apply(&Event { tid: 101, ..set_current(0xc0) });
+    s.apply(&Event { tid: 102, ..set_current(0xc0) });
+    // Thread 101 allocates X; frees it (call t=20..60, its event read last).
+    s.apply(&Event { tid: 101, ts_ns: 10, latency_ns: 1, ..alloc(0x1000, 4096) });
+    // Meanwhile thread 102 gets X back (t=25..30) and frees it (t=35..40).
+    s.apply(&Event { tid: 102, ts_ns: 30, latency_ns: 5, ..alloc(0x1000, 8192) });
+    assert_eq!(s.apply(&Event { tid: 102, ts_ns: 40, latency_ns: 5, ..free(0x1000) }).size, 8192);
+    let a = s.apply(&Event { tid: 101, ts_ns: 60, latency_ns: 40, ..free(0x1000) });
+    assert!(!a.untracked, "the late free belongs to the displaced allocation");
+    assert_eq!(a.size, 0);
+    let p = &s.processes[&100];
+    assert_eq!((p.untracked_frees, p.reordered_frees), (0, 1));
+    assert!(p.displaced.is_empty());
+    assert_eq!(totals(&s, 100, 0).live_allocs, 0);
+    // A free of a pointer never seen is still untracked.
+    assert!(s.apply(&Event { tid: 101, ts_ns: 70, ..free(0x9000) }).untracked);
+}
