@@ -70,3 +70,73 @@ fn sixteen_threads_racing_alloc_and_free_end_exact() {
     assert_eq!(p["untracked_frees"], 0, "{p:#}");
     let _ = MIB;
 }
+
+#[test]
+fn a_forked_child_cannot_free_its_parents_allocation() {
+    require_root();
+    // The driver refuses every call in a child forked after cuInit (3, not
+    // initialized): the child's free fails and changes nothing, the parent's
+    // 8 MiB stays the parent's until the parent frees it.
+    let t = trace_workload("fork_free", &[]);
+    let pids = t.pids();
+    assert_eq!(pids.len(), 2, "the child is followed: {pids:?}");
+    let (parent, child) = (pids[0], pids[1]);
+    let child_calls = t.for_pid(child);
+    assert_eq!(child_calls.iter().filter(|e| e["type"] == "free").map(|e| e["result"].as_u64().unwrap()).collect::<Vec<_>>(), [3]);
+    let c = t.summary_process(child);
+    assert_eq!((c["untracked_frees"].as_u64(), c["held_at_exit_bytes"].as_u64()), (Some(0), Some(0)), "{c:#}");
+    let frees: Vec<u64> = t.for_pid(parent).iter().filter(|e| e["type"] == "free").map(|e| e["size"].as_u64().unwrap()).collect();
+    assert_eq!(frees, [8 * MIB], "the parent's free credits its own allocation");
+    assert_eq!(t.released_at_exit(parent), [(0, MIB, 1)]);
+}
+
+/// Runs `scenario` until it gets pid `want` (set through ns_last_pid; another
+/// process forking in between takes it, so this retries), and waits for it.
+fn run_on_pid(want: u32, scenario: &str, envs: &[(&str, &str)]) -> bool {
+    for _ in 0..20 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (want - 1).to_string()).expect("writing ns_last_pid (root)");
+        let mut child = spawn_workload(scenario, envs);
+        let got = child.id();
+        assert!(child.wait().unwrap().success());
+        if got == want {
+            return true;
+        }
+    }
+    false
+}
+
+#[test]
+fn a_pid_reused_by_a_new_process_starts_afresh() {
+    require_root();
+    let f = fixtures();
+    wait_for_detach();
+    let mut agent = std::process::Command::new(gpumem_bin())
+        .args(["trace", "--json", "--no-discover", "--duration", "6", "--libcuda", f.libcuda.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = stderr_after_line(&mut agent, "gpumem: tracing");
+    // The first process exits holding 8 + 1 MiB on device 0, 2 MiB on device 1
+    // and 64 KiB of pinned memory.
+    let mut first = spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", "0")]);
+    let pid = first.id();
+    assert!(first.wait().unwrap().success());
+    // A different program on the same pid: 10+1+3 MiB on device 0, then 20+2 on device 1.
+    assert!(run_on_pid(pid, "two_devices", &[]), "could not get pid {pid} again");
+    let out = agent.wait_with_output().unwrap();
+    let stderr = stderr.join().unwrap();
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let exits: Vec<&Value> = lines.iter().filter(|e| e["type"] == "exit" && e["pid"] == pid).collect();
+    assert_eq!(exits.len(), 2, "two processes exited on pid {pid}");
+    assert_eq!(released(exits[0]), [(0, 9 * MIB, 2), (1, 2 * MIB, 1)]);
+    assert_eq!(released(exits[1]), [(0, 14 * MIB, 3)], "nothing of the first process carries over");
+    let summary = lines.last().unwrap();
+    assert_eq!(summary["pid_reuses"], 1, "{summary:#}");
+    let p = summary["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid).unwrap();
+    // Only the second program's calls: it made no pinned allocation.
+    assert_eq!(api_calls(p, "cuMemAllocHost_v2"), 0, "{p:#}");
+    assert_eq!(api_calls(p, "cuCtxCreate_v3"), 1);
+    assert_eq!(p["host_pinned_bytes"], 0);
+}

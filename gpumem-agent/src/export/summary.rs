@@ -75,6 +75,10 @@ pub struct Summary {
     pub lost_events: u64,
     pub lost: LostEvents,
     pub state_overflow: Overflow,
+    /// New processes traced on the pid of an exited one (each started afresh).
+    pub pid_reuses: u64,
+    /// Calls of processes read after their exit (begun before it), not applied.
+    pub late_events: u64,
     pub probes_attached: usize,
     /// Cost of the periodic /proc scans for new libcuda copies.
     pub discovery: ScanStats,
@@ -146,6 +150,8 @@ impl Summary {
             lost_events: lost.total(),
             lost,
             state_overflow: state.overflow.clone(),
+            pid_reuses: state.pid_reuses,
+            late_events: state.late_events,
             probes_attached,
             discovery,
             oom: state.oom.clone(),

@@ -117,6 +117,10 @@ pub struct State {
     entries: usize,
     pub events: u64,
     pub oom: OomCounters,
+    /// New processes seen on the pid of one that had exited (see apply_with_stack).
+    pub pid_reuses: u64,
+    /// Calls of a process read after its exit (begun before it): not applied.
+    pub late_events: u64,
 }
 
 impl State {
@@ -152,7 +156,21 @@ impl State {
             self.processes.insert(ev.pid, Process::new(ev.pid));
         }
         let room = self.entries < self.limits.max_entries;
-        let proc = self.processes.get_mut(&ev.pid).expect("inserted above");
+        let mut proc = self.processes.get_mut(&ev.pid).expect("inserted above");
+        // A call that began after the exit of the process we knew by this pid
+        // is a new process's (the kernel reused the pid): start it afresh, so
+        // that nothing of the old one (statistics, contexts, container) carries over.
+        if proc.exited && ev.api != gpumem_common::api::PROCESS_EXIT {
+            if ev.ts_ns.saturating_sub(ev.latency_ns) <= proc.exited_ns {
+                // A call the dead process began before its exit, read after it:
+                // the driver freed everything at exit, there is nothing to apply.
+                self.late_events += 1;
+                return Applied { device: ev.device, ..Default::default() };
+            }
+            self.pid_reuses += 1;
+            self.processes.insert(ev.pid, Process::new(ev.pid));
+            proc = self.processes.get_mut(&ev.pid).expect("inserted above");
+        }
         // The main thread's comm is the process's name; compare bytes first so
         // that the common case (unchanged) allocates nothing.
         if (proc.comm.is_empty() || ev.tid == ev.pid) && !ev.comm_bytes().is_empty() && proc.comm.as_bytes() != ev.comm_bytes() {
@@ -180,7 +198,6 @@ impl State {
         let Some(info) = api_info(ev.api) else {
             return Applied { device: ev.device, ..Default::default() };
         };
-        proc.exited = false;
         let stats = proc.apis.entry(ev.api).or_default();
         stats.calls += 1;
         if ev.result != 0 {

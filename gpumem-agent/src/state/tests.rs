@@ -318,3 +318,23 @@ fn free_seen_after_the_reusing_thread_freed_the_address_too() {
     // A free of a pointer never seen is still untracked.
     assert!(s.apply(&Event { tid: 101, ts_ns: 70, ..free(0x9000) }).untracked);
 }
+
+#[test]
+fn a_reused_pid_starts_a_new_process() {
+    let mut s = state();
+    s.apply(&Event { ts_ns: 10, ..alloc(0x1000, MIB) });
+    s.apply(&Event { ts_ns: 20, ..ev(api::PROCESS_EXIT) });
+    assert_eq!(s.processes[&100].held_at_exit_bytes, MIB);
+    // A call that started before the exit was seen is the old process's.
+    let a = s.apply(&Event { ts_ns: 25, latency_ns: 10, ..alloc(0x2000, MIB) });
+    assert_eq!((a.size, s.pid_reuses, s.late_events), (0, 0, 1));
+    assert!(s.processes[&100].allocs.is_empty(), "a dead process holds nothing");
+    // One that started after it is a new process on the same pid: fresh state.
+    s.apply(&Event { ts_ns: 40, latency_ns: 5, comm: *b"other\0\0\0\0\0\0\0\0\0\0\0", ..retain(0xd0, 1) });
+    assert_eq!(s.pid_reuses, 1);
+    let p = &s.processes[&100];
+    assert!(!p.exited);
+    assert_eq!((p.held_at_exit_bytes, p.comm.as_str()), (0, "other"));
+    assert_eq!(p.apis.keys().copied().collect::<Vec<_>>(), [api::CU_DEVICE_PRIMARY_CTX_RETAIN]);
+    assert!(p.apis[&api::CU_DEVICE_PRIMARY_CTX_RETAIN].calls == 1);
+}
