@@ -140,3 +140,98 @@ fn a_pid_reused_by_a_new_process_starts_afresh() {
     assert_eq!(api_calls(p, "cuCtxCreate_v3"), 1);
     assert_eq!(p["host_pinned_bytes"], 0);
 }
+
+/// A child process killed when the test ends, passed or failed.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The value of the first series `name{...}` whose labels include every one of `labels`.
+fn series(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(std::time::Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn after_an_agent_restart_older_memory_is_untracked_never_negative_or_leaked_and_nvml_may_fail() {
+    require_root();
+    let f = fixtures();
+    let lib = f.libcuda.to_str().unwrap();
+    let dir = target_dir().join("gpumem-fixtures");
+    let (pids_file, fail_file) = (dir.join("restart-nvml-pids"), dir.join("restart-nvml-fail"));
+    std::fs::write(&pids_file, "").unwrap();
+    let _ = std::fs::remove_file(&fail_file);
+
+    // The first agent sees 2 × 8 MiB allocated, then crashes (SIGKILL: no clean detach).
+    let first = Serve::start(&["--libcuda", lib, "--nvml", "none"], &[]);
+    // It moves on at each SIGUSR1 (and is killed if the test fails first).
+    let mut workload = Reaped(spawn_workload("restart", &[]));
+    // SAFETY: signals our own child.
+    let step = |w: &Reaped| unsafe { libc::kill(w.0.id() as i32, libc::SIGUSR1) };
+    let pid = workload.0.id().to_string();
+    let mine = [("pid", pid.as_str()), ("gpu", "0")];
+    wait_until("the first agent to see 16 MiB", 10, || series(&first.metrics(), "gpumem_process_memory_bytes", &mine).filter(|&v| v == (16 * MIB) as f64));
+    drop(first);
+
+    // The second agent starts while that memory is held: it never saw it.
+    // NVML says the process holds it (and 300 MiB of context).
+    std::fs::write(&pids_file, format!("{pid}:{}", 16 * MIB + 300 * MIB)).unwrap();
+    let envs = [("GPUMEM_FAKE_NVML_PIDS_FILE", pids_file.to_str().unwrap()), ("GPUMEM_FAKE_NVML_FAIL_FILE", fail_file.to_str().unwrap())];
+    let second = Serve::start(&["--libcuda", lib, "--nvml", f.nvml.to_str().unwrap(), "--nvml-interval", "1"], &envs);
+    let text = wait_until("NVML's figure as untracked", 10, || {
+        let t = second.metrics();
+        series(&t, "gpumem_process_untracked_bytes", &mine).filter(|&v| v == (316 * MIB) as f64).map(|_| t)
+    });
+    assert!(series(&text, "gpumem_process_memory_bytes", &mine).unwrap_or(0.0) == 0.0, "{text}");
+
+    // Then the workload frees the two allocations the agent never saw and
+    // allocates 1 MiB: traced 1 MiB, not 1 − 16 MiB; no leak; the rest untracked.
+    step(&workload);
+    let text = wait_until("the 1 MiB allocated after the restart", 15, || {
+        let t = second.metrics();
+        series(&t, "gpumem_process_memory_bytes", &mine).filter(|&v| v == MIB as f64).map(|_| t)
+    });
+    std::fs::write(&pids_file, format!("{pid}:{}", MIB + 300 * MIB)).unwrap();
+    wait_until("the untracked bytes to follow NVML", 10, || series(&second.metrics(), "gpumem_process_untracked_bytes", &mine).filter(|&v| v == (300 * MIB) as f64));
+    assert_eq!(series(&text, "gpumem_process_leak_suspected", &mine), Some(0.0));
+    assert_eq!(series(&text, "gpumem_process_allocations", &mine), Some(1.0));
+    for l in text.lines().filter(|l| l.contains(&format!("pid=\"{pid}\""))) {
+        assert!(!l.rsplit(' ').next().unwrap().starts_with('-'), "a negative figure: {l}");
+    }
+
+    // NVML starts failing (GPU lost): the agent says so and keeps serving
+    // what it traced; when NVML answers again, so do its series.
+    std::fs::write(&fail_file, "").unwrap();
+    let text = wait_until("gpumem_nvml_up 0", 10, || {
+        let t = second.metrics();
+        (sample(&t, "gpumem_nvml_up") == Some(0.0)).then_some(t)
+    });
+    assert_eq!(series(&text, "gpumem_process_memory_bytes", &mine), Some(MIB as f64), "traced figures stay");
+    std::fs::remove_file(&fail_file).unwrap();
+    wait_until("gpumem_nvml_up 1 again", 10, || (sample(&second.metrics(), "gpumem_nvml_up") == Some(1.0)).then_some(()));
+    wait_until("untracked bytes again", 10, || series(&second.metrics(), "gpumem_process_untracked_bytes", &mine));
+    step(&workload);
+    assert!(workload.0.wait().unwrap().success(), "every call returned what the workload expects");
+    let (status, stderr) = second.stop();
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("NVML unavailable: device fell off the bus"), "the NVML failure is said: {stderr}");
+}

@@ -159,6 +159,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
                 for x in gpus.sample(&thresholds) {
                     exporter.observe_xid(x.gpu, x.xid);
                 }
+                ingest.state.assume_devices(&gpus.latest);
             }
             _ = discovery.tick() => {
                 attach_discovered(&mut agent, &args.probes, false, say);

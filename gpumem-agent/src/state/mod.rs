@@ -227,6 +227,21 @@ impl State {
         applied
     }
 
+    /// A process whose calls run in a context the agent never saw created
+    /// (made before it started) has its memory on an unknown device. Where
+    /// NVML lists the process on exactly one GPU, that is the device.
+    pub fn assume_devices(&mut self, gpus: &[crate::nvml::GpuSample]) {
+        for p in self.processes.values_mut().filter(|p| !p.exited && p.assumed_device.is_none()) {
+            let mut on = gpus.iter().filter(|g| g.processes.iter().flatten().any(|&(pid, _)| pid == p.pid));
+            if let (Some(g), None) = (on.next(), on.next()) {
+                let needs = p.devices.contains_key(&DEVICE_UNKNOWN) || p.ctx_device.is_empty();
+                if needs {
+                    p.assume_device(g.index as i32);
+                }
+            }
+        }
+    }
+
     /// Marks the processes that lost events (cumulative counts per pid, as
     /// the kernel keeps them) as uncertain.
     pub fn mark_lost(&mut self, by_pid: &BTreeMap<u32, u64>) {

@@ -40,6 +40,9 @@ impl Allocation {
     pub fn device(&self) -> i32 {
         self.device as i32
     }
+    pub fn set_device(&mut self, device: i32) {
+        self.device = i16::try_from(device).unwrap_or(gpumem_common::DEVICE_UNKNOWN as i16);
+    }
     pub fn stack(&self) -> Option<crate::stacks::StackId> {
         self.stack.map(NonZeroU64::get)
     }
@@ -122,6 +125,9 @@ pub struct Process {
     pub last_ctx: Option<u64>,
     /// Context handles allocations were made in, interned (Allocation::ctx is an index).
     pub ctx_ids: Vec<u64>,
+    /// The one GPU NVML lists the process on, for calls in a context made
+    /// before the agent started (see State::assume_devices).
+    pub assumed_device: Option<i32>,
     pub apis: BTreeMap<u32, ApiStats>,
     /// Frees of pointers allocated before tracing began (or not seen).
     pub untracked_frees: u64,
@@ -168,7 +174,7 @@ impl Process {
     /// Device of the calling thread's current context, if known.
     pub fn current_device(&self, tid: u32) -> i32 {
         let ctx = self.thread_ctx.get(&tid).and_then(|s| s.last().copied()).or(self.last_ctx);
-        ctx.and_then(|c| self.ctx_device.get(&c).copied()).unwrap_or(gpumem_common::DEVICE_UNKNOWN)
+        ctx.and_then(|c| self.ctx_device.get(&c).copied()).or(self.assumed_device).unwrap_or(gpumem_common::DEVICE_UNKNOWN)
     }
 
     pub fn current_ctx(&self, tid: u32) -> u64 {
@@ -184,6 +190,28 @@ impl Process {
                 self.ctx_ids.push(ctx);
                 (self.ctx_ids.len() - 1) as u32
             }
+        }
+    }
+
+    /// Moves what is held on an unknown device to `device`, and sends later
+    /// calls whose context is unknown there too.
+    pub fn assume_device(&mut self, device: i32) {
+        self.assumed_device = Some(device);
+        let Some(unknown) = self.devices.remove(&gpumem_common::DEVICE_UNKNOWN) else { return };
+        let t = self.totals_mut(device);
+        t.live_bytes += unknown.live_bytes;
+        t.live_allocs += unknown.live_allocs;
+        t.vmm_physical_bytes += unknown.vmm_physical_bytes;
+        t.vmm_handles += unknown.vmm_handles;
+        t.reserved_bytes += unknown.reserved_bytes;
+        for a in self.allocs.values_mut().filter(|a| a.memory == Memory::Device && a.device() == gpumem_common::DEVICE_UNKNOWN) {
+            a.set_device(device);
+        }
+        for h in self.vmm_handles.values_mut().filter(|h| h.device == gpumem_common::DEVICE_UNKNOWN) {
+            h.device = device;
+        }
+        for r in self.reservations.values_mut().filter(|r| r.1 == gpumem_common::DEVICE_UNKNOWN) {
+            r.1 = device;
         }
     }
 
