@@ -120,6 +120,9 @@ pub struct Footer {
     pub nvml: String,
     /// The traced command's wait status, when there was one.
     pub command_status: Option<i32>,
+    /// Calls whose thread died inside the driver (see Agent::sweep_stale_calls).
+    #[serde(default)]
+    pub stale_calls_removed: u64,
 }
 
 /// One frame of a recording.

@@ -373,6 +373,15 @@ pub struct FdKey {
     pub fd: u32,
 }
 
+/// Key of the `PENDING` map: a driver call in flight on one thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingKey {
+    pub pid_tgid: u64,
+    pub api: u32,
+    pub _pad: u32,
+}
+
 /// Longest device-node prefix the kernel side matches on open.
 pub const NV_PREFIX_MAX: usize = 64;
 
@@ -395,6 +404,8 @@ mod user {
     unsafe impl aya::Pod for super::Event {}
     // SAFETY: two u32, no padding.
     unsafe impl aya::Pod for super::FdKey {}
+    // SAFETY: u64 + two u32, no padding.
+    unsafe impl aya::Pod for super::PendingKey {}
 }
 
 impl Event {

@@ -3,6 +3,7 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
+pub use gpumem_common::PendingKey;
 use gpumem_common::{stat, FILTER_MAX, LOST_PIDS_MAX, PENDING_MAX, RINGBUF_BYTES, TRACKED_MAX};
 
 /// Every event to userspace.
@@ -47,13 +48,6 @@ pub static FORK_CHILD_PID_OFFSET: u32 = 44;
 #[no_mangle]
 pub static OOM_OFFSETS: [u32; gpumem_common::oom_field::COUNT] = [gpumem_common::oom_field::FIELD_ABSENT; gpumem_common::oom_field::COUNT];
 
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct PendingKey {
-    pub pid_tgid: u64,
-    pub api: u32,
-    pub _pad: u32,
-}
 
 #[repr(C)]
 #[derive(Clone, Copy)]

@@ -235,3 +235,40 @@ fn after_an_agent_restart_older_memory_is_untracked_never_negative_or_leaked_and
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("NVML unavailable: device fell off the bus"), "the NVML failure is said: {stderr}");
 }
+
+#[test]
+fn a_process_killed_inside_an_allocation_call_leaves_nothing_behind() {
+    require_root();
+    let f = fixtures();
+    wait_for_detach();
+    let mut agent = std::process::Command::new(gpumem_bin())
+        .args(["trace", "--json", "--no-discover", "--duration", "6", "--libcuda", f.libcuda.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = stderr_after_line(&mut agent, "gpumem: tracing");
+    // Its first allocation takes 30 s in the driver; it is killed 1 s into it.
+    let mut victim = Reaped(spawn_workload("hold", &[("GPUMEM_FAKE_ALLOC_DELAY_MS", "30000")]));
+    let pid = victim.0.id() as u64;
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    victim.0.kill().unwrap();
+    victim.0.wait().unwrap();
+    // A process after it is traced as usual.
+    let after = spawn_workload("bad_free", &[]).wait_with_output().unwrap();
+    assert!(after.status.success());
+    let out = agent.wait_with_output().unwrap();
+    let stderr = stderr.join().unwrap();
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mine: Vec<&Value> = lines.iter().filter(|e| e["pid"] == pid).collect();
+    assert!(mine.iter().all(|e| e["type"] != "alloc"), "no allocation is counted for a call that never returned: {mine:#?}");
+    let exit = mine.iter().find(|e| e["type"] == "exit").expect("its exit is seen");
+    assert_eq!(released(exit), [], "it held nothing");
+    let summary = lines.last().unwrap();
+    assert_eq!(summary["lost_events"], 0);
+    // The call's saved entry is removed from the kernel's in-flight table.
+    assert_eq!(summary["stale_calls_removed"], 1, "{summary:#}");
+    let others: Vec<&Value> = lines.iter().filter(|e| e["type"] == "alloc" && e["pid"] != pid).collect();
+    assert!(!others.is_empty(), "the next process is traced");
+}

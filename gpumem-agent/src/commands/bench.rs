@@ -189,6 +189,7 @@ pub fn render(args: crate::cli::BenchRenderArgs) -> Result<()> {
             nvml_error: None,
             lost: &lost,
             probes_attached: 30,
+            stale_calls_removed: 0,
             now_ns: leaks::monotonic_ns(),
         })?;
         times.push(t.elapsed().as_secs_f64());

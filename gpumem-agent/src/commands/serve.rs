@@ -140,6 +140,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
                         nvml_error: gpus.error.as_deref(),
                         lost: &lost,
                         probes_attached: agent.attached_probe_count(),
+                        stale_calls_removed: agent.stale_calls_removed,
                         now_ns: monotonic_ns(),
                     });
                     let _ = reply.send(body.unwrap_or_else(|e| format!("# rendering failed: {e}\n")));
@@ -166,6 +167,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
                 ticks += 1;
                 if ticks % FD_RESCAN_TICKS == 0 {
                     agent.seed_nvidia_fds();
+                    agent.sweep_stale_calls();
                     let state = &ingest.state;
                     agent.forget_lost(|pid| state.processes.contains_key(&pid));
                 }

@@ -302,6 +302,7 @@ async fn run_async(s: Session) -> Result<ExitCode> {
                 ticks += 1;
                 if ticks % FD_RESCAN_TICKS == 0 {
                     agent.seed_nvidia_fds();
+                    agent.sweep_stale_calls();
                 }
                 if !s.pids.is_empty() && s.pids.iter().all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
                     break;
@@ -344,6 +345,10 @@ async fn run_async(s: Session) -> Result<ExitCode> {
         reconciliation: None,
         nvml: "not asked".into(),
         command_status: child_status,
+        stale_calls_removed: {
+            agent.sweep_stale_calls();
+            agent.stale_calls_removed
+        },
     };
     if s.leaks.is_none() || sink.recorder.is_some() {
         // Reconcile with the driver's own per-process figures, where NVML is there.
@@ -407,6 +412,7 @@ fn report<W: std::io::Write>(s: &Session, sink: &mut Sink<W>, f: &Footer) -> Res
     summary.distributions = sink.distributions.summary();
     summary.reconciliation = f.reconciliation.clone();
     summary.nvml = f.nvml.clone();
+    summary.stale_calls_removed = f.stale_calls_removed;
     let out = sink.printer.inner();
     if s.json {
         summary.write_json(out)?;

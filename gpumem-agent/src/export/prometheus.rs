@@ -85,6 +85,8 @@ pub struct Inputs<'a> {
     pub nvml_error: Option<&'a str>,
     pub lost: &'a LostEvents,
     pub probes_attached: usize,
+    /// Calls whose thread died inside the driver, removed from the kernel's tables.
+    pub stale_calls_removed: u64,
     /// CLOCK_MONOTONIC now, the clock of the events.
     pub now_ns: u64,
 }
@@ -548,6 +550,8 @@ fn self_families(fams: &mut Families, inp: &Inputs<'_>, events: u64) {
     overflow.push((vec![("table", "allocations".to_string())], Value::Count(o.entries_dropped)));
     overflow.push((vec![("table", "processes".to_string())], Value::Count(o.process_events_dropped)));
     fams.gauge("gpumem_probes_attached", "uprobes, uretprobes and tracepoints attached").push((vec![], int(inp.probes_attached as u64)));
+    fams.counter("gpumem_stale_calls_removed", "Calls whose thread died inside the driver (never returned): their saved entries removed, nothing counted for them")
+        .push((vec![], Value::Count(inp.stale_calls_removed)));
     fams.counter("gpumem_events_processed", "Events read from the ring buffer and applied").push((vec![], Value::Count(events)));
     fams.gauge("gpumem_tracked_processes", "Processes in the agent's state, live or recently exited").push((vec![], int(inp.state.processes.len() as u64)));
     fams.gauge("gpumem_nvml_up", "1 when NVML answers (GPU series come from it)").push((vec![], bool_value(inp.nvml_error.is_none())));
@@ -645,6 +649,7 @@ mod tests {
                     nvml_error: Some("not loaded"),
                     lost: &lost,
                     probes_attached: 30,
+                    stale_calls_removed: 0,
                     now_ns: 0,
                 })
                 .unwrap()

@@ -91,6 +91,8 @@ pub struct Summary {
     pub reconciliation: Option<Vec<Reconciliation>>,
     /// Whether NVML could be used, and if not why.
     pub nvml: String,
+    /// Calls in flight whose thread died inside the driver: nothing counted for them.
+    pub stale_calls_removed: u64,
 }
 
 impl Summary {
@@ -159,6 +161,7 @@ impl Summary {
             distributions: DistributionSummary::default(),
             reconciliation: None,
             nvml: "not asked".into(),
+            stale_calls_removed: 0,
         }
     }
 

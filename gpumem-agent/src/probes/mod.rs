@@ -101,6 +101,9 @@ pub struct Agent {
     pub scan_stats: discover::ScanStats,
     pub ioctl: ioctl::IoctlReport,
     seeded: ioctl::Seeded,
+    /// Calls in flight whose thread died before returning (killed in the
+    /// driver): their saved entries, removed from the kernel's tables.
+    pub stale_calls_removed: u64,
 }
 
 /// Context calls first, then frees, then allocations: a process that calls
@@ -188,6 +191,7 @@ impl Agent {
             scan_stats: Default::default(),
             ioctl,
             seeded: Default::default(),
+            stale_calls_removed: 0,
         };
         let mut names: Vec<String> = Vec::new();
         for api in APIS {
@@ -394,6 +398,29 @@ impl Agent {
         // An entry removed while iterating ends the walk early; the next read has it.
         lost.by_pid = by_pid.iter().filter_map(Result::ok).map(|(pid, per_cpu)| (pid, per_cpu.iter().sum())).collect();
         Ok(lost)
+    }
+
+    /// Removes the saved entries of calls whose thread is gone: a thread
+    /// killed inside the driver never returns, and its entry would hold a
+    /// slot of the in-flight tables (PENDING_MAX) for good. No allocation
+    /// is counted for such a call: only a return says what it did.
+    pub fn sweep_stale_calls(&mut self) {
+        let alive = |pid_tgid: u64| std::path::Path::new(&format!("/proc/{}/task/{}", pid_tgid >> 32, pid_tgid as u32)).exists();
+        let mut removed = 0;
+        // Value types only need the maps' value sizes: only keys are read.
+        if let Some(Ok(mut m)) = self.ebpf.map_mut("PENDING").map(BpfHashMap::<_, gpumem_common::PendingKey, [u64; 8]>::try_from) {
+            let stale: Vec<_> = m.keys().filter_map(Result::ok).filter(|k| !alive(k.pid_tgid)).collect();
+            removed += stale.iter().filter(|k| m.remove(k).is_ok()).count();
+        }
+        if let Some(Ok(mut m)) = self.ebpf.map_mut("IOCTL_PENDING").map(BpfHashMap::<_, u64, [u64; 3]>::try_from) {
+            let stale: Vec<u64> = m.keys().filter_map(Result::ok).filter(|&k| !alive(k)).collect();
+            removed += stale.iter().filter(|k| m.remove(k).is_ok()).count();
+        }
+        if let Some(Ok(mut m)) = self.ebpf.map_mut("OPEN_PENDING").map(BpfHashMap::<_, u64, u32>::try_from) {
+            let stale: Vec<u64> = m.keys().filter_map(Result::ok).filter(|&k| !alive(k)).collect();
+            removed += stale.iter().filter(|k| m.remove(k).is_ok()).count();
+        }
+        self.stale_calls_removed += removed as u64;
     }
 
     /// Drops the per-process loss counts of processes that are gone and no
