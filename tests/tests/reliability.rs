@@ -272,3 +272,56 @@ fn a_process_killed_inside_an_allocation_call_leaves_nothing_behind() {
     let others: Vec<&Value> = lines.iter().filter(|e| e["type"] == "alloc" && e["pid"] != pid).collect();
     assert!(!others.is_empty(), "the next process is traced");
 }
+
+#[test]
+fn a_library_replaced_on_disk_while_in_use_is_still_traced() {
+    require_root();
+    let f = fixtures();
+    // A driver upgrade under a running job: the process keeps running the
+    // old libcuda, whose file is gone; a different file now has its name.
+    let dir = target_dir().join("gpumem-fixtures/upgraded");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = dir.join("libcuda.so.1");
+    std::fs::copy(&f.libcuda, &lib).unwrap();
+    let mut workload = Reaped(
+        std::process::Command::new(&f.workload)
+            .args([lib.to_str().unwrap(), "restart"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = workload.0.id() as u64;
+    // SAFETY: signals our own child.
+    let step = |w: &Reaped| unsafe { libc::kill(w.0.id() as i32, libc::SIGUSR1) };
+    let maps = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    wait_until("the workload to load the library", 10, || maps().contains(lib.to_str().unwrap()).then_some(()));
+    std::fs::remove_file(&lib).unwrap();
+    std::fs::copy(&f.nvml, &lib).unwrap();
+    assert!(maps().contains(" (deleted)"), "{}", maps());
+
+    wait_for_detach();
+    let mut agent = std::process::Command::new(gpumem_bin())
+        .args(["trace", "--json", "--duration", "5"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = stderr_after_line(&mut agent, "gpumem: tracing");
+    step(&workload); // frees the 2 × 8 MiB (unseen), allocates 1 MiB
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    step(&workload);
+    assert!(workload.0.wait().unwrap().success());
+    let out = agent.wait_with_output().unwrap();
+    let stderr = stderr.join().unwrap();
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("deleted or replaced on disk"), "the agent says what it attached to: {stderr}");
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let allocs: Vec<u64> = lines.iter().filter(|e| e["type"] == "alloc" && e["pid"] == pid).map(|e| e["size"].as_u64().unwrap()).collect();
+    assert_eq!(allocs, [MIB], "the allocation made through the deleted library's code");
+    let frees = lines.iter().filter(|e| e["type"] == "free" && e["pid"] == pid).count();
+    assert_eq!(frees, 2);
+    let exit = lines.iter().find(|e| e["type"] == "exit" && e["pid"] == pid).unwrap();
+    // Its context predates the agent and there is no NVML to place it: device unknown.
+    assert_eq!(released(exit), [(-1, MIB, 1)]);
+}

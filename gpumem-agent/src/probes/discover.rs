@@ -14,6 +14,8 @@ pub enum Source {
     CommandLine,
     LdCache,
     ProcessMaps { pid: u32 },
+    /// Mapped by a process from a file since deleted or replaced on disk.
+    DeletedInProcess { pid: u32 },
 }
 
 impl std::fmt::Display for Source {
@@ -22,6 +24,7 @@ impl std::fmt::Display for Source {
             Source::CommandLine => write!(f, "--libcuda"),
             Source::LdCache => write!(f, "ld.so.cache"),
             Source::ProcessMaps { pid } => write!(f, "/proc/{pid}/maps"),
+            Source::DeletedInProcess { pid } => write!(f, "/proc/{pid}/maps, deleted or replaced on disk since it was loaded"),
         }
     }
 }
@@ -101,6 +104,26 @@ pub fn libcuda_in_maps(maps: &str) -> Vec<String> {
     out
 }
 
+/// libcuda mappings whose file was deleted or replaced on disk while in use
+/// (a driver upgrade under a running job): (address range, path it had).
+/// The first mapping of each is kept; its /proc/PID/map_files/RANGE link
+/// opens the old inode, which is what the process still runs.
+pub fn deleted_libcuda_in_maps(maps: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for line in maps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 7 {
+            continue;
+        }
+        let Some(path) = fields[5..].join(" ").strip_suffix(" (deleted)").map(str::to_string) else { continue };
+        let name = path.rsplit('/').next().unwrap_or("");
+        if path.starts_with('/') && is_libcuda_name(name) && !out.iter().any(|(_, p)| *p == path) {
+            out.push((fields[0].to_string(), path));
+        }
+    }
+    out
+}
+
 /// What the periodic scans of /proc cost, for the summary.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ScanStats {
@@ -141,6 +164,13 @@ pub fn from_processes(skip_pid: u32) -> (Vec<Library>, u64) {
                 libs.push(lib);
             }
         }
+        for (range, _) in deleted_libcuda_in_maps(&maps) {
+            // Needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE; without, the copy is missed.
+            let old_inode = PathBuf::from(format!("/proc/{pid}/map_files/{range}"));
+            if let Ok(lib) = stat_library(&old_inode, Source::DeletedInProcess { pid }) {
+                libs.push(lib);
+            }
+        }
     }
     (libs, read)
 }
@@ -173,6 +203,15 @@ mod tests {
             libcuda_in_maps(maps),
             vec!["/usr/lib/x86_64-linux-gnu/libcuda.so.535.261.03".to_string(), "/opt/my dir/libcuda.so.1".to_string()]
         );
+    }
+
+    #[test]
+    fn deleted_mappings_are_found_by_their_range() {
+        let maps = "7f00-7f10 r--p 00000000 fd:01 98 /usr/lib/libcuda.so.535.1 (deleted)\n\
+            7f10-7f20 r-xp 00010000 fd:01 98 /usr/lib/libcuda.so.535.1 (deleted)\n\
+            7f20-7f30 r-xp 00000000 fd:01 99 /usr/lib/libcuda.so.1\n\
+            7f30-7f40 r-xp 00000000 fd:01 97 /tmp/x (deleted)\n";
+        assert_eq!(deleted_libcuda_in_maps(maps), vec![("7f00-7f10".to_string(), "/usr/lib/libcuda.so.535.1".to_string())]);
     }
 
     #[test]
