@@ -5,6 +5,7 @@ mod commands;
 mod events;
 mod export;
 mod nvml;
+mod privileges;
 mod probes;
 mod record;
 mod selfstat;

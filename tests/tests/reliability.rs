@@ -325,3 +325,50 @@ fn a_library_replaced_on_disk_while_in_use_is_still_traced() {
     // Its context predates the agent and there is no NVML to place it: device unknown.
     assert_eq!(released(exit), [(-1, MIB, 1)]);
 }
+
+/// `gpumem ARGS` as user nobody with only capabilities `caps` (setpriv, in
+/// the inheritable, ambient and bounding sets).
+fn as_nobody_with(caps: &str, args: &[&str]) -> std::process::Output {
+    wait_for_detach();
+    let set = format!("-all{}", caps.split(',').filter(|c| !c.is_empty()).map(|c| format!(",+{c}")).collect::<String>());
+    std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args([format!("--inh-caps={set}"), format!("--ambient-caps={set}"), format!("--bounding-set={set}")])
+        .arg("--")
+        .arg(gpumem_bin())
+        .args(args)
+        .output()
+        .expect("running setpriv (util-linux)")
+}
+
+#[test]
+fn runs_as_an_unprivileged_user_with_only_the_documented_capabilities() {
+    require_root();
+    let f = fixtures();
+    let cmd = workload_cmd("two_devices");
+    let args = ["trace", "--json", "--libcuda", f.libcuda.to_str().unwrap(), "-c", cmd.as_str()];
+    // The DaemonSet's set (deploy/kubernetes): everything works, exactly as root.
+    let out = as_nobody_with("bpf,perfmon,sys_admin,sys_ptrace,dac_read_search", &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("without CAP_"), "nothing is missing: {stderr}");
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let summary = lines.last().unwrap();
+    assert_eq!(summary["lost_events"], 0);
+    let exits: Vec<&Value> = lines.iter().filter(|e| e["type"] == "exit").collect();
+    assert_eq!(exits.len(), 1);
+    assert_eq!(released(exits[0]), [(0, 14 * MIB, 3)], "the same figures as under root");
+
+    // CAP_BPF + CAP_PERFMON load the programs, but this kernel refuses
+    // uprobes without CAP_SYS_ADMIN: said at start, and no probe attaches.
+    let out = as_nobody_with("bpf,perfmon,sys_ptrace,dac_read_search", &["trace", "--libcuda", f.libcuda.to_str().unwrap(), "--duration", "1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("without CAP_SYS_ADMIN, kernels since 6.16"), "{stderr}");
+
+    // Without CAP_BPF/CAP_PERFMON/CAP_SYS_ADMIN: a clear error, status 1, nothing loaded.
+    let out = as_nobody_with("", &["trace", "--duration", "1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("gpumem needs CAP_BPF and CAP_PERFMON to load and attach"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+}

@@ -27,10 +27,15 @@ pub fn load_agent(probes: &ProbeArgs, filter_pids: bool, probe_set: crate::probe
     .context("loading eBPF programs")
 }
 
-pub fn require_root() -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("gpumem needs root (CAP_BPF and CAP_PERFMON) to load eBPF programs; run it with sudo");
+/// Fails, naming what is missing, without the capabilities to load and
+/// attach; warns about the ones whose absence narrows what is seen.
+pub fn require_privileges() -> Result<()> {
+    let (error, warnings) = crate::privileges::check(crate::privileges::effective());
+    if let Some(e) = error {
+        bail!(e);
+    }
+    for w in warnings {
+        eprintln!("gpumem: {w}");
     }
     Ok(())
 }

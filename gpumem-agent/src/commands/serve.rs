@@ -23,7 +23,7 @@ use tokio::{
 };
 
 use super::{
-    load_agent,attach_discovered, attach_given, ingest::Ingest, require_root};
+    load_agent,attach_discovered, attach_given, ingest::Ingest, require_privileges};
 use crate::{
     analysis::{
         distributions,
@@ -55,7 +55,7 @@ enum Request {
 }
 
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
-    require_root()?;
+    require_privileges()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     rt.block_on(serve(args))
 }

@@ -5,14 +5,14 @@ use anyhow::Result;
 use serde_json::json;
 
 use super::{
-    load_agent,attach_discovered, attach_given, require_root};
+    load_agent,attach_discovered, attach_given, require_privileges};
 use crate::{
     cli::StatusArgs,
     probes::{features, ProbeSet, ProbeStatus},
 };
 
 pub fn run(args: StatusArgs) -> Result<()> {
-    require_root()?;
+    require_privileges()?;
     let mut notes = Vec::new();
     let mut agent = load_agent(&args.probes, false, ProbeSet::Full, gpumem_common::RINGBUF_BYTES)?;
     // Features after load: loading mounts tracefs when it can.

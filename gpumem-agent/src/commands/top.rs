@@ -29,7 +29,7 @@ use super::{
     load_agent,
     attach_discovered, attach_given,
     ingest::{self, Ingest, Ingested, Replayer},
-    require_root,
+    require_privileges,
 };
 use crate::{
     analysis::{
@@ -58,7 +58,7 @@ pub fn run(args: TopArgs) -> Result<ExitCode> {
     if let Some(path) = &args.from {
         return from_recording(&args, path);
     }
-    require_root()?;
+    require_privileges()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     rt.block_on(live(args))
 }

@@ -16,7 +16,7 @@ use super::{
     load_agent,
     attach_discovered, attach_given,
     ingest::{replay as replay_records, Ingest, Ingested, Replayer},
-    require_root,
+    require_privileges,
 };
 use crate::{
     cli::{ProbeArgs, TraceArgs},
@@ -192,7 +192,7 @@ pub fn run(s: Session) -> Result<ExitCode> {
     if let Some(path) = s.from.clone() {
         return replay(s, &path);
     }
-    require_root()?;
+    require_privileges()?;
     for &pid in &s.pids {
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             bail!("no process with pid {pid}");

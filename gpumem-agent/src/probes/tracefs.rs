@@ -12,6 +12,10 @@ pub fn ensure_mounted() -> Result<Option<String>, String> {
     if Path::new("/sys/kernel/debug/tracing/events").is_dir() {
         return Ok(None);
     }
+    // Mounted but not readable by us: mounting again would not help.
+    if is_mounted() {
+        return Err(format!("tracefs is mounted on {TRACEFS} but its files are not readable: give gpumem CAP_DAC_READ_SEARCH (or run it as root)"));
+    }
     let src = CString::new("nodev").expect("no NUL");
     let target = CString::new(TRACEFS).expect("no NUL");
     let fstype = CString::new("tracefs").expect("no NUL");
@@ -25,6 +29,11 @@ pub fn ensure_mounted() -> Result<Option<String>, String> {
         ));
     }
     Ok(Some(format!("mounted tracefs on {TRACEFS}")))
+}
+
+/// Whether /proc/self/mounts lists tracefs on TRACEFS.
+fn is_mounted() -> bool {
+    fs::read_to_string("/proc/self/mounts").is_ok_and(|m| m.lines().any(|l| l.split_whitespace().nth(1) == Some(TRACEFS) && l.split_whitespace().nth(2) == Some("tracefs")))
 }
 
 fn events_dir() -> &'static str {
