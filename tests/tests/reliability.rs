@@ -372,3 +372,69 @@ fn runs_as_an_unprivileged_user_with_only_the_documented_capabilities() {
     assert!(stderr.contains("gpumem needs CAP_BPF and CAP_PERFMON to load and attach"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
 }
+
+/// The name the `evil_name` workload gives itself (15 bytes, the kernel's limit).
+const EVIL_COMM: &str = "ev\x1b[2J\"\\\n{}";
+
+#[test]
+fn hostile_process_names_cannot_break_the_output_formats() {
+    require_root();
+    let f = fixtures();
+    let lib = f.libcuda.to_str().unwrap();
+    let cmd = workload_cmd("evil_name");
+    // Terminal output: the escape sequence and the newline never reach it.
+    let out = run_gpumem(&["trace", "--libcuda", lib, "-c", &cmd], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!out.stdout.contains(&0x1b), "an escape byte reached the terminal");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("ev?[2J\"\\?{}"), "the name is shown, neutralized:\n{text}");
+    // Every event line and summary row stays one line: no line starts with the name's tail.
+    assert!(!text.lines().any(|l| l.starts_with("{}")), "{text}");
+
+    // JSON keeps the exact name, escaped by the encoder.
+    let t = trace_workload("evil_name", &[]);
+    let alloc = t.of_type("alloc")[0];
+    assert_eq!(alloc["comm"], EVIL_COMM);
+
+    // Prometheus: the label value is escaped (\" \\ \n) and promtool parses the exposition.
+    let serve = Serve::start(&["--libcuda", lib, "--nvml", "none"], &[]);
+    let mut hold = Reaped(spawn_workload("evil_name", &[("GPUMEM_WORKLOAD_HOLD_MS", "20000")]));
+    let pid = hold.0.id().to_string();
+    let text = wait_until("the process's series", 10, || {
+        let t = serve.metrics();
+        series(&t, "gpumem_process_memory_bytes", &[("pid", &pid)]).map(|_| t)
+    });
+    let line = text.lines().find(|l| l.starts_with("gpumem_process_memory_bytes{") && l.contains(&format!("pid=\"{pid}\""))).unwrap();
+    assert!(line.contains("comm=\"ev\x1b[2J\\\"\\\\\\n{}\""), "{line:?}");
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (apt-get install prometheus)");
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_ne!(out.status.code(), Some(1), "promtool could not parse the exposition:\n{}", String::from_utf8_lossy(&out.stderr));
+    drop(serve);
+    let _ = hold.0.kill();
+
+    // `top --once` (what the live view draws): no escape byte either.
+    wait_for_detach();
+    let mut top = std::process::Command::new(gpumem_bin())
+        .args(["top", "--once", "--duration", "3", "--libcuda", lib, "--nvml", "none"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = stderr_after_line(&mut top, "gpumem: tracing for");
+    let mut hold = Reaped(spawn_workload("evil_name", &[("GPUMEM_WORKLOAD_HOLD_MS", "10000")]));
+    let pid = hold.0.id().to_string();
+    let out = top.wait_with_output().unwrap();
+    let stderr = stderr.join().unwrap();
+    assert!(out.status.success(), "{stderr}");
+    let top = String::from_utf8_lossy(&out.stdout);
+    assert!(top.contains(&pid) && top.contains("ev?[2J"), "the process is listed:\n{top}");
+    assert!(!out.stdout.contains(&0x1b), "an escape byte in top:\n{top}");
+    let _ = hold.0.kill();
+}

@@ -276,7 +276,7 @@ fn stack_lines(groups: &[leaks::LeakGroup]) -> Vec<String> {
             lines.push("    (no stack)".into());
         }
         for f in g.frames.iter().take(12) {
-            lines.push(format!("    {}", top::printable(&f.display())));
+            lines.push(format!("    {}", crate::export::names::printable(&f.display())));
         }
     }
     lines

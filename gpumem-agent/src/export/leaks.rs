@@ -3,7 +3,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::names::{bytes, short_id};
+use super::names::{bytes, printable, short_id};
 use crate::{
     analysis::{distributions::DistributionSummary, leaks::ProcessLeaks},
     stacks::StackStats,
@@ -45,12 +45,12 @@ impl LeaksReport {
         }
         for p in &self.processes {
             let dev = p.device.map_or("?".to_string(), |d| d.to_string());
-            let container = p.container.as_deref().map(|c| format!(", container {}", short_id(c))).unwrap_or_default();
+            let container = p.container.as_deref().map(|c| format!(", container {}", printable(short_id(c)))).unwrap_or_default();
             writeln!(
                 out,
                 "\npid {} ({}{container}) device {dev}: {} outstanding in {} allocation(s), {} live",
                 p.pid,
-                p.comm,
+                printable(&p.comm),
                 bytes(p.outstanding_bytes),
                 p.outstanding_allocs,
                 bytes(p.live_bytes)

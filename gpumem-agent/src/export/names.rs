@@ -120,3 +120,21 @@ mod tests {
         assert_eq!(bytes(3 << 30), "3.0 GiB");
     }
 }
+
+/// Text from a traced process (comm, container names, paths) made safe for
+/// a terminal or a column of text: control characters, escape sequences
+/// and newlines included, become '?'. JSON, Prometheus labels and HTML have
+/// their own escaping and get the text as it is.
+pub fn printable(s: &str) -> String {
+    s.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
+}
+
+#[cfg(test)]
+mod printable_tests {
+    #[test]
+    fn control_characters_cannot_reach_the_terminal() {
+        assert_eq!(super::printable("evil\x1b[2Jname\x07"), "evil?[2Jname?");
+        assert_eq!(super::printable("a\nb\r\u{9b}c"), "a?b??c", "newlines and C1 controls too");
+        assert_eq!(super::printable("python3 ü"), "python3 ü");
+    }
+}

@@ -3,7 +3,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::names::{api_name, bytes, result_name, short_id};
+use super::names::{api_name, bytes, printable, result_name, short_id};
 use crate::{
     analysis::{
         distributions::{DistributionSummary, Percentiles},
@@ -187,6 +187,7 @@ impl Summary {
             )?;
         }
         for p in &self.processes {
+            let comm = printable(&p.comm);
             let mut state = match (p.exited, p.held_at_exit_bytes) {
                 (false, _) => String::new(),
                 (true, 0) => " (exited)".to_string(),
@@ -196,7 +197,7 @@ impl Summary {
                 state += &format!(" (UNCERTAIN: {} of its events were lost in the kernel)", p.events_lost);
             }
             if p.devices.is_empty() && p.host_pinned_allocs == 0 {
-                writeln!(out, "{:>7} {:<15} {:>4} {:>12} {:>8}{}", p.pid, p.comm, "-", bytes(0), 0, state)?;
+                writeln!(out, "{:>7} {:<15} {:>4} {:>12} {:>8}{}", p.pid, comm, "-", bytes(0), 0, state)?;
             }
             for d in &p.devices {
                 let dev = d.device.map_or("?".to_string(), |d| d.to_string());
@@ -204,7 +205,7 @@ impl Summary {
                     out,
                     "{:>7} {:<15} {:>4} {:>12} {:>8} {:>12} {:>12}{}",
                     p.pid,
-                    p.comm,
+                    comm,
                     dev,
                     bytes(d.live_bytes),
                     d.live_allocs,
@@ -220,21 +221,21 @@ impl Summary {
                     (_, None, Some(uid)) => format!(", pod {uid}"),
                     _ => String::new(),
                 };
-                writeln!(out, "{:>7} {:<15} container {}{pod}", p.pid, p.comm, short_id(c))?;
+                writeln!(out, "{:>7} {:<15} container {}{pod}", p.pid, comm, printable(short_id(c)))?;
             }
             if p.rm_memory_objects > 0 || p.uvm_mapped_bytes > 0 {
                 writeln!(
                     out,
                     "{:>7} {:<15}   RM {:>12} {:>8}   (video memory allocated by driver ioctls; UVM mapped {})",
                     p.pid,
-                    p.comm,
+                    comm,
                     bytes(p.rm_memory_bytes),
                     p.rm_memory_objects,
                     bytes(p.uvm_mapped_bytes)
                 )?;
             }
             if p.host_pinned_allocs > 0 {
-                writeln!(out, "{:>7} {:<15} {:>4} {:>12} {:>8}   (pinned host memory)", p.pid, p.comm, "host", bytes(p.host_pinned_bytes), p.host_pinned_allocs)?;
+                writeln!(out, "{:>7} {:<15} {:>4} {:>12} {:>8}   (pinned host memory)", p.pid, comm, "host", bytes(p.host_pinned_bytes), p.host_pinned_allocs)?;
             }
         }
         if self.processes.iter().any(|p| !p.apis.is_empty()) {

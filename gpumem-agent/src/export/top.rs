@@ -8,7 +8,7 @@ use std::{
 
 use gpumem_common::DEVICE_UNKNOWN;
 
-use super::names::{api_name, bytes, result_name, short_id};
+use super::names::{api_name, bytes, printable, result_name, short_id};
 use crate::{
     analysis::{health::Health, leaks::GrowthTracker},
     nvml::GpuSample,
@@ -83,11 +83,6 @@ pub struct Snapshot {
     pub lost: u64,
 }
 
-/// Text from a traced process, made safe for a terminal: control characters
-/// (escape sequences included) become '?'.
-pub fn printable(s: &str) -> String {
-    s.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
-}
 
 /// `▁▂▃▅▇` from a series, scaled between its own minimum and maximum.
 pub fn sparkline(values: &[u64]) -> String {
@@ -288,7 +283,6 @@ mod tests {
 
     #[test]
     fn escape_sequences_from_traced_processes_do_not_reach_the_terminal() {
-        assert_eq!(printable("evil\x1b[2Jname\x07"), "evil?[2Jname?");
         assert_eq!(sparkline(&[0, 4, 8]), "▁▅█");
         assert_eq!(sparkline(&[3, 3]), "▁▁");
     }

@@ -5,7 +5,7 @@ use std::io::{self, Write};
 use gpumem_common::{api, api_info, ApiClass, Event, DEVICE_UNKNOWN};
 use serde_json::{json, Value};
 
-use super::names::{api_name, bytes, event_type, result_name};
+use super::names::{api_name, bytes, event_type, printable, result_name};
 use crate::state::{container::ContainerInfo, Applied, CudaOom, Release};
 
 /// Which events are shown (state always sees every event).
@@ -233,7 +233,7 @@ impl<W: Write> Printer<W> {
             t,
             ev.pid,
             ev.tid,
-            String::from_utf8_lossy(ev.comm_bytes()),
+            printable(&String::from_utf8_lossy(ev.comm_bytes())),
             event_type(ev.api),
             api_name(ev.api),
             dev,
@@ -245,7 +245,7 @@ impl<W: Write> Printer<W> {
         )?;
         if let Some(oom) = &applied.cuda_oom {
             let free = oom.reported_free.map_or("not reported".to_string(), |f| format!("{} reported free", bytes(f)));
-            let holders: Vec<String> = oom.holders.iter().map(|h| format!("{} ({}) {}", h.pid, h.comm, bytes(h.bytes))).collect();
+            let holders: Vec<String> = oom.holders.iter().map(|h| format!("{} ({}) {}", h.pid, printable(&h.comm), bytes(h.bytes))).collect();
             writeln!(
                 self.out,
                 "           CUDA OOM on device {}: {} requested, {}{}; holders: {}",
