@@ -45,26 +45,54 @@ impl EventReader {
 fn drain(ring: &mut RingBuf<MapData>, malformed: &mut u64, buf: &mut StackEvent, f: &mut Handler<'_>) -> usize {
     let mut n = 0;
     while let Some(item) = ring.next() {
-        let Some(ev) = Event::from_bytes(&item) else {
-            *malformed += 1;
-            continue;
-        };
-        n += 1;
-        if ev.flags & flags::HAS_STACK == 0 {
-            f(&ev, None);
-        } else if item.len() >= STACK_HEADER_SIZE {
-            // Header plus only the stack bytes that were copied.
-            let n = item.len().min(STACK_EVENT_SIZE);
-            // SAFETY: n fits both the record and the buffer; StackEvent is plain old data.
-            unsafe { std::ptr::copy_nonoverlapping(item.as_ptr(), (buf as *mut StackEvent).cast::<u8>(), n) };
-            buf.len = buf.len.min((n - STACK_HEADER_SIZE) as u32);
-            f(&ev, Some(buf));
-        } else {
-            *malformed += 1;
-            f(&ev, None);
+        match decode(&item, buf) {
+            Decoded::Malformed => *malformed += 1,
+            Decoded::Event(ev) => {
+                n += 1;
+                f(&ev, None);
+            }
+            Decoded::WithStack(ev) => {
+                n += 1;
+                f(&ev, Some(buf));
+            }
+            Decoded::StackMissing(ev) => {
+                n += 1;
+                *malformed += 1;
+                f(&ev, None);
+            }
         }
     }
     n
+}
+
+/// One ring-buffer record, decoded.
+#[derive(Debug)]
+pub enum Decoded {
+    /// Shorter than an Event (an ABI mismatch): nothing can be read from it.
+    Malformed,
+    Event(Event),
+    /// An event whose stack was copied into the caller's buffer.
+    WithStack(Event),
+    /// An event flagged with a stack whose record is too short to hold one.
+    StackMissing(Event),
+}
+
+/// Decodes one record; a stack goes into `buf` (only the bytes the record
+/// holds, its length clamped to them). Any bytes are accepted.
+pub fn decode(item: &[u8], buf: &mut StackEvent) -> Decoded {
+    let Some(ev) = Event::from_bytes(item) else { return Decoded::Malformed };
+    if ev.flags & flags::HAS_STACK == 0 {
+        return Decoded::Event(ev);
+    }
+    if item.len() < STACK_HEADER_SIZE {
+        return Decoded::StackMissing(ev);
+    }
+    // Header plus only the stack bytes that were copied.
+    let n = item.len().min(STACK_EVENT_SIZE);
+    // SAFETY: n fits both the record and the buffer; StackEvent is plain old data.
+    unsafe { std::ptr::copy_nonoverlapping(item.as_ptr(), (buf as *mut StackEvent).cast::<u8>(), n) };
+    buf.len = buf.len.min((n - STACK_HEADER_SIZE) as u32);
+    Decoded::WithStack(ev)
 }
 
 /// Every event that did not reach the agent, by cause.

@@ -2,6 +2,8 @@
 mod analysis;
 mod cli;
 mod commands;
+#[cfg(test)]
+mod fuzz;
 mod events;
 mod export;
 mod nvml;

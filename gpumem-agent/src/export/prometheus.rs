@@ -549,6 +549,8 @@ fn self_families(fams: &mut Families, inp: &Inputs<'_>, events: u64) {
     let overflow = fams.counter("gpumem_table_overflow", "Records not kept because a bounded table was full, by table");
     overflow.push((vec![("table", "allocations".to_string())], Value::Count(o.entries_dropped)));
     overflow.push((vec![("table", "processes".to_string())], Value::Count(o.process_events_dropped)));
+    fams.counter("gpumem_implausible_events", "Successful calls with a size no GPU could hold (an ABI mismatch or garbled read): not applied")
+        .push((vec![], Value::Count(inp.state.implausible_events)));
     fams.gauge("gpumem_probes_attached", "uprobes, uretprobes and tracepoints attached").push((vec![], int(inp.probes_attached as u64)));
     fams.counter("gpumem_stale_calls_removed", "Calls whose thread died inside the driver (never returned): their saved entries removed, nothing counted for them")
         .push((vec![], Value::Count(inp.stale_calls_removed)));

@@ -79,6 +79,8 @@ pub struct Summary {
     pub pid_reuses: u64,
     /// Calls of processes read after their exit (begun before it), not applied.
     pub late_events: u64,
+    /// Successful calls with a size no GPU could hold (garbled input), not applied.
+    pub implausible_events: u64,
     pub probes_attached: usize,
     /// Cost of the periodic /proc scans for new libcuda copies.
     pub discovery: ScanStats,
@@ -154,6 +156,7 @@ impl Summary {
             state_overflow: state.overflow.clone(),
             pid_reuses: state.pid_reuses,
             late_events: state.late_events,
+            implausible_events: state.implausible_events,
             probes_attached,
             discovery,
             oom: state.oom.clone(),

@@ -86,6 +86,18 @@ pub struct OomCounters {
     pub host_oom_kills: u64,
 }
 
+/// Sizes above this are not believed: 256 TiB of memory (no GPU or host
+/// comes near), 128 PiB of address space for a VA reservation.
+fn plausible_size_limit(api_id: u32) -> u64 {
+    match api_info(api_id).map(|i| i.class) {
+        Some(ApiClass::VaReserve | ApiClass::VaFree | ApiClass::VmmMap | ApiClass::VmmUnmap) => 1 << 57,
+        _ => 1 << 48,
+    }
+}
+
+/// The largest device ordinal kept (allocations store it in 16 bits).
+pub const MAX_DEVICE_ORDINAL: i32 = i16::MAX as i32;
+
 /// What applying one event did, for rendering. Returned for every event, so
 /// the rare parts (OOMs) are boxed to keep it small to move.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -121,6 +133,8 @@ pub struct State {
     pub pid_reuses: u64,
     /// Calls of a process read after its exit (begun before it): not applied.
     pub late_events: u64,
+    /// Successful calls with a size no GPU could hold: not applied.
+    pub implausible_events: u64,
 }
 
 impl State {
@@ -142,6 +156,21 @@ impl State {
     /// Applies an event whose caller's stack was unwound to `stack`.
     pub fn apply_with_stack(&mut self, ev: &Event, stack: Option<crate::stacks::StackId>) -> Applied {
         self.events += 1;
+        // A device ordinal no GPU can have (read from a process's arguments)
+        // is unknown, everywhere it is stored.
+        let normalized;
+        let ev = if ev.device != DEVICE_UNKNOWN && !(0..=MAX_DEVICE_ORDINAL).contains(&ev.device) {
+            normalized = Event { device: DEVICE_UNKNOWN, ..*ev };
+            &normalized
+        } else {
+            ev
+        };
+        // A size no GPU could hold (an ABI mismatch, a garbled read): counted
+        // and not applied, so that no total can wrap.
+        if ev.result == 0 && ev.size > plausible_size_limit(ev.api) {
+            self.implausible_events += 1;
+            return Applied { device: ev.device, dropped: true, ..Default::default() };
+        }
         if ev.api == gpumem_common::api::OOM_KILL {
             // The victim need not be a CUDA process: do not create one for it.
             self.oom.host_oom_kills += 1;

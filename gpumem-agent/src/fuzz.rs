@@ -1,0 +1,257 @@
+//! Property tests ("fuzzing") of everything that reads bytes this process did
+//! not write: ring-buffer records, recordings, and the state and outputs fed
+//! with whatever such a record may say. No input may panic, hang or make a
+//! figure wrap; damaged input must say what is wrong.
+//!
+//! The corpus (`tests/corpus/*.gpumemrec`, committed) replays to known
+//! outcomes and seeds the mutations; proptest saves any failing case under
+//! `proptest-regressions/` (committed too), so that it is replayed first.
+use std::collections::BTreeMap;
+
+use gpumem_common::{api, flags, Event, StackEvent, EVENT_SIZE, STACK_BYTES, STACK_HEADER_SIZE};
+use proptest::prelude::*;
+
+use crate::{
+    analysis::{
+        distributions::{self, Distributions},
+        leaks::{self, GrowthTracker},
+    },
+    commands::ingest::{self, Ingest, Ingested, Replayed, Replayer},
+    events::{self, Decoded, LostEvents},
+    export::{
+        prometheus::{ExportConfig, Exporter, Inputs},
+        summary::Summary,
+    },
+    record::{self, ReadError},
+    state::{Limits, State},
+};
+
+/// Everything a replay drives: state, analyses and every output.
+struct Everything {
+    ingest: Ingest,
+    growth: GrowthTracker,
+    distributions: Distributions,
+    exporter: Exporter,
+}
+
+impl Replayer for Everything {
+    fn parts(&mut self) -> (&mut Ingest, &mut GrowthTracker) {
+        (&mut self.ingest, &mut self.growth)
+    }
+    fn after(&mut self, ev: &Event, Ingested { applied, .. }: Ingested) -> bool {
+        let o = distributions::observe(ev, &applied);
+        if let Some(o) = &o {
+            self.distributions.record(o);
+        }
+        self.exporter.observe(ev, &applied, o.as_ref());
+        true
+    }
+}
+
+fn everything() -> Everything {
+    Everything {
+        ingest: Ingest::replay(State::new(Limits { max_entries: 4096, max_processes: 64 })),
+        growth: GrowthTracker::default(),
+        distributions: Distributions::default(),
+        exporter: Exporter::new(ExportConfig { max_process_series: 16, leak_age_ns: 1_000_000_000 }),
+    }
+}
+
+/// Replays `bytes` and renders every output from the result.
+fn replay_all(bytes: &[u8]) -> Result<Replayed, ReadError> {
+    let mut reader = record::Reader::new(bytes)?;
+    let mut e = everything();
+    let end = ingest::replay(&mut reader, &mut e);
+    render_all(&mut e, &end.footer.lost);
+    Ok(end)
+}
+
+fn render_all(e: &mut Everything, lost: &LostEvents) {
+    check_totals(&e.ingest.state);
+    let summary = Summary::build(&e.ingest.state, lost.clone(), 1.0, 0, Default::default());
+    summary.write_human(&mut Vec::new()).unwrap();
+    summary.write_json(&mut Vec::new()).unwrap();
+    let now = e.ingest.state.processes.values().map(|p| p.exited_ns).max().unwrap_or(0);
+    let found = leaks::find(&e.ingest.state, &mut e.ingest.stacks, &mut e.growth, now, 0, 5);
+    serde_json::to_string(&found).unwrap();
+    let _ = e.distributions.summary();
+    let text = e
+        .exporter
+        .render(Inputs {
+            state: &e.ingest.state,
+            growth: &mut e.growth,
+            gpus: &[],
+            health: &BTreeMap::new(),
+            nvml_error: None,
+            lost,
+            probes_attached: 0,
+            stale_calls_removed: 0,
+            now_ns: now,
+        })
+        .unwrap();
+    assert!(text.ends_with("# EOF\n"));
+}
+
+/// The per-device totals are the sum of the allocations they count: no
+/// sequence of events may make them drift, wrap or go negative.
+fn check_totals(state: &State) {
+    use crate::state::process::Memory;
+    for p in state.processes.values() {
+        let mut sums: BTreeMap<i32, (u64, u64)> = BTreeMap::new();
+        for a in p.allocs.values().filter(|a| a.memory == Memory::Device) {
+            let s = sums.entry(a.device()).or_default();
+            s.0 = s.0.wrapping_add(a.size);
+            s.1 += 1;
+        }
+        for (dev, t) in &p.devices {
+            let (bytes, n) = sums.get(dev).copied().unwrap_or_default();
+            // Device memory is plain allocations plus VMM physical handles.
+            assert_eq!(t.live_allocs, n + t.vmm_handles, "pid {} device {dev}: {t:?}", p.pid);
+            assert_eq!(t.live_bytes, bytes.wrapping_add(t.vmm_physical_bytes), "pid {} device {dev}: {t:?}", p.pid);
+        }
+    }
+}
+
+/// The corpus, each file with the outcome it must replay to.
+const CORPUS: &[(&str, &str)] = &[
+    ("trace.gpumemrec", "complete"),
+    ("leaks.gpumemrec", "complete"),
+    ("top.gpumemrec", "complete"),
+    ("header-only.gpumemrec", "incomplete"),
+    ("cut-inside-a-frame.gpumemrec", "damage: recording truncated at byte"),
+    ("bit-flipped.gpumemrec", "damage: checksum mismatch"),
+    ("huge-frame-length.gpumemrec", "damage: a frame claims 1073741824 bytes"),
+    ("newer-version.gpumemrec", "error: recording format version 99 is newer than this gpumem reads"),
+    ("not-a-recording.gpumemrec", "error: not a gpumem recording"),
+    ("empty.gpumemrec", "error: not a gpumem recording"),
+];
+
+fn corpus(name: &str) -> Vec<u8> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus").join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn outcome(r: &Result<Replayed, ReadError>) -> String {
+    match r {
+        Err(e) => format!("error: {e}"),
+        Ok(end) => match &end.damage {
+            Some(e) => format!("damage: {e}"),
+            None if end.complete => "complete".into(),
+            None => "incomplete".into(),
+        },
+    }
+}
+
+#[test]
+fn every_corpus_file_replays_to_its_known_outcome() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    let on_disk = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(on_disk, CORPUS.len(), "every file in {} has an expected outcome here", dir.display());
+    for (name, want) in CORPUS {
+        let got = outcome(&replay_all(&corpus(name)));
+        assert!(got.starts_with(want) || got.contains(want.trim_start_matches("damage: ")) && got.starts_with("damage"), "{name}: {got}");
+    }
+}
+
+/// An event of a known API (or not), from a few pids and addresses so that
+/// allocations, frees, contexts and exits meet each other.
+fn any_event() -> impl Strategy<Value = Event> {
+    let apis: Vec<u32> = (1..=31).chain([100, 101]).chain(200..=206).chain([0, 999]).collect();
+    (
+        proptest::sample::select(apis),
+        1u32..4,
+        prop_oneof![Just(0u64), 0x1000u64..0x1008, any::<u64>()],
+        prop_oneof![Just(0u64), 1u64..(1 << 30), any::<u64>()],
+        prop_oneof![Just(0u32), Just(2u32), any::<u32>()],
+        prop_oneof![Just(-1i32), 0i32..3, any::<i32>()],
+        any::<u64>(),
+        any::<u64>(),
+        any::<[u8; 16]>(),
+    )
+        .prop_map(|(api, pid, addr, size, result, device, ts_ns, handle, comm)| Event {
+            pid,
+            tid: pid + (ts_ns % 2) as u32,
+            addr,
+            size,
+            result,
+            device,
+            ts_ns: ts_ns % 1_000_000,
+            latency_ns: handle % 1000,
+            handle: handle % 4,
+            comm,
+            ..Event::empty(api)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Ring-buffer records of any length and content: decoded or counted as
+    /// malformed, never read out of bounds.
+    #[test]
+    fn ring_records_of_any_bytes_decode_safely(bytes in proptest::collection::vec(any::<u8>(), 0..(STACK_HEADER_SIZE + STACK_BYTES + 64))) {
+        let mut buf = Box::new(unsafe { std::mem::zeroed::<StackEvent>() });
+        match events::decode(&bytes, &mut buf) {
+            Decoded::Malformed => prop_assert!(bytes.len() < EVENT_SIZE),
+            Decoded::Event(ev) => prop_assert_eq!(ev.flags & flags::HAS_STACK, 0),
+            Decoded::StackMissing(_) => prop_assert!(bytes.len() < STACK_HEADER_SIZE),
+            Decoded::WithStack(_) => prop_assert!(buf.len as usize <= bytes.len().min(STACK_HEADER_SIZE + STACK_BYTES) - STACK_HEADER_SIZE),
+        }
+    }
+
+    /// Any sequence of events, however absurd, keeps the state consistent
+    /// and every output renderable.
+    #[test]
+    fn any_event_sequence_keeps_the_state_consistent(events in proptest::collection::vec(any_event(), 0..300)) {
+        let mut e = everything();
+        for ev in &events {
+            let ingested = e.ingest.recorded_event(ev, (ev.handle == 1).then_some(ev.addr));
+            e.after(ev, ingested);
+        }
+        render_all(&mut e, &LostEvents::default());
+    }
+
+    /// Random bytes after a valid file header: the reader ends with a clear
+    /// error or a clean end, never a panic.
+    #[test]
+    fn random_frames_after_a_valid_header(tail in proptest::collection::vec(any::<u8>(), 0..4096)) {
+        let mut bytes = corpus("header-only.gpumemrec");
+        bytes.extend_from_slice(&tail);
+        let r = replay_all(&bytes);
+        prop_assert!(r.is_ok());
+        if let Ok(end) = &r {
+            if let Some(d) = &end.damage {
+                prop_assert!(!d.to_string().is_empty());
+            }
+        }
+    }
+
+    /// The corpus recordings with bytes flipped, cut or inserted.
+    #[test]
+    fn mutated_recordings_replay_or_say_why(
+        which in 0usize..3,
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..8),
+        cut in any::<prop::sample::Index>(),
+        do_cut in any::<bool>(),
+    ) {
+        let mut bytes = corpus(["trace.gpumemrec", "leaks.gpumemrec", "top.gpumemrec"][which]);
+        for (at, x) in flips {
+            let i = at.index(bytes.len());
+            bytes[i] ^= x;
+        }
+        if do_cut {
+            bytes.truncate(cut.index(bytes.len() + 1));
+        }
+        let got = outcome(&replay_all(&bytes));
+        prop_assert!(got.starts_with("complete") || got.starts_with("incomplete") || got.starts_with("damage: ") || got.starts_with("error: "), "{}", got);
+    }
+}
+
+#[test]
+fn every_api_in_the_state_table_is_exercised_by_the_generator() {
+    // The generator draws from 1..=31, 100..=101 and 200..=206: keep it in step with the ABI.
+    for info in gpumem_common::APIS {
+        assert!((1..=31).contains(&info.id) || (100..=101).contains(&info.id) || (200..=206).contains(&info.id), "api {} ({})", info.id, info.symbol);
+    }
+    let _ = api::CU_INIT;
+}
