@@ -12,6 +12,8 @@ use std::{
 
 use serde_json::Value;
 
+pub mod soak;
+
 pub const MIB: u64 = 1024 * 1024;
 pub const KIB: u64 = 1024;
 

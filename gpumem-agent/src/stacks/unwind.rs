@@ -15,6 +15,9 @@ pub struct Mapping {
     pub file_offset: u64,
     /// Path inside the process's mount namespace.
     pub path: Arc<str>,
+    /// The file's identity (device as maps shows it, inode): one library
+    /// mapped by many processes, in any mount namespace, is loaded once.
+    pub file: (Arc<str>, u64),
 }
 
 /// A frame normalised to its file: enough to symbolize after the process is gone.
@@ -78,7 +81,8 @@ pub fn parse_maps(text: &str) -> Vec<Mapping> {
         else {
             continue;
         };
-        out.push(Mapping { range: start..end, file_offset: off, path: Arc::from(fields[5..].join(" ")) });
+        let file = (Arc::from(fields[3]), fields[4].parse().unwrap_or(0));
+        out.push(Mapping { range: start..end, file_offset: off, path: Arc::from(fields[5..].join(" ")), file });
     }
     out
 }
@@ -95,8 +99,15 @@ pub struct ProcessUnwinder {
 /// Cache of module unwind data by path (as opened by the agent).
 #[derive(Default)]
 pub struct ModuleCache {
-    modules: HashMap<String, Option<Arc<ModuleData>>>,
+    /// By file identity, not path: paths through /proc/PID/root differ for
+    /// every process, and a cache keyed by them grew with each one (the soak
+    /// found it: 14 KB and a re-parse of every library per process).
+    modules: HashMap<(Arc<str>, u64), Option<Arc<ModuleData>>>,
 }
+
+/// Distinct library files whose unwind tables are kept; beyond it the cache
+/// starts over (unwinders keep the modules they use).
+const MAX_MODULES: usize = 512;
 
 impl ProcessUnwinder {
     pub fn new(pid: u32, modules: &mut ModuleCache) -> Option<Self> {
@@ -115,6 +126,9 @@ impl ProcessUnwinder {
     pub fn refresh(&mut self, modules: &mut ModuleCache) -> Option<()> {
         let text = std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).ok()?;
         self.maps = parse_maps(&text);
+        if modules.modules.len() > MAX_MODULES {
+            modules.modules.clear();
+        }
         let mut by_path: HashMap<Arc<str>, Vec<&Mapping>> = HashMap::new();
         for m in &self.maps {
             by_path.entry(m.path.clone()).or_default().push(m);
@@ -126,7 +140,7 @@ impl ProcessUnwinder {
             let open_path = format!("/proc/{}/root{}", self.pid, path);
             let data = modules
                 .modules
-                .entry(open_path.clone())
+                .entry(maps[0].file.clone())
                 .or_insert_with(|| load_module(&open_path).map(Arc::new))
                 .clone();
             self.added.insert(path.clone());

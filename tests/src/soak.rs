@@ -1,0 +1,119 @@
+//! The soak: `gpumem serve` under process churn (short-lived CUDA processes
+//! started back to back) while one process holds a large number of live
+//! allocations, sampled from /metrics. Shared by the CI test (short) and
+//! `cargo xtask soak` (10 minutes, a million allocations).
+use std::time::{Duration, Instant};
+
+use crate::{fixtures, sample, spawn_workload, Serve};
+
+pub struct SoakConfig {
+    pub duration: Duration,
+    /// Allocations the holding process keeps live.
+    pub live_allocations: u64,
+    /// The agent's `--max-allocations`.
+    pub max_allocations: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SoakSample {
+    pub at_s: f64,
+    /// RSS without the ring buffer's mapping (kernel memory).
+    pub own_rss_bytes: f64,
+    pub tracked_processes: f64,
+    pub events: f64,
+    pub lost: f64,
+    pub allocations_overflow: f64,
+    pub aggregated_series: f64,
+    pub process_series: f64,
+}
+
+#[derive(Debug, Default)]
+pub struct SoakReport {
+    pub samples: Vec<SoakSample>,
+    pub processes_started: u64,
+    pub held_allocations_seen: f64,
+    pub stderr: String,
+}
+
+impl SoakReport {
+    pub fn max_own_rss(&self) -> f64 {
+        self.samples.iter().map(|s| s.own_rss_bytes).fold(0.0, f64::max)
+    }
+    pub fn max_tracked(&self) -> f64 {
+        self.samples.iter().map(|s| s.tracked_processes).fold(0.0, f64::max)
+    }
+    pub fn last(&self) -> &SoakSample {
+        self.samples.last().expect("at least one sample")
+    }
+}
+
+fn read(text: &str, series: &str) -> f64 {
+    sample(text, series).unwrap_or(f64::NAN)
+}
+
+fn take(text: &str, at_s: f64) -> SoakSample {
+    let lost: f64 = text.lines().filter(|l| l.starts_with("gpumem_lost_events_total{")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
+    SoakSample {
+        at_s,
+        own_rss_bytes: read(text, "gpumem_agent_resident_memory_bytes") - read(text, "gpumem_agent_bpf_map_resident_memory_bytes"),
+        tracked_processes: read(text, "gpumem_tracked_processes"),
+        events: read(text, "gpumem_events_processed_total"),
+        lost,
+        allocations_overflow: read(text, "gpumem_table_overflow_total{table=\"allocations\"}"),
+        aggregated_series: read(text, "gpumem_exporter_aggregated_process_series"),
+        process_series: read(text, "gpumem_exporter_process_series"),
+    }
+}
+
+pub fn run(cfg: &SoakConfig, mut progress: impl FnMut(&SoakSample)) -> SoakReport {
+    let f = fixtures();
+    let cap = cfg.max_allocations.to_string();
+    let serve = Serve::start(
+        &[
+            "--libcuda",
+            f.libcuda.to_str().unwrap(),
+            "--nvml",
+            f.nvml.to_str().unwrap(),
+            "--max-allocations",
+            &cap,
+            "--max-process-series",
+            "100",
+            "--exited-grace",
+            "5",
+        ],
+        &[],
+    );
+    let began = Instant::now();
+    let live = cfg.live_allocations.to_string();
+    let capacity = (1u64 << 42).to_string();
+    let mut holder = spawn_workload("many", &[("GPUMEM_ALLOCS", live.as_str()), ("GPUMEM_FAKE_CAPACITY", capacity.as_str())]);
+    let mut report = SoakReport::default();
+    let mut next_sample = Duration::ZERO;
+    while began.elapsed() < cfg.duration {
+        // Churn: one short CUDA process after another (5 allocations, a
+        // context destroyed, exit holding 14 MiB).
+        let out = spawn_workload("two_devices", &[]).wait_with_output().expect("churn process");
+        assert!(out.status.success(), "a churn process failed");
+        report.processes_started += 1;
+        if began.elapsed() >= next_sample {
+            let s = take(&serve.metrics(), began.elapsed().as_secs_f64());
+            progress(&s);
+            report.samples.push(s);
+            next_sample += Duration::from_secs(10);
+        }
+    }
+    let text = serve.metrics();
+    report.samples.push(take(&text, began.elapsed().as_secs_f64()));
+    let holder_pid = holder.id().to_string();
+    report.held_allocations_seen = text
+        .lines()
+        .filter(|l| l.starts_with("gpumem_process_allocations{") && l.contains(&format!("pid=\"{holder_pid}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let (status, stderr) = serve.stop();
+    assert!(status.success(), "gpumem serve failed: {stderr}");
+    report.stderr = stderr;
+    report
+}
