@@ -52,6 +52,9 @@ pub enum Command {
     /// Attach probes and wait, for overhead measurements (see `cargo xtask bench`).
     #[command(hide = true)]
     Bench(BenchArgs),
+    /// Unwinding and symbolization cost per stack, for `cargo xtask bench-stacks`.
+    #[command(hide = true)]
+    BenchStacks(BenchStacksArgs),
 }
 
 #[derive(Debug, Args, Clone)]
@@ -78,6 +81,11 @@ pub struct ProbeArgs {
     /// figures at the end (default: libnvidia-ml.so.1 if present; none: skipped).
     #[arg(long, value_name = "PATH")]
     pub nvml: Option<PathBuf>,
+    /// Copy the caller's stack at each allocation (up to 8 KiB, unwound in the
+    /// agent). `off` lowers the per-call cost (see README, What the probes
+    /// cost); leaks are then reported without call sites.
+    #[arg(long, value_name = "MODE", default_value = "on", value_parser = ["on", "off"])]
+    pub stacks: String,
 }
 
 /// What to trace and for how long (shared by trace and leaks).
@@ -302,6 +310,13 @@ pub struct BenchArgs {
     /// Command to run while the probes are attached.
     #[arg(short = 'c', long = "command", value_name = "CMD")]
     pub command: String,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchStacksArgs {
+    /// Stacks unwound (and frames symbolized) per measurement.
+    #[arg(long, default_value_t = 20_000)]
+    pub rounds: u32,
 }
 
 #[derive(Debug, Args)]

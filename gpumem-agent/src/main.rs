@@ -31,6 +31,7 @@ fn main() -> ExitCode {
         Command::Health(args) => commands::health::run(args),
         Command::Serve(args) => commands::serve::run(args),
         Command::BenchEngine(args) => commands::bench::engine(args).map(|()| ExitCode::SUCCESS),
+        Command::BenchStacks(args) => commands::bench::stacks(args).map(|()| ExitCode::SUCCESS),
         Command::BenchRender(args) => commands::bench::render(args).map(|()| ExitCode::SUCCESS),
         Command::Status(args) => commands::status::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => commands::trace::run(commands::trace::Session::for_bench(args)),

@@ -7,7 +7,7 @@ use aya_ebpf::{
 use gpumem_common::{api, flags, stat, Event, DEVICE_UNKNOWN};
 
 use crate::{
-    maps::{count, lost, should_trace, track, Pending, PendingKey, EVENTS, PENDING},
+    maps::{capture_stacks, count, lost, should_trace, track, Pending, PendingKey, EVENTS, PENDING},
     stack, vmm,
 };
 
@@ -68,7 +68,7 @@ pub fn on_return(ctx: &RetProbeContext, api_id: u32) -> u32 {
         comm: bpf_get_current_comm().unwrap_or([0u8; 16]),
     };
     decode(api_id, &pending, result == 0, &mut ev);
-    if result == 0 && wants_stack(api_id) {
+    if result == 0 && wants_stack(api_id) && capture_stacks() {
         stack::emit_with_stack(ctx, ev);
     } else {
         match EVENTS.reserve::<Event>(0) {

@@ -39,6 +39,16 @@ pub static FILTER_PIDS: HashMap<u32, u32> = HashMap::with_max_entries(FILTER_MAX
 #[no_mangle]
 pub static FILTER_MODE: u32 = 0;
 
+/// 1: allocations carry the caller's stack; 0 (`--stacks off`): they do not.
+#[no_mangle]
+pub static CAPTURE_STACKS: u32 = 1;
+
+#[inline(always)]
+pub fn capture_stacks() -> bool {
+    // SAFETY: read of a load-time constant (see filter_mode).
+    unsafe { core::ptr::read_volatile(&CAPTURE_STACKS) != 0 }
+}
+
 /// Offset of `child_pid` in the sched_process_fork record, read by the agent
 /// from tracefs so that a layout change cannot silently misread it.
 #[no_mangle]

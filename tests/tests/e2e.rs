@@ -1033,3 +1033,16 @@ fn damaged_recordings_give_clear_errors_and_what_was_readable() {
     assert!(stdout.is_empty());
     assert!(stderr.contains("not a gpumem recording"), "{stderr}");
 }
+
+#[test]
+fn stacks_off_traces_the_same_allocations_without_copying_stacks() {
+    require_root();
+    let f = fixtures();
+    let cmd = workload_cmd("threads");
+    let t = trace(&["--libcuda", f.libcuda.to_str().unwrap(), "--stacks", "off", "-c", &cmd], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    let pid = single_pid(&t);
+    assert_eq!(t.summary["stacks"]["captured"], 0, "{}", t.summary["stacks"]);
+    assert_eq!(t.summary["lost_events"], 0);
+    assert_eq!(t.released_at_exit(pid), [(0, 100 * 4 * KIB * 36, 800)], "the same figures as with stacks");
+}

@@ -23,38 +23,97 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The peer: bpftrace doing the minimum a leak tracer must (the allocation's
+/// pointer saved at entry, the allocation put in a map at return, removed
+/// at free). Uses only what bpftrace 0.17 (Debian) has.
+fn bpftrace_script(lib: &str) -> String {
+    format!(
+        "uprobe:{lib}:cuMemAlloc_v2 {{ @out[tid] = arg0; }}\n\
+         uretprobe:{lib}:cuMemAlloc_v2 /@out[tid]/ {{ @live[*(uint64 *)uptr(@out[tid])] = nsecs; delete(@out[tid]); }}\n\
+         uprobe:{lib}:cuMemFree_v2 {{ delete(@live[arg0]); }}\n\
+         END {{ clear(@out); clear(@live); }}\n"
+    )
+}
+
+/// ns per call of the churn workload under the bpftrace script.
+fn under_bpftrace(f: &gpumem_tests::Fixtures, n: &str) -> Result<(u64, u64)> {
+    let lib = f.libcuda.to_str().unwrap();
+    let mut bt = Command::new("bpftrace")
+        .args(["-e", &bpftrace_script(lib)])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running bpftrace (apt-get install bpftrace)")?;
+    // bpftrace says "Attaching N probes..." on stdout once they are in.
+    let mut out = std::io::BufReader::new(bt.stdout.take().expect("piped"));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if std::io::BufRead::read_line(&mut out, &mut line)? == 0 {
+            let mut err = String::new();
+            std::io::Read::read_to_string(bt.stderr.as_mut().expect("piped"), &mut err)?;
+            bail!("bpftrace exited before attaching: {err}");
+        }
+        if line.starts_with("Attaching") {
+            break;
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let r = churn_ns(Command::new(&f.workload).args([lib, "churn"]).env("GPUMEM_BENCH_N", n));
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(bt.id() as i32, libc::SIGINT) };
+    let _ = bt.wait();
+    r
+}
+
 pub fn overhead(pairs: u64, rounds: u32) -> Result<()> {
     let bin = crate::build_agent()?;
     let f = gpumem_tests::fixtures();
     let lib = f.libcuda.to_str().unwrap();
     let workload = format!("{} {} churn", f.workload.display(), lib);
     let n = pairs.to_string();
-    let (mut none, mut empty, mut full) = (Vec::new(), Vec::new(), Vec::new());
+    let has_bpftrace = Command::new("bpftrace").arg("--version").output().is_ok_and(|o| o.status.success());
+    // (label, ns per call of each round)
+    let mut runs: Vec<(&str, Vec<f64>)> =
+        vec![("no probes", vec![]), ("empty probes", vec![]), ("gpumem probes", vec![]), ("gpumem --stacks off", vec![]), ("bpftrace (peer)", vec![])];
     let mut calls = 0;
     for round in 0..rounds {
         gpumem_tests::wait_for_detach();
         let (c, t) = churn_ns(Command::new(&f.workload).args([lib, "churn"]).env("GPUMEM_BENCH_N", &n))?;
         calls = c;
-        none.push(t as f64 / c as f64);
-        for (set, out) in [("empty", &mut empty), ("full", &mut full)] {
+        runs[0].1.push(t as f64 / c as f64);
+        for (i, (set, stacks)) in [("empty", "on"), ("full", "on"), ("full", "off")].into_iter().enumerate() {
             let (c, t) = churn_ns(
                 Command::new(&bin)
-                    .args(["bench", "--probes", set, "--no-discover", "--libcuda", lib, "-c", &workload])
+                    .args(["bench", "--probes", set, "--stacks", stacks, "--no-discover", "--libcuda", lib, "-c", &workload])
                     .env("GPUMEM_BENCH_N", &n),
             )?;
-            out.push(t as f64 / c as f64);
+            runs[i + 1].1.push(t as f64 / c as f64);
             gpumem_tests::wait_for_detach();
         }
-        eprintln!("round {}: none {:.0} ns/call, empty {:.0} ns/call, gpumem {:.0} ns/call", round + 1, none[round as usize], empty[round as usize], full[round as usize]);
+        if has_bpftrace {
+            let (c, t) = under_bpftrace(f, &n)?;
+            runs[4].1.push(t as f64 / c as f64);
+        }
+        let now: Vec<String> = runs.iter().filter_map(|(l, v)| v.last().map(|x| format!("{l} {x:.0}"))).collect();
+        eprintln!("round {}: {} ns/call", round + 1, now.join(", "));
     }
-    let (none, empty, full) = (median(none), median(empty), median(full));
-    let empty_cost = empty - none;
-    let full_cost = full - none;
+    let med: Vec<(&str, Option<f64>)> = runs.into_iter().map(|(l, v)| (l, (!v.is_empty()).then(|| median(v)))).collect();
+    let none = med[0].1.expect("measured");
+    let empty = med[1].1.expect("measured");
     println!("probe overhead on cuMemAlloc_v2/cuMemFree_v2 ({calls} calls per run, median of {rounds} interleaved runs):");
-    println!("  no probes           {none:>9.0} ns/call");
-    println!("  empty probes        {empty:>9.0} ns/call  (+{empty_cost:.0} ns: uprobe+uretprobe floor)");
-    println!("  gpumem probes       {full:>9.0} ns/call  (+{full_cost:.0} ns)");
-    println!("  ratio gpumem/empty  {:>9.2}  (added cost per call)", full_cost / empty_cost);
+    println!("  {:<22} {:>9} {:>10} {:>14} {:>16}", "", "ns/call", "added ns", "ratio to empty", "added vs empty's");
+    for (label, v) in &med {
+        match v {
+            Some(v) => println!(
+                "  {label:<22} {v:>9.0} {:>10.0} {:>14.2} {:>16.2}",
+                v - none,
+                v / empty,
+                if *label == "no probes" { 0.0 } else { (v - none) / (empty - none) }
+            ),
+            None => println!("  {label:<22} not measured (bpftrace is not installed)"),
+        }
+    }
     Ok(())
 }
 

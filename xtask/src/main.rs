@@ -7,8 +7,11 @@
 //! - `bench`: probe overhead as a ratio to empty probes on the same symbols
 //! - `bench-engine`: events/s through decode → state → analyses from a recording; bytes per live allocation
 //! - `bench-metrics`: /metrics render time and size, the daemon's idle memory and CPU
+//! - `bench-stacks`: unwinding and symbolization (uncached, cached) per stack
+//! - `soak`: `gpumem serve` for 10 minutes under process churn and a million live allocations
 mod bench;
 mod setup;
+mod soak;
 
 use std::process::Command;
 
@@ -51,11 +54,27 @@ enum Cmd {
         #[arg(long, default_value_t = 1_000_000)]
         events: u64,
     },
+    /// Measure unwinding and symbolization (uncached and cached) per stack.
+    BenchStacks {
+        #[arg(long, default_value_t = 20_000)]
+        rounds: u32,
+    },
     /// Measure /metrics render time and size, and `gpumem serve`'s idle memory and CPU.
     BenchMetrics {
         /// seconds the daemon is left idle for the CPU measurement
         #[arg(long, default_value_t = 30)]
         idle: u64,
+    },
+    /// Soak `gpumem serve`: process churn and many live allocations, memory sampled every 10 s.
+    Soak {
+        #[arg(long, default_value_t = 10.0)]
+        minutes: f64,
+        /// allocations one process keeps live
+        #[arg(long, default_value_t = 1_100_000)]
+        live: u64,
+        /// the agent's --max-allocations
+        #[arg(long, default_value_t = 1 << 20)]
+        max_allocations: u64,
     },
     /// Measure probe overhead against empty probes on the same symbols.
     Bench {
@@ -155,10 +174,20 @@ fn main() -> Result<()> {
             let bin = gpumem_tests::target_dir().join("release/gpumem");
             run(Command::new(bin).args(["bench-engine", "--events", &events.to_string()]))
         }
+        Cmd::BenchStacks { rounds } => {
+            run(cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
+            let bin = gpumem_tests::target_dir().join("release/gpumem");
+            run(Command::new(bin).args(["bench-stacks", "--rounds", &rounds.to_string()]))
+        }
         Cmd::BenchMetrics { idle } => {
             require_root("the benchmark")?;
             setup::setup()?;
             bench::metrics(idle)
+        }
+        Cmd::Soak { minutes, live, max_allocations } => {
+            require_root("the soak")?;
+            setup::setup()?;
+            soak::soak(minutes, live, max_allocations)
         }
         Cmd::Bench { pairs, rounds } => {
             require_root("the benchmark")?;

@@ -9,7 +9,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// LLVM for bpf-linker, a C compiler for the test fixtures, Prometheus
 /// (server and promtool) for the exporter's tests, tmux to drive `top` in a
 /// real terminal, and headless Chromium (with aha for terminal captures) to
-/// open the HTML report and take screenshots.
+/// open the HTML report and take screenshots; bpftrace is the peer in the
+/// probe-overhead benchmark.
 const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
@@ -22,6 +23,7 @@ const APT_PACKAGES: &[&str] = &[
     "chromium",
     "aha",
     "fonts-dejavu-core",
+    "bpftrace",
 ];
 
 fn installed(pkg: &str) -> bool {

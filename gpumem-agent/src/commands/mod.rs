@@ -23,6 +23,7 @@ pub fn load_agent(probes: &ProbeArgs, filter_pids: bool, probe_set: crate::probe
         ringbuf_bytes,
         nvidia_prefix: probes.nvidia_dev_prefix.clone(),
         ioctl_mode: crate::probes::ioctl::IoctlMode::parse(&probes.ioctl),
+        capture_stacks: probes.stacks != "off",
     })
     .context("loading eBPF programs")
 }

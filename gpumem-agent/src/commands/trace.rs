@@ -576,7 +576,7 @@ impl Session {
 
     /// `gpumem replay FILE`: `trace --from FILE`.
     pub fn for_replay(a: crate::cli::ReplayArgs) -> Self {
-        let probes = ProbeArgs { libcuda: vec![], no_discover: true, nvidia_dev_prefix: "/dev/nvidia".into(), ioctl: "off".into(), nvml: None };
+        let probes = ProbeArgs { libcuda: vec![], no_discover: true, nvidia_dev_prefix: "/dev/nvidia".into(), ioctl: "off".into(), nvml: None, stacks: "on".into() };
         Session { json: a.json, from: Some(a.file), ..Session::with_probes(probes) }
     }
 

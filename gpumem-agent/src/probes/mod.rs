@@ -46,6 +46,8 @@ pub struct Options {
     pub filter_pids: bool,
     pub probe_set: ProbeSet,
     pub ringbuf_bytes: u32,
+    /// Copy the caller's stack at allocations.
+    pub capture_stacks: bool,
     /// NVIDIA device-node prefix for the ioctl path.
     pub nvidia_prefix: String,
     pub ioctl_mode: ioctl::IoctlMode,
@@ -169,6 +171,7 @@ impl Agent {
             .override_global("NV_PREFIX", &prefix_bytes, true)
             .override_global("NV_PREFIX_LEN", &prefix_len, true)
             .override_global("FILTER_MODE", &mode, true)
+            .override_global("CAPTURE_STACKS", &(options.capture_stacks as u32), true)
             .override_global("FORK_CHILD_PID_OFFSET", &fork_offset, true)
             .override_global("OOM_OFFSETS", &oom_offsets, true)
             .map_max_entries("EVENTS", options.ringbuf_bytes)

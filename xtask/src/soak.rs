@@ -1,0 +1,41 @@
+//! `cargo xtask soak`: the long soak (the CI test runs the same code for 90 s).
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use gpumem_tests::soak::{self, SoakConfig};
+
+pub fn soak(minutes: f64, live: u64, max_allocations: u64) -> Result<()> {
+    crate::run(crate::cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
+    std::env::set_var("GPUMEM_BIN", gpumem_tests::target_dir().join("release/gpumem"));
+    let cfg = SoakConfig { duration: Duration::from_secs_f64(minutes * 60.0), live_allocations: live, max_allocations };
+    println!("soak: {minutes} min of back-to-back CUDA processes; one process holding {live} allocations; --max-allocations {max_allocations}");
+    println!("{:>6} {:>10} {:>9} {:>10} {:>6} {:>12} {:>10}", "t (s)", "own RSS", "tracked", "events", "lost", "table full", "series");
+    let line = |s: &soak::SoakSample| {
+        println!(
+            "{:>6.0} {:>6.1} MiB {:>9} {:>10} {:>6} {:>12} {:>10}",
+            s.at_s,
+            s.own_rss_bytes / 1048576.0,
+            s.tracked_processes,
+            s.events,
+            s.lost,
+            s.allocations_overflow,
+            format!("{}+{}", s.process_series, s.aggregated_series)
+        )
+    };
+    let r = soak::run(&cfg, line);
+    line(r.last());
+    println!(
+        "{} processes started ({:.0}/s); own RSS max {:.1} MiB, last {:.1} MiB; tracked processes max {}; the holder's allocations kept {} (cap {max_allocations}), {} counted as not kept",
+        r.processes_started,
+        r.processes_started as f64 / cfg.duration.as_secs_f64(),
+        r.max_own_rss() / 1048576.0,
+        r.last().own_rss_bytes / 1048576.0,
+        r.max_tracked(),
+        r.held_allocations_seen,
+        r.last().allocations_overflow
+    );
+    if r.last().lost > 0.0 {
+        bail!("events were lost");
+    }
+    Ok(())
+}
