@@ -7,6 +7,8 @@ use tokio::io::unix::AsyncFd;
 
 pub struct EventReader {
     ring: AsyncFd<RingBuf<MapData>>,
+    /// Records below the wakeup threshold do not wake us: drain on a timer too.
+    poll: tokio::time::Interval,
     /// Records shorter than an Event (ABI mismatch): counted, never misread.
     pub malformed: u64,
     /// Reused buffer for records that carry a stack (8 KiB: not on the stack).
@@ -23,16 +25,24 @@ impl EventReader {
         let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }?;
         // SAFETY: StackEvent is plain old data; all zeroes is a valid value.
         let stack_buf = unsafe { Box::<StackEvent>::new_zeroed().assume_init() };
-        Ok(EventReader { ring, malformed: 0, stack_buf })
+        let mut poll = tokio::time::interval(std::time::Duration::from_millis(gpumem_common::POLL_MS));
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Ok(EventReader { ring, poll, malformed: 0, stack_buf })
     }
 
     /// Waits until records are available, then hands every available one to `f`.
     /// Waits until records are available; take them with `drain_now`.
+    /// Or until the poll interval has passed: records submitted without a
+    /// wakeup (the ring less than an eighth full) are taken then.
     pub async fn readable(&mut self) -> std::io::Result<()> {
-        let mut guard = self.ring.readable_mut().await?;
-        // Cleared before draining: a record arriving during the drain is
-        // either drained or signals readiness again.
-        guard.clear_ready();
+        tokio::select! {
+            guard = self.ring.readable_mut() => {
+                // Cleared before draining: a record arriving during the drain is
+                // either drained or signals readiness again.
+                guard?.clear_ready();
+            }
+            _ = self.poll.tick() => {}
+        }
         Ok(())
     }
 

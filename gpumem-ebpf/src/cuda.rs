@@ -7,7 +7,7 @@ use aya_ebpf::{
 use gpumem_common::{api, flags, stat, Event, DEVICE_UNKNOWN};
 
 use crate::{
-    maps::{capture_stacks, count, lost, should_trace, track, Pending, PendingKey, EVENTS, PENDING},
+    maps::{capture_stacks, count, lost, should_trace, submit_flags, track, Pending, PendingKey, EVENTS, PENDING},
     stack, vmm,
 };
 
@@ -74,7 +74,7 @@ pub fn on_return(ctx: &RetProbeContext, api_id: u32) -> u32 {
         match EVENTS.reserve::<Event>(0) {
             Some(mut entry) => {
                 entry.write(ev);
-                entry.submit(0);
+                entry.submit(submit_flags());
             }
             None => lost(stat::RINGBUF_FULL, tgid),
         }

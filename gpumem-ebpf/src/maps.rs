@@ -39,6 +39,33 @@ pub static FILTER_PIDS: HashMap<u32, u32> = HashMap::with_max_entries(FILTER_MAX
 #[no_mangle]
 pub static FILTER_MODE: u32 = 0;
 
+/// Ring-buffer fill (bytes) at which a record wakes the agent; below it
+/// records are submitted without a wakeup and the agent polls (every
+/// `gpumem_common::POLL_MS`). A wakeup is an irq_work in the traced thread's
+/// call path (an IPI: a VM exit on virtual machines); without this policy the
+/// kernel wakes the reader for nearly every record, since a fast reader has
+/// always caught up. 0: the kernel's default (wake when the reader caught up).
+#[no_mangle]
+pub static WAKEUP_BYTES: u64 = 0;
+
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const BPF_RB_AVAIL_DATA: u64 = 0;
+
+/// Flags for submitting a record to EVENTS under the wakeup policy above.
+#[inline(always)]
+pub fn submit_flags() -> u64 {
+    // SAFETY: read of a load-time constant (see filter_mode).
+    let threshold = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
+    if threshold == 0 {
+        0
+    } else if EVENTS.query(BPF_RB_AVAIL_DATA) >= threshold {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
+}
+
 /// 1: allocations carry the caller's stack; 0 (`--stacks off`): they do not.
 #[no_mangle]
 pub static CAPTURE_STACKS: u32 = 1;

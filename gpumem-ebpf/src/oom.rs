@@ -60,6 +60,6 @@ pub fn on_mark_victim(ctx: &TracePointContext) -> u32 {
         comm,
         ..Event::empty(api::OOM_KILL)
     });
-    entry.submit(0);
+    entry.submit(0); // rare: the kernel's default wakeup
     0
 }

@@ -6,7 +6,7 @@ use aya_ebpf::{
 };
 use gpumem_common::{api, filter, stat, Event};
 
-use crate::maps::{count, filter_mode, lost, EVENTS, FILTER_PIDS, FORK_CHILD_PID_OFFSET, TRACKED};
+use crate::maps::{count, filter_mode, lost, submit_flags, EVENTS, FILTER_PIDS, FORK_CHILD_PID_OFFSET, TRACKED};
 
 /// sched:sched_process_exit runs for every exiting thread; the process is
 /// gone when its leader exits (tid == tgid).
@@ -38,7 +38,7 @@ pub fn on_exit(_ctx: &TracePointContext) -> u32 {
         comm: bpf_get_current_comm().unwrap_or([0u8; 16]),
         ..Event::empty(api::PROCESS_EXIT)
     });
-    entry.submit(0);
+    entry.submit(submit_flags());
     0
 }
 

@@ -172,6 +172,8 @@ impl Agent {
             .override_global("NV_PREFIX_LEN", &prefix_len, true)
             .override_global("FILTER_MODE", &mode, true)
             .override_global("CAPTURE_STACKS", &(options.capture_stacks as u32), true)
+            // Wake the reader at an eighth of the ring; below, it polls (POLL_MS).
+            .override_global("WAKEUP_BYTES", &(options.ringbuf_bytes as u64 / 8), true)
             .override_global("FORK_CHILD_PID_OFFSET", &fork_offset, true)
             .override_global("OOM_OFFSETS", &oom_offsets, true)
             .map_max_entries("EVENTS", options.ringbuf_bytes)
