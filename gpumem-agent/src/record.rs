@@ -147,6 +147,8 @@ struct StackJson {
 
 pub struct Writer<W: Write> {
     out: BufWriter<W>,
+    /// A fresh hasher, cloned per frame: `Hasher::new` detects CPU features each time.
+    crc: crc32fast::Hasher,
     stacks_written: HashSet<StackId>,
     pub bytes: u64,
 }
@@ -163,12 +165,12 @@ impl<W: Write> Writer<W> {
         out.write_all(MAGIC)?;
         out.write_all(&VERSION.to_le_bytes())?;
         out.write_all(&[0, 0])?;
-        Ok(Writer { out, stacks_written: HashSet::new(), bytes: 12 })
+        Ok(Writer { out, crc: crc32fast::Hasher::new(), stacks_written: HashSet::new(), bytes: 12 })
     }
 
     fn frame(&mut self, tag: u8, payload: &[u8]) -> io::Result<()> {
         let len = u32::try_from(payload.len()).ok().filter(|&l| l <= MAX_PAYLOAD).ok_or_else(|| io::Error::other("record frame too large"))?;
-        let mut crc = crc32fast::Hasher::new();
+        let mut crc = self.crc.clone();
         crc.update(&[tag]);
         crc.update(&len.to_le_bytes());
         crc.update(payload);
@@ -249,6 +251,8 @@ pub enum ReadError {
 
 pub struct Reader<R: Read> {
     input: BufReader<R>,
+    /// A fresh hasher, cloned per frame (see Writer).
+    crc: crc32fast::Hasher,
     /// Reused for every frame's payload.
     payload: Vec<u8>,
     offset: u64,
@@ -291,7 +295,7 @@ impl<R: Read> Reader<R> {
         if found < VERSION {
             return Err(ReadError::OlderVersion { found, supported: VERSION });
         }
-        Ok(Reader { input, payload: Vec::new(), offset: 12, events: 0, done: false })
+        Ok(Reader { input, crc: crc32fast::Hasher::new(), payload: Vec::new(), offset: 12, events: 0, done: false })
     }
 
     fn corrupt(&mut self, why: impl Into<String>) -> ReadError {
@@ -338,7 +342,7 @@ impl<R: Read> Reader<R> {
             }
         }
         let (body, crc_bytes) = payload.split_at(len as usize);
-        let mut crc = crc32fast::Hasher::new();
+        let mut crc = self.crc.clone();
         crc.update(&head);
         crc.update(body);
         let ok = crc.finalize().to_le_bytes()[..] == crc_bytes[..];

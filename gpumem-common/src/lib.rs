@@ -391,7 +391,7 @@ pub const RINGBUF_BYTES: u32 = 16 * 1024 * 1024;
 /// How often the agent drains the ring buffer without being woken: records
 /// wake it only when the ring is an eighth full (see WAKEUP_BYTES in the
 /// eBPF maps), so an event reaches it at most this late.
-pub const POLL_MS: u64 = 20;
+pub const POLL_MS: u64 = 50;
 pub const PENDING_MAX: u32 = 16384;
 pub const TRACKED_MAX: u32 = 16384;
 pub const FILTER_MAX: u32 = 16384;

@@ -91,9 +91,11 @@ pub struct OomCounters {
 fn plausible_size_limit(api_id: u32) -> u64 {
     match api_info(api_id).map(|i| i.class) {
         Some(ApiClass::VaReserve | ApiClass::VaFree | ApiClass::VmmMap | ApiClass::VmmUnmap) => 1 << 57,
-        _ => 1 << 48,
+        _ => MEMORY_SIZE_LIMIT,
     }
 }
+
+const MEMORY_SIZE_LIMIT: u64 = 1 << 48;
 
 /// The largest device ordinal kept (allocations store it in 16 bits).
 pub const MAX_DEVICE_ORDINAL: i32 = i16::MAX as i32;
@@ -167,7 +169,8 @@ impl State {
         };
         // A size no GPU could hold (an ABI mismatch, a garbled read): counted
         // and not applied, so that no total can wrap.
-        if ev.result == 0 && ev.size > plausible_size_limit(ev.api) {
+        // (The cheap comparison first: the API lookup is for the rare large sizes.)
+        if ev.result == 0 && ev.size > MEMORY_SIZE_LIMIT && ev.size > plausible_size_limit(ev.api) {
             self.implausible_events += 1;
             return Applied { device: ev.device, dropped: true, ..Default::default() };
         }
