@@ -12,49 +12,23 @@ use gpumem_common::{api, flags, Event, StackEvent, EVENT_SIZE, STACK_BYTES, STAC
 use proptest::prelude::*;
 
 use crate::{
-    analysis::{
-        distributions::{self, Distributions},
-        leaks::{self, GrowthTracker},
+    analysis::leaks,
+    commands::{
+        bench::Engine as Everything,
+        ingest::{self, Replayed, Replayer},
     },
-    commands::ingest::{self, Ingest, Ingested, Replayed, Replayer},
     events::{self, Decoded, LostEvents},
     export::{
-        prometheus::{ExportConfig, Exporter, Inputs},
+        prometheus::{ExportConfig, Inputs},
         summary::Summary,
     },
     record::{self, ReadError},
     state::{Limits, State},
 };
 
-/// Everything a replay drives: state, analyses and every output.
-struct Everything {
-    ingest: Ingest,
-    growth: GrowthTracker,
-    distributions: Distributions,
-    exporter: Exporter,
-}
-
-impl Replayer for Everything {
-    fn parts(&mut self) -> (&mut Ingest, &mut GrowthTracker) {
-        (&mut self.ingest, &mut self.growth)
-    }
-    fn after(&mut self, ev: &Event, Ingested { applied, .. }: Ingested) -> bool {
-        let o = distributions::observe(ev, &applied);
-        if let Some(o) = &o {
-            self.distributions.record(o);
-        }
-        self.exporter.observe(ev, &applied, o.as_ref());
-        true
-    }
-}
-
+/// Everything a replay drives (state, analyses, exporter), as `serve` does.
 fn everything() -> Everything {
-    Everything {
-        ingest: Ingest::replay(State::new(Limits { max_entries: 4096, max_processes: 64 })),
-        growth: GrowthTracker::default(),
-        distributions: Distributions::default(),
-        exporter: Exporter::new(ExportConfig { max_process_series: 16, leak_age_ns: 1_000_000_000 }),
-    }
+    Everything::new(Limits { max_entries: 4096, max_processes: 64 }, ExportConfig { max_process_series: 16, leak_age_ns: 1_000_000_000 })
 }
 
 /// Replays `bytes` and renders every output from the result.

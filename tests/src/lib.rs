@@ -558,3 +558,39 @@ pub fn png_contents(path: &Path) -> (usize, f64) {
     }
     (colours.len(), not_white as f64 / total.max(1) as f64)
 }
+
+/// Starts `gpumem trace --json ARGS` in the background and waits until it
+/// traces (its "tracing" line on stderr).
+pub fn start_agent(args: &[&str]) -> (std::process::Child, std::thread::JoinHandle<String>) {
+    wait_for_detach();
+    let mut child = std::process::Command::new(gpumem_bin())
+        .args(["trace", "--json"])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rest = stderr_after_line(&mut child, "gpumem: tracing");
+    (child, rest)
+}
+
+pub fn finish_agent(child: std::process::Child, stderr: std::thread::JoinHandle<String>) -> (Vec<Value>, String) {
+    let out = child.wait_with_output().unwrap();
+    let stderr = stderr.join().unwrap();
+    assert!(out.status.success(), "{stderr}");
+    (String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect(), stderr)
+}
+
+/// `promtool check metrics` on an exposition: its exit status and what it said.
+pub fn promtool_check_metrics(exposition: &str) -> (Option<i32>, String) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (apt-get install prometheus)");
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), exposition.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}

@@ -109,14 +109,7 @@ fn run_on_pid(want: u32, scenario: &str, envs: &[(&str, &str)]) -> bool {
 fn a_pid_reused_by_a_new_process_starts_afresh() {
     require_root();
     let f = fixtures();
-    wait_for_detach();
-    let mut agent = std::process::Command::new(gpumem_bin())
-        .args(["trace", "--json", "--no-discover", "--duration", "6", "--libcuda", f.libcuda.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = stderr_after_line(&mut agent, "gpumem: tracing");
+    let (agent, stderr) = start_agent(&["--no-discover", "--duration", "6", "--libcuda", f.libcuda.to_str().unwrap()]);
     // The first process exits holding 8 + 1 MiB on device 0, 2 MiB on device 1
     // and 64 KiB of pinned memory.
     let mut first = spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", "0")]);
@@ -124,10 +117,7 @@ fn a_pid_reused_by_a_new_process_starts_afresh() {
     assert!(first.wait().unwrap().success());
     // A different program on the same pid: 10+1+3 MiB on device 0, then 20+2 on device 1.
     assert!(run_on_pid(pid, "two_devices", &[]), "could not get pid {pid} again");
-    let out = agent.wait_with_output().unwrap();
-    let stderr = stderr.join().unwrap();
-    assert!(out.status.success(), "{stderr}");
-    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (lines, _) = finish_agent(agent, stderr);
     let exits: Vec<&Value> = lines.iter().filter(|e| e["type"] == "exit" && e["pid"] == pid).collect();
     assert_eq!(exits.len(), 2, "two processes exited on pid {pid}");
     assert_eq!(released(exits[0]), [(0, 9 * MIB, 2), (1, 2 * MIB, 1)]);
@@ -240,14 +230,7 @@ fn after_an_agent_restart_older_memory_is_untracked_never_negative_or_leaked_and
 fn a_process_killed_inside_an_allocation_call_leaves_nothing_behind() {
     require_root();
     let f = fixtures();
-    wait_for_detach();
-    let mut agent = std::process::Command::new(gpumem_bin())
-        .args(["trace", "--json", "--no-discover", "--duration", "6", "--libcuda", f.libcuda.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = stderr_after_line(&mut agent, "gpumem: tracing");
+    let (agent, stderr) = start_agent(&["--no-discover", "--duration", "6", "--libcuda", f.libcuda.to_str().unwrap()]);
     // Its first allocation takes 30 s in the driver; it is killed 1 s into it.
     let mut victim = Reaped(spawn_workload("hold", &[("GPUMEM_FAKE_ALLOC_DELAY_MS", "30000")]));
     let pid = victim.0.id() as u64;
@@ -257,10 +240,7 @@ fn a_process_killed_inside_an_allocation_call_leaves_nothing_behind() {
     // A process after it is traced as usual.
     let after = spawn_workload("bad_free", &[]).wait_with_output().unwrap();
     assert!(after.status.success());
-    let out = agent.wait_with_output().unwrap();
-    let stderr = stderr.join().unwrap();
-    assert!(out.status.success(), "{stderr}");
-    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (lines, _) = finish_agent(agent, stderr);
     let mine: Vec<&Value> = lines.iter().filter(|e| e["pid"] == pid).collect();
     assert!(mine.iter().all(|e| e["type"] != "alloc"), "no allocation is counted for a call that never returned: {mine:#?}");
     let exit = mine.iter().find(|e| e["type"] == "exit").expect("its exit is seen");
@@ -300,23 +280,13 @@ fn a_library_replaced_on_disk_while_in_use_is_still_traced() {
     std::fs::copy(&f.nvml, &lib).unwrap();
     assert!(maps().contains(" (deleted)"), "{}", maps());
 
-    wait_for_detach();
-    let mut agent = std::process::Command::new(gpumem_bin())
-        .args(["trace", "--json", "--duration", "5"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = stderr_after_line(&mut agent, "gpumem: tracing");
+    let (agent, stderr) = start_agent(&["--duration", "5"]);
     step(&workload); // frees the 2 × 8 MiB (unseen), allocates 1 MiB
     std::thread::sleep(std::time::Duration::from_millis(500));
     step(&workload);
     assert!(workload.0.wait().unwrap().success());
-    let out = agent.wait_with_output().unwrap();
-    let stderr = stderr.join().unwrap();
-    assert!(out.status.success(), "{stderr}");
+    let (lines, stderr) = finish_agent(agent, stderr);
     assert!(stderr.contains("deleted or replaced on disk"), "the agent says what it attached to: {stderr}");
-    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let allocs: Vec<u64> = lines.iter().filter(|e| e["type"] == "alloc" && e["pid"] == pid).map(|e| e["size"].as_u64().unwrap()).collect();
     assert_eq!(allocs, [MIB], "the allocation made through the deleted library's code");
     let frees = lines.iter().filter(|e| e["type"] == "free" && e["pid"] == pid).count();
@@ -406,16 +376,8 @@ fn hostile_process_names_cannot_break_the_output_formats() {
     });
     let line = text.lines().find(|l| l.starts_with("gpumem_process_memory_bytes{") && l.contains(&format!("pid=\"{pid}\""))).unwrap();
     assert!(line.contains("comm=\"ev\x1b[2J\\\"\\\\\\n{}\""), "{line:?}");
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool (apt-get install prometheus)");
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert_ne!(out.status.code(), Some(1), "promtool could not parse the exposition:\n{}", String::from_utf8_lossy(&out.stderr));
+    let (code, report) = promtool_check_metrics(&text);
+    assert_ne!(code, Some(1), "promtool could not parse the exposition:\n{report}");
     drop(serve);
     let _ = hold.0.kill();
 

@@ -212,17 +212,8 @@ fn promtool_accepts_the_exposition_and_the_rules_and_every_name_exists() {
 
     // promtool parses it; its only complaints are about the two camelCase
     // label names kept for joins with dcgm-exporter (UUID, modelName).
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool (apt-get install prometheus)");
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert_ne!(out.status.code(), Some(1), "promtool could not parse the exposition:\n{report}");
+    let (code, report) = promtool_check_metrics(&text);
+    assert_ne!(code, Some(1), "promtool could not parse the exposition:\n{report}");
     let complaints: Vec<&str> = report.lines().filter(|l| !l.contains("label names should be written in 'snake_case' not 'camelCase'")).collect();
     assert!(complaints.is_empty(), "promtool check metrics:\n{}", complaints.join("\n"));
     assert!(report.lines().count() > 0, "the camelCase device labels are there");

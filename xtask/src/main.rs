@@ -161,7 +161,7 @@ fn main() -> Result<()> {
             build_agent()?;
             // End-to-end tests load eBPF and mount/unmount tracefs: one at a time.
             let mut test = cargo();
-            test.args(["test", "--workspace", "--exclude", "gpumem-ebpf", "--", "--test-threads=1"]).args(&args);
+            test.args(["test", "--workspace", "--no-fail-fast", "--exclude", "gpumem-ebpf", "--", "--test-threads=1"]).args(&args);
             run(&mut test)
         }
         Cmd::BenchIoctl { calls, rounds } => {

@@ -58,11 +58,24 @@ fn synthetic_recording(events: u64, processes: u32) -> Result<Vec<u8>> {
     Ok(w.finish(&Footer::default())?)
 }
 
-struct Engine {
-    ingest: Ingest,
-    growth: GrowthTracker,
-    distributions: Distributions,
-    exporter: Exporter,
+/// What `serve` does per event: ingest, distributions and the exporter's
+/// counters and histograms (also driven by the property tests).
+pub struct Engine {
+    pub ingest: Ingest,
+    pub growth: GrowthTracker,
+    pub distributions: Distributions,
+    pub exporter: Exporter,
+}
+
+impl Engine {
+    pub fn new(limits: Limits, export: ExportConfig) -> Self {
+        Engine {
+            ingest: Ingest::replay(State::new(limits)),
+            growth: GrowthTracker::default(),
+            distributions: Distributions::default(),
+            exporter: Exporter::new(export),
+        }
+    }
 }
 
 impl Replayer for Engine {
@@ -115,12 +128,10 @@ pub fn engine(a: BenchEngineArgs) -> Result<()> {
     let mut events = 0;
     for _ in 0..a.rounds.max(1) {
         let mut reader = record::Reader::new(bytes.as_slice()).map_err(|e| anyhow!("{e}"))?;
-        let mut engine = Engine {
-            ingest: Ingest::replay(State::new(Limits { max_entries: 1 << 24, max_processes: 1 << 20 })),
-            growth: GrowthTracker::default(),
-            distributions: Distributions::default(),
-            exporter: Exporter::new(ExportConfig { max_process_series: 500, leak_age_ns: u64::MAX }),
-        };
+        let mut engine = Engine::new(
+            Limits { max_entries: 1 << 24, max_processes: 1 << 20 },
+            ExportConfig { max_process_series: 500, leak_age_ns: u64::MAX },
+        );
         let t = Instant::now();
         let end = ingest::replay(&mut reader, &mut engine);
         let dt = t.elapsed().as_secs_f64();
