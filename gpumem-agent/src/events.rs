@@ -30,10 +30,9 @@ impl EventReader {
         Ok(EventReader { ring, poll, malformed: 0, stack_buf })
     }
 
-    /// Waits until records are available, then hands every available one to `f`.
-    /// Waits until records are available; take them with `drain_now`.
-    /// Or until the poll interval has passed: records submitted without a
-    /// wakeup (the ring less than an eighth full) are taken then.
+    /// Waits until records are available, or until the poll interval has
+    /// passed (records submitted without a wakeup, while the ring is less than
+    /// an eighth full, are taken then); take them with `drain_now`.
     pub async fn readable(&mut self) -> std::io::Result<()> {
         tokio::select! {
             guard = self.ring.readable_mut() => {

@@ -335,6 +335,8 @@ async fn run_async(s: Session) -> Result<ExitCode> {
     if progress {
         eprint!("\r\x1b[K");
     }
+    // Calls left in flight by threads that died since the last sweep.
+    agent.sweep_stale_calls();
     let mut footer = Footer {
         duration_s: began.elapsed().as_secs_f64(),
         ended_ns: leaks::monotonic_ns(),
@@ -345,10 +347,7 @@ async fn run_async(s: Session) -> Result<ExitCode> {
         reconciliation: None,
         nvml: "not asked".into(),
         command_status: child_status,
-        stale_calls_removed: {
-            agent.sweep_stale_calls();
-            agent.stale_calls_removed
-        },
+        stale_calls_removed: agent.stale_calls_removed,
     };
     if s.leaks.is_none() || sink.recorder.is_some() {
         // Reconcile with the driver's own per-process figures, where NVML is there.

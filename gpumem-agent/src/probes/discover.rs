@@ -83,21 +83,30 @@ pub fn parse_ldconfig(text: &str) -> Vec<PathBuf> {
     paths
 }
 
-/// A libcuda mapping seen in one process's maps: (pid, path inside its mount namespace).
-pub fn libcuda_in_maps(maps: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for line in maps.lines() {
+/// The libcuda mappings of one process's maps: (address range, path inside
+/// its mount namespace, whether the file was deleted or replaced since).
+fn libcuda_mappings(maps: &str) -> impl Iterator<Item = (&str, String, bool)> {
+    maps.lines().filter_map(|line| {
         // address perms offset dev inode pathname (the pathname may hold spaces)
         let fields: Vec<&str> = line.split_whitespace().collect();
         if fields.len() < 6 {
-            continue;
+            return None;
         }
         let path = fields[5..].join(" ");
-        if !path.starts_with('/') || path.ends_with(" (deleted)") {
-            continue;
-        }
+        let (path, deleted) = match path.strip_suffix(" (deleted)") {
+            Some(p) => (p.to_string(), true),
+            None => (path, false),
+        };
         let name = path.rsplit('/').next().unwrap_or("");
-        if is_libcuda_name(name) && !out.contains(&path) {
+        (path.starts_with('/') && is_libcuda_name(name)).then(|| (fields[0], path, deleted))
+    })
+}
+
+/// The libcuda files one process maps, each once: paths inside its mount namespace.
+pub fn libcuda_in_maps(maps: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (_, path, deleted) in libcuda_mappings(maps) {
+        if !deleted && !out.contains(&path) {
             out.push(path);
         }
     }
@@ -110,15 +119,9 @@ pub fn libcuda_in_maps(maps: &str) -> Vec<String> {
 /// opens the old inode, which is what the process still runs.
 pub fn deleted_libcuda_in_maps(maps: &str) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
-    for line in maps.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.len() < 7 {
-            continue;
-        }
-        let Some(path) = fields[5..].join(" ").strip_suffix(" (deleted)").map(str::to_string) else { continue };
-        let name = path.rsplit('/').next().unwrap_or("");
-        if path.starts_with('/') && is_libcuda_name(name) && !out.iter().any(|(_, p)| *p == path) {
-            out.push((fields[0].to_string(), path));
+    for (range, path, deleted) in libcuda_mappings(maps) {
+        if deleted && !out.iter().any(|(_, p)| *p == path) {
+            out.push((range.to_string(), path));
         }
     }
     out

@@ -410,22 +410,20 @@ impl Agent {
     /// slot of the in-flight tables (PENDING_MAX) for good. No allocation
     /// is counted for such a call: only a return says what it did.
     pub fn sweep_stale_calls(&mut self) {
-        let alive = |pid_tgid: u64| std::path::Path::new(&format!("/proc/{}/task/{}", pid_tgid >> 32, pid_tgid as u32)).exists();
-        let mut removed = 0;
         // Value types only need the maps' value sizes: only keys are read.
-        if let Some(Ok(mut m)) = self.ebpf.map_mut("PENDING").map(BpfHashMap::<_, gpumem_common::PendingKey, [u64; 8]>::try_from) {
-            let stale: Vec<_> = m.keys().filter_map(Result::ok).filter(|k| !alive(k.pid_tgid)).collect();
-            removed += stale.iter().filter(|k| m.remove(k).is_ok()).count();
-        }
-        if let Some(Ok(mut m)) = self.ebpf.map_mut("IOCTL_PENDING").map(BpfHashMap::<_, u64, [u64; 3]>::try_from) {
-            let stale: Vec<u64> = m.keys().filter_map(Result::ok).filter(|&k| !alive(k)).collect();
-            removed += stale.iter().filter(|k| m.remove(k).is_ok()).count();
-        }
-        if let Some(Ok(mut m)) = self.ebpf.map_mut("OPEN_PENDING").map(BpfHashMap::<_, u64, u32>::try_from) {
-            let stale: Vec<u64> = m.keys().filter_map(Result::ok).filter(|&k| !alive(k)).collect();
-            removed += stale.iter().filter(|k| m.remove(k).is_ok()).count();
-        }
+        let removed = self.remove_dead_threads::<gpumem_common::PendingKey, [u64; 8]>("PENDING", |k| k.pid_tgid)
+            + self.remove_dead_threads::<u64, [u64; 3]>("IOCTL_PENDING", |&k| k)
+            + self.remove_dead_threads::<u64, u32>("OPEN_PENDING", |&k| k);
         self.stale_calls_removed += removed as u64;
+    }
+
+    /// Removes the entries of map `name` whose thread (`pid_tgid` of the key)
+    /// no longer exists; how many.
+    fn remove_dead_threads<K: aya::Pod, V: aya::Pod>(&mut self, name: &str, pid_tgid: impl Fn(&K) -> u64) -> usize {
+        let Some(Ok(mut m)) = self.ebpf.map_mut(name).map(BpfHashMap::<_, K, V>::try_from) else { return 0 };
+        let alive = |t: u64| std::path::Path::new(&format!("/proc/{}/task/{}", t >> 32, t as u32)).exists();
+        let stale: Vec<K> = m.keys().filter_map(Result::ok).filter(|k| !alive(pid_tgid(k))).collect();
+        stale.iter().filter(|k| m.remove(k).is_ok()).count()
     }
 
     /// Drops the per-process loss counts of processes that are gone and no

@@ -205,8 +205,9 @@ impl State {
         }
         // The main thread's comm is the process's name; compare bytes first so
         // that the common case (unchanged) allocates nothing.
-        if (proc.comm.is_empty() || ev.tid == ev.pid) && !ev.comm_bytes().is_empty() && proc.comm.as_bytes() != ev.comm_bytes() {
-            proc.comm = String::from_utf8_lossy(ev.comm_bytes()).into_owned();
+        let comm = ev.comm_bytes();
+        if (proc.comm.is_empty() || ev.tid == ev.pid) && !comm.is_empty() && proc.comm.as_bytes() != comm {
+            proc.comm = String::from_utf8_lossy(comm).into_owned();
         }
         if ev.api == gpumem_common::api::PROCESS_EXIT {
             let before = proc.entries();
@@ -374,13 +375,6 @@ fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool, stack
             p.reordered_frees += 1;
             p.take_displaced(ev.addr);
         }
-        // The same, later still: the second thread has freed the address too
-        // before the first thread's free is seen.
-        ApiClass::DeviceFree | ApiClass::HostFree if !p.allocs.contains_key(&ev.addr) && p.take_displaced(ev.addr) => {
-            out.device = if class == ApiClass::HostFree { DEVICE_UNKNOWN } else { p.current_device(ev.tid) };
-            out.size = 0;
-            p.reordered_frees += 1;
-        }
         ApiClass::DeviceFree | ApiClass::HostFree => match p.allocs.remove(&ev.addr) {
             Some(old) => {
                 out.device = old.device();
@@ -389,9 +383,16 @@ fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool, stack
                 credit_free(p, &old);
             }
             None => {
-                out.untracked = true;
-                p.untracked_frees += 1;
                 out.device = if class == ApiClass::HostFree { DEVICE_UNKNOWN } else { p.current_device(ev.tid) };
+                // The same, later still: the second thread has freed the
+                // address too before the first thread's free is seen.
+                if p.take_displaced(ev.addr) {
+                    out.size = 0;
+                    p.reordered_frees += 1;
+                } else {
+                    out.untracked = true;
+                    p.untracked_frees += 1;
+                }
             }
         },
         ApiClass::VmmCreate => {

@@ -34,18 +34,24 @@ pub struct Allocation {
 
 impl Allocation {
     pub fn new(size: u64, device: i32, memory: Memory, ctx: u32, ts_ns: u64, stack: Option<crate::stacks::StackId>) -> Self {
-        let device = i16::try_from(device).unwrap_or(gpumem_common::DEVICE_UNKNOWN as i16);
-        Allocation { size, ts_ns, stack: stack.map(|s| NonZeroU64::new(s).unwrap_or(NonZeroU64::MIN)), ctx, device, memory }
+        let stack = stack.map(|s| NonZeroU64::new(s).unwrap_or(NonZeroU64::MIN));
+        Allocation { size, ts_ns, stack, ctx, device: pack_device(device), memory }
     }
     pub fn device(&self) -> i32 {
         self.device as i32
     }
     pub fn set_device(&mut self, device: i32) {
-        self.device = i16::try_from(device).unwrap_or(gpumem_common::DEVICE_UNKNOWN as i16);
+        self.device = pack_device(device);
     }
     pub fn stack(&self) -> Option<crate::stacks::StackId> {
         self.stack.map(NonZeroU64::get)
     }
+}
+
+/// A device ordinal in 16 bits; one that does not fit is unknown (the state
+/// turns such ordinals into DEVICE_UNKNOWN before they get here).
+fn pack_device(device: i32) -> i16 {
+    i16::try_from(device).unwrap_or(gpumem_common::DEVICE_UNKNOWN as i16)
 }
 
 /// A cuMemCreate handle: physical memory, alive until released and unmapped.
