@@ -19,9 +19,6 @@ fn main() -> anyhow::Result<()> {
     // SAFETY: the build script is single-threaded at this point.
     unsafe { std::env::set_var("RUSTC_BOOTSTRAP", "1") };
     let toolchain = std::env::var("RUSTUP_TOOLCHAIN").unwrap_or_else(|_| "stable".into());
-    aya_build::build_ebpf(
-        [Package { name: "gpumem-ebpf", root_dir: &root, ..Default::default() }],
-        Toolchain::Custom(&toolchain),
-    )
-    .context("building the eBPF programs (needs bpf-linker and rust-src: run `cargo xtask setup`)")
+    aya_build::build_ebpf([Package { name: "gpumem-ebpf", root_dir: &root, ..Default::default() }], Toolchain::Custom(&toolchain))
+        .context("building the eBPF programs (needs bpf-linker and rust-src: run `cargo xtask setup`)")
 }

@@ -1,7 +1,9 @@
 //! Command-line interface (clap). No logic here.
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::probes::{ioctl::IoctlMode, ProbeSet};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,18 +45,16 @@ pub enum Command {
     /// Run as a daemon: trace every process on the host and serve Prometheus
     /// metrics on /metrics (and /healthz) until SIGTERM or SIGINT.
     Serve(ServeArgs),
-    /// Engine throughput and memory per live allocation, for `cargo xtask bench-engine`.
-    #[command(hide = true)]
-    BenchEngine(BenchEngineArgs),
-    /// Render /metrics from a synthetic state, for `cargo xtask bench-metrics`.
-    #[command(hide = true)]
-    BenchRender(BenchRenderArgs),
     /// Attach probes and wait, for overhead measurements (see `cargo xtask bench`).
     #[command(hide = true)]
     Bench(BenchArgs),
-    /// Unwinding and symbolization cost per stack, for `cargo xtask bench-stacks`.
-    #[command(hide = true)]
-    BenchStacks(BenchStacksArgs),
+}
+
+/// `on` or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -75,17 +75,22 @@ pub struct ProbeArgs {
     /// tracepoints for a stand-in device given with --nvidia-dev-prefix, and nothing
     /// otherwise; `tracepoints` forces the fallback, which slows every ioctl on the
     /// host (about 2x) and every other syscall (about 1.2x), see README.
-    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = ["auto", "kprobes", "tracepoints", "off"])]
-    pub ioctl: String,
-    /// NVML library for reconciling traced bytes with the driver's per-process
-    /// figures at the end (default: libnvidia-ml.so.1 if present; none: skipped).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = IoctlMode::Auto)]
+    pub ioctl: IoctlMode,
+    /// NVML library: GPU readings, the GPU each process is on (for contexts
+    /// made before the agent started) and traced bytes reconciled with the
+    /// driver's per-process figures (default: libnvidia-ml.so.1 from the
+    /// library path, when there is one).
+    #[arg(long, value_name = "PATH", conflicts_with = "no_nvml")]
     pub nvml: Option<PathBuf>,
+    /// Do not use NVML at all.
+    #[arg(long)]
+    pub no_nvml: bool,
     /// Copy the caller's stack at each allocation (up to 8 KiB, unwound in the
     /// agent). `off` lowers the per-call cost (see README, What the probes
     /// cost); leaks are then reported without call sites.
-    #[arg(long, value_name = "MODE", default_value = "on", value_parser = ["on", "off"])]
-    pub stacks: String,
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = Switch::On)]
+    pub stacks: Switch,
 }
 
 /// What to trace and for how long (shared by trace and leaks).
@@ -181,6 +186,9 @@ pub struct TopArgs {
     /// Most live allocations kept in memory.
     #[arg(long, value_name = "N", default_value_t = 1 << 20)]
     pub max_allocations: usize,
+    /// Seconds an exited process stays in the table before it is forgotten.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0, value_parser = parse_age, allow_negative_numbers = true)]
+    pub exited_grace: f64,
 }
 
 #[derive(Debug, Args)]
@@ -289,6 +297,12 @@ pub struct ServeArgs {
     /// Size of the kernel ring buffer in bytes (a power of two, at least 4096).
     #[arg(long, value_name = "BYTES", value_parser = parse_ringbuf, default_value_t = gpumem_common::RINGBUF_BYTES)]
     pub ringbuf_bytes: u32,
+    /// Fault injection for tests: the first N renderings of /metrics fail.
+    #[arg(long, value_name = "N", default_value_t = 0, hide = true)]
+    pub fail_renders: u32,
+    /// Fault injection for tests: the first N reads of the kernel's counters fail.
+    #[arg(long, value_name = "N", default_value_t = 0, hide = true)]
+    pub fail_counter_reads: u32,
 }
 
 #[derive(Debug, Args)]
@@ -302,9 +316,9 @@ pub struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Which programs to attach: `full` (gpumem's) or `empty` (baseline).
-    #[arg(long = "probes", value_parser = ["full", "empty"])]
-    pub probe_set: String,
+    /// Which programs to attach: gpumem's (`full`) or empty ones (the baseline).
+    #[arg(long = "probes", value_enum)]
+    pub probe_set: ProbeSet,
     #[command(flatten)]
     pub probes: ProbeArgs,
     /// Command to run while the probes are attached.
@@ -312,46 +326,7 @@ pub struct BenchArgs {
     pub command: String,
 }
 
-#[derive(Debug, Args)]
-pub struct BenchStacksArgs {
-    /// Stacks unwound (and frames symbolized) per measurement.
-    #[arg(long, default_value_t = 20_000)]
-    pub rounds: u32,
-}
-
-#[derive(Debug, Args)]
-pub struct BenchEngineArgs {
-    /// Events in the synthetic recording.
-    #[arg(long, default_value_t = 1_000_000)]
-    pub events: u64,
-    /// Processes in it.
-    #[arg(long, default_value_t = 100)]
-    pub processes: u32,
-    /// Replays; the median rate is reported.
-    #[arg(long, default_value_t = 5)]
-    pub rounds: u32,
-    /// Live allocations for the memory measurement.
-    #[arg(long, default_value_t = 1_000_000)]
-    pub live: u64,
-    /// Processes holding them.
-    #[arg(long, default_value_t = 1000)]
-    pub live_processes: u32,
-}
-
-#[derive(Debug, Args)]
-pub struct BenchRenderArgs {
-    /// Processes, each holding memory on every GPU.
-    #[arg(long, default_value_t = 1250)]
-    pub processes: u32,
-    /// GPUs (each with NVML labels).
-    #[arg(long, default_value_t = 8)]
-    pub gpus: u32,
-    /// Renderings; the median is reported.
-    #[arg(long, default_value_t = 21)]
-    pub rounds: u32,
-}
-
-fn parse_duration(s: &str) -> Result<f64, String> {
+pub fn parse_duration(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
     if !v.is_finite() || v <= 0.0 {
         return Err(format!("duration must be a positive number of seconds, got `{s}`"));
@@ -366,7 +341,7 @@ fn parse_prefix(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
-fn parse_age(s: &str) -> Result<f64, String> {
+pub fn parse_age(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
     if !v.is_finite() || v < 0.0 {
         return Err(format!("age must be zero or a positive number of seconds, got `{s}`"));
@@ -382,9 +357,12 @@ fn parse_ringbuf(s: &str) -> Result<u32, String> {
     Ok(v as u32)
 }
 
-fn parse_bytes(s: &str) -> Result<u64, String> {
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
     // Binary units: GPU memory is sized in powers of two (64K = 65536).
-    parse_size::Config::new().with_binary().parse_size(s).map_err(|e| format!("`{s}` is not a size in bytes ({e}); use e.g. 4096, 64K or 20MiB"))
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s)
+        .map_err(|e| format!("`{s}` is not a size in bytes ({e}); use e.g. 4096, 64K or 20MiB"))
 }
 
 #[cfg(test)]
@@ -439,6 +417,9 @@ mod tests {
             (&["report", "f.rec"], "--output <HTML>"),
             (&["trace", "--from", "f.rec", "-c", "true"], "cannot be used with"),
             (&["trace", "--bogus"], "unexpected argument '--bogus'"),
+            (&["trace", "--stacks", "maybe"], "[possible values: on, off]"),
+            (&["trace", "--nvml", "x", "--no-nvml"], "cannot be used with"),
+            (&["top", "--exited-grace", "-1"], "age must be zero or a positive number of seconds"),
         ] {
             let mut argv = vec!["gpumem"];
             argv.extend_from_slice(args);

@@ -6,64 +6,121 @@
 //! The corpus (`tests/corpus/*.gpumemrec`, committed) replays to known
 //! outcomes and seeds the mutations; proptest saves any failing case under
 //! `proptest-regressions/` (committed too), so that it is replayed first.
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, convert::Infallible, process::ExitCode};
 
 use gpumem_common::{flags, Event, StackEvent, EVENT_SIZE, STACK_BYTES, STACK_HEADER_SIZE};
 use proptest::prelude::*;
 
 use crate::{
-    analysis::leaks,
-    commands::{
-        bench::Engine as Everything,
-        ingest::{self, Replayed, Replayer},
-    },
-    events::{self, Decoded, LostEvents},
+    analysis::{leaks, view::ViewOptions},
+    events::{self, Decoded},
     export::{
-        prometheus::{ExportConfig, Inputs},
+        leaks::LeaksReport,
+        prometheus::{self, Scrape},
+        report::ReportData,
         summary::Summary,
+        top,
+        trace::{Filter, Printer},
     },
+    pipeline::{self, Lookups, Outcome, Pipeline, Stack},
     record::{self, ReadError},
+    runtime::{self, Ctx, End, Flow, Output},
+    selfstat::AgentStatus,
     state::{Limits, State},
 };
 
-/// Everything a replay drives (state, analyses, exporter), as `serve` does.
-fn everything() -> Everything {
-    Everything::new(Limits { max_entries: 4096, max_processes: 64 }, ExportConfig { max_process_series: 16, leak_age_ns: 1_000_000_000 })
+/// Bounded tables, as a loaded agent has them, and the report's timeline kept.
+fn options() -> pipeline::Options {
+    pipeline::Options { limits: Limits { max_entries: 4096, max_processes: 64 }, timeline: true, ..Default::default() }
 }
 
-/// Replays `bytes` and renders every output from the result.
+/// How a replay ended, in words.
+struct Replayed {
+    complete: bool,
+    damage: Option<String>,
+}
+
+/// Every output, fed every event and rendered at the end.
+struct Everything {
+    json: Printer<Vec<u8>>,
+    human: Printer<Vec<u8>>,
+    replayed: Option<Replayed>,
+}
+
+impl Everything {
+    fn new() -> Self {
+        Everything {
+            json: Printer::new(Vec::new(), true, Filter::default()),
+            human: Printer::new(Vec::new(), false, Filter::default()),
+            replayed: None,
+        }
+    }
+}
+
+impl Output for Everything {
+    type Input = Infallible;
+
+    fn event(&mut self, ctx: &mut Ctx<'_>, o: &Outcome) -> anyhow::Result<Flow> {
+        let container = ctx.pipeline.state.processes.get(&o.event.pid).and_then(|p| p.container.as_ref());
+        self.json.event(o, container)?;
+        self.human.event(o, container)?;
+        Ok(Flow::Continue)
+    }
+
+    fn finish(&mut self, ctx: &mut Ctx<'_>, end: &End) -> anyhow::Result<ExitCode> {
+        render_all(ctx.pipeline, end);
+        self.replayed = Some(Replayed { complete: end.complete, damage: end.damage.as_ref().map(|e| e.to_string()) });
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// Replays `bytes` through every output.
 fn replay_all(bytes: &[u8]) -> Result<Replayed, ReadError> {
     let mut reader = record::Reader::new(bytes)?;
-    let mut e = everything();
-    let end = ingest::replay(&mut reader, &mut e);
-    render_all(&mut e, &end.footer.lost);
-    Ok(end)
+    let mut out = Everything::new();
+    runtime::replay(&mut reader, options(), &mut out).expect("every output renders");
+    Ok(out.replayed.take().expect("finished"))
 }
 
-fn render_all(e: &mut Everything, lost: &LostEvents) {
-    check_totals(&e.ingest.state);
-    let summary = Summary::build(&e.ingest.state, lost.clone(), 1.0, 0, Default::default());
+fn render_all(p: &mut Pipeline, end: &End) {
+    check_totals(&p.state);
+    let view =
+        p.view(&ViewOptions { exited: true, layouts: true, trend: top::model::TREND_LEN, leak_age_ns: 0, now_ns: end.footer.ended_ns });
+    let summary = Summary::build(&p.state, &view, &end.footer, p.distributions.summary());
     summary.write_human(&mut Vec::new()).unwrap();
     summary.write_json(&mut Vec::new()).unwrap();
-    let now = e.ingest.state.processes.values().map(|p| p.exited_ns).max().unwrap_or(0);
-    let found = leaks::find(&e.ingest.state, &mut e.ingest.stacks, &mut e.growth, now, 0, 5);
-    serde_json::to_string(&found).unwrap();
-    let _ = e.distributions.summary();
-    let text = e
-        .exporter
-        .render(Inputs {
-            state: &e.ingest.state,
-            growth: &mut e.growth,
-            gpus: &[],
-            health: &BTreeMap::new(),
-            nvml_error: None,
-            lost,
-            probes_attached: 0,
-            stale_calls_removed: 0,
-            now_ns: now,
-        })
-        .unwrap();
+    let now = p.state.processes.values().map(|p| p.exited_ns).max().unwrap_or(0);
+    let found = leaks::find(&p.state, &mut p.stacks, &mut p.growth, now, 0, 5);
+    let report = LeaksReport {
+        kind: "leaks",
+        duration_s: 1.0,
+        now_ns: now,
+        older_than_s: 0.0,
+        processes: found,
+        oom: p.state.oom.clone(),
+        oom_events: vec![],
+        stacks: p.stacks.stats.clone(),
+        lost_events: 0,
+        distributions: p.distributions.summary(),
+    };
+    report.write_human(&mut Vec::new()).unwrap();
+    report.write_json(&mut Vec::new()).unwrap();
+    let agent = AgentStatus::default();
+    let text = prometheus::render(&Scrape {
+        view: &view,
+        max_process_series: 16,
+        state: &p.state,
+        counts: &p.counts,
+        distributions: &p.distributions,
+        gpus: &p.gpus,
+        stacks: &p.stacks.stats,
+        agent: &agent,
+    })
+    .unwrap();
     assert!(text.ends_with("# EOF\n"));
+    top::build(&view, p.state.events, 0, Default::default()).write_text(&mut Vec::new()).unwrap();
+    let data = ReportData { timeline: p.timeline.take().unwrap_or_default(), footer: end.footer.clone(), ..Default::default() };
+    data.html().unwrap();
 }
 
 /// The per-device totals are the sum of the allocations they count: no
@@ -72,12 +129,12 @@ fn check_totals(state: &State) {
     use crate::state::process::Memory;
     for p in state.processes.values() {
         let mut sums: BTreeMap<i32, (u64, u64)> = BTreeMap::new();
-        for a in p.allocs.values().filter(|a| a.memory == Memory::Device) {
+        for a in p.held.allocs.values().filter(|a| a.memory == Memory::Device) {
             let s = sums.entry(a.device()).or_default();
             s.0 = s.0.wrapping_add(a.size);
             s.1 += 1;
         }
-        for (dev, t) in &p.devices {
+        for (dev, t) in &p.held.devices {
             let (bytes, n) = sums.get(dev).copied().unwrap_or_default();
             // Device memory is plain allocations plus VMM physical handles.
             assert_eq!(t.live_allocs, n + t.vmm_handles, "pid {} device {dev}: {t:?}", p.pid);
@@ -177,12 +234,15 @@ proptest! {
     /// and every output renderable.
     #[test]
     fn any_event_sequence_keeps_the_state_consistent(events in proptest::collection::vec(any_event(), 0..300)) {
-        let mut e = everything();
+        let mut p = Pipeline::new(options(), Lookups::recorded());
+        let mut out = Everything::new();
+        let agent = AgentStatus::default();
         for ev in &events {
-            let ingested = e.ingest.recorded_event(ev, (ev.handle == 1).then_some(ev.addr));
-            e.after(ev, ingested);
+            let stack = if ev.handle == 1 { Stack::Recorded(ev.addr) } else { Stack::None };
+            let o = p.apply(ev, stack);
+            out.event(&mut Ctx { pipeline: &mut p, agent: &agent, elapsed_s: 0.0 }, &o).unwrap();
         }
-        render_all(&mut e, &LostEvents::default());
+        render_all(&mut p, &End::default());
     }
 
     /// Random bytes after a valid file header: the reader ends with a clear
@@ -225,6 +285,40 @@ proptest! {
 fn every_api_in_the_state_table_is_exercised_by_the_generator() {
     // The generator draws from 1..=31, 100..=101 and 200..=206: keep it in step with the ABI.
     for info in gpumem_common::APIS {
-        assert!((1..=31).contains(&info.id) || (100..=101).contains(&info.id) || (200..=206).contains(&info.id), "api {} ({})", info.id, info.symbol);
+        assert!(
+            (1..=31).contains(&info.id) || (100..=101).contains(&info.id) || (200..=206).contains(&info.id),
+            "api {} ({})",
+            info.id,
+            info.symbol
+        );
     }
+}
+
+/// OOM and RM figures at their extremes, as a crafted recording may carry
+/// them: every output renders them (KiB that do not fit in 64 bits of
+/// bytes are unknown, never wrapped).
+#[test]
+fn a_crafted_recording_with_extreme_oom_and_rm_fields_renders_everywhere() {
+    use gpumem_common::api;
+    let mut w = record::Writer::new(Vec::new()).unwrap();
+    let header = record::Header { gpumem_version: "test".into(), recorded_by: "test".into(), command: None, pids: vec![], started_ns: 0 };
+    w.header(&header).unwrap();
+    let max = |api_id| Event {
+        pid: 7,
+        tid: u32::MAX,
+        addr: u64::MAX,
+        size: u64::MAX,
+        handle: u64::MAX,
+        aux: u64::MAX,
+        ts_ns: 5,
+        ..Event::empty(api_id)
+    };
+    for id in
+        [api::OOM_KILL, api::RM_ALLOC, api::RM_FREE, api::RM_CONTROL, api::RM_MAP_MEMORY, api::UVM_MAP_EXTERNAL_ALLOCATION, api::UVM_FREE]
+    {
+        w.event(&max(id), None).unwrap();
+        w.event(&Event { result: u32::MAX, ..max(id) }, None).unwrap();
+    }
+    let bytes = w.finish(&record::Footer::default()).unwrap();
+    assert_eq!(outcome(&replay_all(&bytes)), "complete");
 }

@@ -20,11 +20,7 @@ pub const CAP_BPF: u32 = 39;
 
 /// The effective capability set (CapEff in /proc/self/status); 0 if unreadable.
 pub fn effective() -> u64 {
-    std::fs::read_to_string("/proc/self/status").ok().as_deref().and_then(parse_cap_eff).unwrap_or(0)
-}
-
-fn parse_cap_eff(status: &str) -> Option<u64> {
-    status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    crate::procfs::read_status("self").ok().and_then(|s| s.cap_eff).unwrap_or(0)
 }
 
 fn has(set: u64, cap: u32) -> bool {
@@ -36,7 +32,8 @@ fn has(set: u64, cap: u32) -> bool {
 pub fn check(set: u64) -> (Option<String>, Vec<String>) {
     let can_load = has(set, CAP_SYS_ADMIN) || (has(set, CAP_BPF) && has(set, CAP_PERFMON));
     let error = (!can_load).then(|| {
-        let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")].into_iter().filter(|&(c, _)| !has(set, c)).map(|(_, n)| n).collect();
+        let missing: Vec<&str> =
+            [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")].into_iter().filter(|&(c, _)| !has(set, c)).map(|(_, n)| n).collect();
         format!(
             "gpumem needs {} to load and attach its eBPF programs; run it as root (sudo), or grant them: \
              setpriv --inh-caps=+sys_admin,+sys_ptrace,+dac_read_search --ambient-caps=+sys_admin,+sys_ptrace,+dac_read_search gpumem ..., \
@@ -53,7 +50,10 @@ pub fn check(set: u64) -> (Option<String>, Vec<String>) {
         );
     }
     if !has(set, CAP_SYS_PTRACE) {
-        warnings.push("without CAP_SYS_PTRACE, processes of other users are not looked into (their libcuda copies, containers, NVIDIA descriptors)".to_string());
+        warnings.push(
+            "without CAP_SYS_PTRACE, processes of other users are not looked into (their libcuda copies, containers, NVIDIA descriptors)"
+                .to_string(),
+        );
     }
     if !has(set, CAP_DAC_READ_SEARCH) {
         warnings.push("without CAP_DAC_READ_SEARCH, files of other users (tracefs, their libraries) may be unreadable".to_string());
@@ -64,12 +64,6 @@ pub fn check(set: u64) -> (Option<String>, Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cap_eff_is_read_from_the_status_file() {
-        assert_eq!(parse_cap_eff("Name:\tx\nCapEff:\t000001ffffffffff\n"), Some(0x1ff_ffff_ffff));
-        assert_eq!(parse_cap_eff("Name:\tx\n"), None);
-    }
 
     #[test]
     fn bpf_and_perfmon_load_sys_admin_attaches_uprobes() {

@@ -1,4 +1,38 @@
-//! The agent's own cost: CPU time and resident memory.
+//! The agent's own status: what it has attached, what the kernel side
+//! counted, what failed, and what it costs (CPU time, resident memory).
+use std::collections::BTreeMap;
+
+use crate::{events::KernelCounters, probes::discover::ScanStats};
+
+/// What the agent costs now.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Usage {
+    pub cpu_seconds: f64,
+    pub resident_bytes: u64,
+    pub bpf_map_resident_bytes: u64,
+}
+
+impl Usage {
+    pub fn now() -> Usage {
+        Usage { cpu_seconds: cpu_seconds(), resident_bytes: resident_bytes(), bpf_map_resident_bytes: bpf_map_resident_bytes() }
+    }
+}
+
+/// The agent as outputs report it (the summary, /metrics, top's title).
+#[derive(Clone, Debug, Default)]
+pub struct AgentStatus {
+    pub probes_attached: usize,
+    /// As last read from the kernel's maps.
+    pub kernel: KernelCounters,
+    /// Calls whose thread died inside the driver: their saved entries removed.
+    pub stale_calls_removed: u64,
+    /// Operations that failed and are retried later, by name (their figures
+    /// stay at the last success).
+    pub errors: BTreeMap<&'static str, u64>,
+    /// Cost of the /proc scans for new libcuda copies.
+    pub discovery: ScanStats,
+    pub usage: Usage,
+}
 
 /// CPU seconds this process has used, user plus system (getrusage).
 pub fn cpu_seconds() -> f64 {
@@ -15,7 +49,8 @@ pub fn resident_bytes() -> u64 {
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
     std::fs::read_to_string("/proc/self/statm")
         .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+        .as_deref()
+        .and_then(crate::procfs::parse_statm_resident_pages)
         .map_or(0, |pages| pages * page)
 }
 
@@ -25,20 +60,7 @@ pub fn resident_bytes() -> u64 {
 /// memory, fixed by the ring's size; the rest of the RSS is the agent's own.
 pub fn bpf_map_resident_bytes() -> u64 {
     let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else { return 0 };
-    let mut in_bpf_map = false;
-    let mut kib = 0u64;
-    for line in smaps.lines() {
-        let mut words = line.split_whitespace();
-        match words.next() {
-            Some("Rss:") if in_bpf_map => kib += words.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0),
-            // A mapping's header line starts with its address range.
-            Some(first) if first.contains('-') && first.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') => {
-                in_bpf_map = line.ends_with("anon_inode:bpf-map");
-            }
-            _ => {}
-        }
-    }
-    kib * 1024
+    crate::procfs::smaps_resident_kib(&smaps, "anon_inode:bpf-map") * 1024
 }
 
 #[cfg(test)]

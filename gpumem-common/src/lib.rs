@@ -90,7 +90,7 @@ pub enum ApiClass {
 }
 
 /// One libcuda entry point that gpumem probes.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ApiInfo {
     pub id: u32,
     /// Exported symbol name in libcuda.so.1.
@@ -252,8 +252,7 @@ pub mod stat {
     pub const FILTER_FULL: u32 = 4;
     pub const COUNT: u32 = 5;
     /// Names for reports, in index order.
-    pub const NAMES: [&str; COUNT as usize] =
-        ["ringbuf_full", "pending_full", "return_without_entry", "tracked_full", "filter_full"];
+    pub const NAMES: [&str; COUNT as usize] = ["ringbuf_full", "pending_full", "return_without_entry", "tracked_full", "filter_full"];
 }
 
 /// Filter modes for the `FILTER_MODE` global.

@@ -189,18 +189,12 @@ fn decode(api_id: u32, p: &Pending, ok: bool, ev: &mut Event) {
         // (CUcontext ctx)
         api::CU_CTX_SET_CURRENT | api::CU_CTX_PUSH_CURRENT_V2 | api::CU_CTX_DESTROY_V2 => ev.handle = a[0],
         // (size_t *free, size_t *total)
-        api::CU_MEM_GET_INFO_V2 => {
-            if ok {
-                ev.size = read_out(a[0], ev);
-                ev.aux = read_out(a[1], ev);
-            }
+        api::CU_MEM_GET_INFO_V2 if ok => {
+            ev.size = read_out(a[0], ev);
+            ev.aux = read_out(a[1], ev);
         }
         // (CUcontext *pctx), pctx may be NULL
-        api::CU_CTX_POP_CURRENT_V2 => {
-            if ok {
-                ev.handle = read_out(a[0], ev);
-            }
-        }
+        api::CU_CTX_POP_CURRENT_V2 if ok => ev.handle = read_out(a[0], ev),
         _ => {}
     }
 }

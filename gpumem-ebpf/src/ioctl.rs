@@ -42,7 +42,8 @@ static IOCTL_PENDING: HashMap<u64, IoctlPending> = HashMap::with_max_entries(PEN
 
 /// Device-node path prefix, set by the agent (`--nvidia-dev-prefix`).
 #[no_mangle]
-static NV_PREFIX: [u8; NV_PREFIX_MAX] = *b"/dev/nvidia\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
+static NV_PREFIX: [u8; NV_PREFIX_MAX] =
+    *b"/dev/nvidia\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
 #[no_mangle]
 static NV_PREFIX_LEN: u32 = 11;
 

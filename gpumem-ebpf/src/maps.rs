@@ -85,7 +85,6 @@ pub static FORK_CHILD_PID_OFFSET: u32 = 44;
 #[no_mangle]
 pub static OOM_OFFSETS: [u32; gpumem_common::oom_field::COUNT] = [gpumem_common::oom_field::FIELD_ABSENT; gpumem_common::oom_field::COUNT];
 
-
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Pending {

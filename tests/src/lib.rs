@@ -12,7 +12,16 @@ use std::{
 
 use serde_json::Value;
 
+mod browser;
+mod fake_device;
+mod http;
+mod prometheus;
 pub mod soak;
+
+pub use browser::*;
+pub use fake_device::*;
+pub use http::*;
+pub use prometheus::*;
 
 pub const MIB: u64 = 1024 * 1024;
 pub const KIB: u64 = 1024;
@@ -30,11 +39,7 @@ pub fn target_dir() -> PathBuf {
 /// The gpumem binary under test: $GPUMEM_BIN, or target/debug/gpumem.
 pub fn gpumem_bin() -> PathBuf {
     let bin = std::env::var_os("GPUMEM_BIN").map(PathBuf::from).unwrap_or_else(|| target_dir().join("debug/gpumem"));
-    assert!(
-        bin.exists(),
-        "{} does not exist: build it first (`cargo build -p gpumem-agent`) or run `cargo xtask test`",
-        bin.display()
-    );
+    assert!(bin.exists(), "{} does not exist: build it first (`cargo build -p gpumem-agent`) or run `cargo xtask test`", bin.display());
     bin
 }
 
@@ -70,7 +75,16 @@ pub fn fixtures() -> &'static Fixtures {
         let libcuda = libdir.join("libcuda.so.1");
         let workload = dir.join("workload");
         let lib_tmp = libdir.join("libcuda.so.1.tmp");
-        cc(&["-shared", "-fPIC", "-O2", "-Wall", "-o", lib_tmp.to_str().unwrap(), src.join("fake_libcuda.c").to_str().unwrap(), "-lpthread"]);
+        cc(&[
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wall",
+            "-o",
+            lib_tmp.to_str().unwrap(),
+            src.join("fake_libcuda.c").to_str().unwrap(),
+            "-lpthread",
+        ]);
         // Replace by rename: a running process keeps the old inode intact.
         std::fs::rename(&lib_tmp, &libcuda).expect("installing the synthetic libcuda");
         // No frame pointers, like libcuda and PyTorch: stacks must come from .eh_frame.
@@ -162,6 +176,49 @@ impl Trace {
     }
 }
 
+/// A process's statistics for one API in a summary.
+pub fn api_stats<'a>(proc_summary: &'a Value, api: &str) -> &'a Value {
+    proc_summary["apis"].as_array().unwrap().iter().find(|a| a["api"] == api).unwrap_or_else(|| panic!("{api} not in {proc_summary:#}"))
+}
+
+/// The one process a trace saw.
+pub fn single_pid(t: &Trace) -> u64 {
+    let pids = t.pids();
+    assert_eq!(pids.len(), 1, "one traced process expected: {pids:?}");
+    pids[0]
+}
+
+/// The process exited holding nothing.
+pub fn assert_nothing_live(t: &Trace, pid: u64) {
+    let p = t.summary_process(pid);
+    assert_eq!(p["exited"], true, "{p:#}");
+    for d in p["devices"].as_array().unwrap() {
+        assert_eq!(d["live_bytes"], 0, "{p:#}");
+        assert_eq!(d["live_allocs"], 0, "{p:#}");
+    }
+    assert_eq!(p["host_pinned_bytes"], 0);
+}
+
+/// Runs `gpumem leaks --json ARGS` and parses its report.
+pub fn leaks(args: &[&str], envs: &[(&str, &str)]) -> Value {
+    let mut full = vec!["leaks", "--json"];
+    full.extend_from_slice(args);
+    let out = run_gpumem(&full, envs);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "one JSON object: {stdout}");
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["type"], "leaks");
+    v
+}
+
+/// Starts the synthetic driver's late_load workload: it waits `delay_ms`, then
+/// allocates 8 MiB (freed) and 4 MiB (kept), then holds `hold_ms`.
+pub fn spawn_late_load(delay_ms: u32, hold_ms: u32) -> std::process::Child {
+    spawn_workload("late_load", &[("GPUMEM_WORKLOAD_DELAY_MS", &delay_ms.to_string()), ("GPUMEM_WORKLOAD_HOLD_MS", &hold_ms.to_string())])
+}
+
 /// (device, bytes, allocs) of an event's `released` list; device -1 = unknown.
 pub fn released(ev: &Value) -> Vec<(i64, u64, u64)> {
     ev["released"]
@@ -179,9 +236,10 @@ pub fn released(ev: &Value) -> Vec<(i64, u64, u64)> {
 pub fn wait_for_detach() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let busy = std::fs::read_dir("/proc").expect("/proc").flatten().any(|e| {
-            std::fs::read_to_string(e.path().join("comm")).map(|c| c.trim() == "gpumem").unwrap_or(false)
-        });
+        let busy = std::fs::read_dir("/proc")
+            .expect("/proc")
+            .flatten()
+            .any(|e| std::fs::read_to_string(e.path().join("comm")).map(|c| c.trim() == "gpumem").unwrap_or(false));
         if !busy {
             return;
         }
@@ -264,93 +322,6 @@ pub fn results(events: &[&Value]) -> Vec<u64> {
     events.iter().map(|e| e["result"].as_u64().unwrap()).collect()
 }
 
-/// The stand-in NVIDIA device (a FUSE server), mounted for one test.
-pub struct FakeDevice {
-    pub dir: PathBuf,
-    server: std::process::Child,
-}
-
-impl FakeDevice {
-    /// Mounts `server` (the fake_nvidia_dev binary) on a fresh directory.
-    pub fn mount(server: &str, name: &str) -> FakeDevice {
-        let dir = fixtures().dir.join(format!("nvdev-{name}"));
-        // A mount left by an earlier run that died.
-        let _ = Command::new("umount").arg("-l").arg(&dir).stderr(std::process::Stdio::null()).status();
-        std::fs::create_dir_all(&dir).unwrap();
-        let server = Command::new(server).arg(&dir).spawn().expect("starting the stand-in NVIDIA device");
-        let ctl = dir.join("nvidiactl");
-        for _ in 0..100 {
-            if ctl.exists() {
-                return FakeDevice { dir, server };
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        panic!("the stand-in device did not appear at {}", dir.display());
-    }
-
-    /// The `--nvidia-dev-prefix` that names its nodes.
-    pub fn prefix(&self) -> String {
-        format!("{}/nvidia", self.dir.display())
-    }
-}
-
-impl Drop for FakeDevice {
-    fn drop(&mut self) {
-        let _ = self.server.kill();
-        let _ = self.server.wait();
-        let _ = Command::new("umount").arg("-l").arg(&self.dir).stderr(std::process::Stdio::null()).status();
-    }
-}
-
-/// A free TCP port on loopback (bound and released: another process could
-/// take it in between, which on a test machine does not happen).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Percent-encodes a query-string value (RFC 3986 unreserved characters kept).
-pub fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// A plain HTTP/1.1 GET on loopback: (status, content type, body).
-pub fn http_get(port: u16, path_and_query: &str, accept: Option<&str>) -> std::io::Result<(u16, String, String)> {
-    use std::io::{Read as _, Write as _};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
-    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
-    write!(s, "GET {path_and_query} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{accept}Connection: close\r\n\r\n")?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| std::io::Error::other(format!("no HTTP header in {text:?}")))?;
-    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let ctype = head
-        .lines()
-        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-type:").map(|v| v.trim().to_string()))
-        .unwrap_or_default();
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
-    Ok((status, ctype, body))
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = rest[n..].trim_start_matches("\r\n");
-    }
-    out
-}
-
 /// Reads the child's stderr until a line starting with `ready` (the agent's
 /// "everything is attached" line); the rest is collected on a thread whose
 /// result is all of stderr. Panics if stderr ends first.
@@ -390,182 +361,19 @@ pub fn hog_in_memory_cgroup(name: &str) -> (PathBuf, String) {
     (cg, cmd)
 }
 
-/// `gpumem serve` running in the background, ready (its "serving" line seen).
-pub struct Serve {
-    pub child: std::process::Child,
-    pub port: u16,
-    stderr: Option<std::thread::JoinHandle<String>>,
-}
-
-impl Serve {
-    pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Serve {
-        wait_for_detach();
-        let port = free_port();
-        let listen = format!("127.0.0.1:{port}");
-        let mut cmd = Command::new(gpumem_bin());
-        cmd.args(["serve", "--listen", &listen]).args(args).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped());
-        for (k, v) in envs {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("starting gpumem serve");
-        let stderr = stderr_after_line(&mut child, "gpumem: serving");
-        Serve { child, port, stderr: Some(stderr) }
-    }
-
-    /// The exposition in the classic text format (what curl and promtool get).
-    pub fn metrics(&self) -> String {
-        let (status, _, body) = http_get(self.port, "/metrics", None).expect("scraping gpumem");
-        assert_eq!(status, 200, "{body}");
-        body
-    }
-
-    /// SIGTERM, then the exit status and everything it said on stderr.
-    pub fn stop(mut self) -> (std::process::ExitStatus, String) {
-        // SAFETY: signals our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = self.child.wait().unwrap();
-        (status, self.stderr.take().unwrap().join().unwrap())
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        // A failed test must not leave the daemon running.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The value of one sample in a text exposition (exact line match on name+labels).
-pub fn sample(exposition: &str, series: &str) -> Option<f64> {
-    exposition.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
-}
-
-/// Debian's Prometheus server on loopback, scraping what it is told every second.
-pub struct Prometheus {
-    child: std::process::Child,
-    pub port: u16,
-    pub dir: PathBuf,
-}
-
-impl Prometheus {
-    /// `targets`: host:port of gpumem endpoints; `rules`: rule files to load.
-    pub fn start(name: &str, targets: &[String], rules: &[PathBuf]) -> Prometheus {
-        let bin = which::which("prometheus").expect("prometheus is not installed: `apt-get install prometheus` (cargo xtask setup does)");
-        let dir = target_dir().join("prometheus").join(name);
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
-        let rules: Vec<String> = rules.iter().map(|r| format!("'{}'", r.display())).collect();
-        let config = format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [{}]\nscrape_configs:\n  - job_name: gpumem\n    static_configs:\n      - targets: [{}]\n",
-            rules.join(", "),
-            targets.join(", ")
-        );
-        std::fs::write(dir.join("prometheus.yml"), config).unwrap();
-        let port = free_port();
-        let child = Command::new(bin)
-            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--log.level=warn")
-            .stdout(std::fs::File::create(dir.join("stdout.log")).unwrap())
-            .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
-            .spawn()
-            .expect("starting prometheus");
-        let p = Prometheus { child, port, dir };
-        p.wait_for(30, "Prometheus to be ready", || matches!(http_get(p.port, "/-/ready", None), Ok((200, _, _))).then_some(()));
-        p
-    }
-
-    /// An instant query: each result's labels and value.
-    pub fn query(&self, promql: &str) -> Vec<(Value, f64)> {
-        let (status, _, body) = http_get(self.port, &format!("/api/v1/query?query={}", url_encode(promql)), None).expect("querying Prometheus");
-        let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
-        assert_eq!(status, 200, "{promql}: {body}");
-        v["data"]["result"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| (r["metric"].clone(), r["value"][1].as_str().unwrap().parse().unwrap()))
-            .collect()
-    }
-
-    /// The single value of a query, None while it has no result.
-    pub fn value(&self, promql: &str) -> Option<f64> {
-        let r = self.query(promql);
-        assert!(r.len() <= 1, "{promql}: more than one series: {r:?}");
-        r.first().map(|(_, v)| *v)
-    }
-
-    /// Polls `f` every 200 ms for up to `secs` seconds.
-    pub fn wait_for<T>(&self, secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-        loop {
-            if let Some(v) = f() {
-                return v;
-            }
-            let log = std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default();
-            assert!(std::time::Instant::now() < deadline, "timed out after {secs} s waiting for {what}; Prometheus said:\n{log}");
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Headless Chromium opens `page` and saves a screenshot of `width`×`height`
-/// to `png`; returns the DOM as Chromium parsed it.
-pub fn chromium_screenshot(page: &Path, png: &Path, width: u32, height: u32) -> String {
-    let bin = which::which("chromium").expect("chromium is not installed: `apt-get install chromium` (cargo xtask setup does)");
-    let url = format!("file://{}", page.display());
-    let common = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run"];
-    let shot = Command::new(&bin)
-        .args(common)
-        .arg(format!("--window-size={width},{height}"))
-        .arg(format!("--screenshot={}", png.display()))
-        .arg(&url)
-        .output()
-        .expect("running chromium");
-    assert!(shot.status.success() && png.exists(), "chromium could not screenshot {url}: {}", String::from_utf8_lossy(&shot.stderr));
-    let dom = Command::new(&bin).args(common).arg("--dump-dom").arg(&url).output().expect("running chromium");
-    assert!(dom.status.success(), "chromium could not open {url}: {}", String::from_utf8_lossy(&dom.stderr));
-    String::from_utf8_lossy(&dom.stdout).into_owned()
-}
-
-/// (distinct colours, fraction of pixels that are not white) of a PNG.
-pub fn png_contents(path: &Path) -> (usize, f64) {
-    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).expect("the screenshot")));
-    let mut reader = decoder.read_info().expect("a PNG");
-    let mut buf = vec![0; reader.output_buffer_size()];
-    let info = reader.next_frame(&mut buf).expect("a PNG frame");
-    let channels = info.color_type.samples();
-    let pixels = &buf[..info.buffer_size()];
-    let mut colours = std::collections::HashSet::new();
-    let mut not_white = 0usize;
-    let total = pixels.len() / channels;
-    for px in pixels.chunks(channels) {
-        let rgb = (px[0], px[1], px[2]);
-        colours.insert(rgb);
-        if rgb != (255, 255, 255) {
-            not_white += 1;
-        }
-    }
-    (colours.len(), not_white as f64 / total.max(1) as f64)
-}
-
 /// Starts `gpumem trace --json ARGS` in the background and waits until it
 /// traces (its "tracing" line on stderr).
 pub fn start_agent(args: &[&str]) -> (std::process::Child, std::thread::JoinHandle<String>) {
+    start_agent_with(args, &[])
+}
+
+/// `start_agent` with environment variables (for the synthetic driver and NVML).
+pub fn start_agent_with(args: &[&str], envs: &[(&str, &str)]) -> (std::process::Child, std::thread::JoinHandle<String>) {
     wait_for_detach();
     let mut child = std::process::Command::new(gpumem_bin())
         .args(["trace", "--json"])
         .args(args)
+        .envs(envs.iter().copied())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -579,18 +387,4 @@ pub fn finish_agent(child: std::process::Child, stderr: std::thread::JoinHandle<
     let stderr = stderr.join().unwrap();
     assert!(out.status.success(), "{stderr}");
     (String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect(), stderr)
-}
-
-/// `promtool check metrics` on an exposition: its exit status and what it said.
-pub fn promtool_check_metrics(exposition: &str) -> (Option<i32>, String) {
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool (apt-get install prometheus)");
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), exposition.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }

@@ -52,7 +52,8 @@ fn read(text: &str, series: &str) -> f64 {
 }
 
 fn take(text: &str, at_s: f64) -> SoakSample {
-    let lost: f64 = text.lines().filter(|l| l.starts_with("gpumem_lost_events_total{")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
+    let lost: f64 =
+        text.lines().filter(|l| l.starts_with("gpumem_lost_events_total{")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
     SoakSample {
         at_s,
         own_rss_bytes: read(text, "gpumem_agent_resident_memory_bytes") - read(text, "gpumem_agent_bpf_map_resident_memory_bytes"),

@@ -172,14 +172,16 @@ fn after_an_agent_restart_older_memory_is_untracked_never_negative_or_leaked_and
     let _ = std::fs::remove_file(&fail_file);
 
     // The first agent sees 2 × 8 MiB allocated, then crashes (SIGKILL: no clean detach).
-    let first = Serve::start(&["--libcuda", lib, "--nvml", "none"], &[]);
+    let first = Serve::start(&["--libcuda", lib, "--no-nvml"], &[]);
     // It moves on at each SIGUSR1 (and is killed if the test fails first).
     let mut workload = Reaped(spawn_workload("restart", &[]));
     // SAFETY: signals our own child.
     let step = |w: &Reaped| unsafe { libc::kill(w.0.id() as i32, libc::SIGUSR1) };
     let pid = workload.0.id().to_string();
     let mine = [("pid", pid.as_str()), ("gpu", "0")];
-    wait_until("the first agent to see 16 MiB", 10, || series(&first.metrics(), "gpumem_process_memory_bytes", &mine).filter(|&v| v == (16 * MIB) as f64));
+    wait_until("the first agent to see 16 MiB", 10, || {
+        series(&first.metrics(), "gpumem_process_memory_bytes", &mine).filter(|&v| v == (16 * MIB) as f64)
+    });
     drop(first);
 
     // The second agent starts while that memory is held: it never saw it.
@@ -201,7 +203,9 @@ fn after_an_agent_restart_older_memory_is_untracked_never_negative_or_leaked_and
         series(&t, "gpumem_process_memory_bytes", &mine).filter(|&v| v == MIB as f64).map(|_| t)
     });
     std::fs::write(&pids_file, format!("{pid}:{}", MIB + 300 * MIB)).unwrap();
-    wait_until("the untracked bytes to follow NVML", 10, || series(&second.metrics(), "gpumem_process_untracked_bytes", &mine).filter(|&v| v == (300 * MIB) as f64));
+    wait_until("the untracked bytes to follow NVML", 10, || {
+        series(&second.metrics(), "gpumem_process_untracked_bytes", &mine).filter(|&v| v == (300 * MIB) as f64)
+    });
     assert_eq!(series(&text, "gpumem_process_leak_suspected", &mine), Some(0.0));
     assert_eq!(series(&text, "gpumem_process_allocations", &mine), Some(1.0));
     for l in text.lines().filter(|l| l.contains(&format!("pid=\"{pid}\""))) {
@@ -331,7 +335,8 @@ fn runs_as_an_unprivileged_user_with_only_the_documented_capabilities() {
 
     // CAP_BPF + CAP_PERFMON load the programs, but this kernel refuses
     // uprobes without CAP_SYS_ADMIN: said at start, and no probe attaches.
-    let out = as_nobody_with("bpf,perfmon,sys_ptrace,dac_read_search", &["trace", "--libcuda", f.libcuda.to_str().unwrap(), "--duration", "1"]);
+    let out =
+        as_nobody_with("bpf,perfmon,sys_ptrace,dac_read_search", &["trace", "--libcuda", f.libcuda.to_str().unwrap(), "--duration", "1"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("without CAP_SYS_ADMIN, kernels since 6.16"), "{stderr}");
 
@@ -367,7 +372,7 @@ fn hostile_process_names_cannot_break_the_output_formats() {
     assert_eq!(alloc["comm"], EVIL_COMM);
 
     // Prometheus: the label value is escaped (\" \\ \n) and promtool parses the exposition.
-    let serve = Serve::start(&["--libcuda", lib, "--nvml", "none"], &[]);
+    let serve = Serve::start(&["--libcuda", lib, "--no-nvml"], &[]);
     let mut hold = Reaped(spawn_workload("evil_name", &[("GPUMEM_WORKLOAD_HOLD_MS", "20000")]));
     let pid = hold.0.id().to_string();
     let text = wait_until("the process's series", 10, || {
@@ -384,7 +389,7 @@ fn hostile_process_names_cannot_break_the_output_formats() {
     // `top --once` (what the live view draws): no escape byte either.
     wait_for_detach();
     let mut top = std::process::Command::new(gpumem_bin())
-        .args(["top", "--once", "--duration", "3", "--libcuda", lib, "--nvml", "none"])
+        .args(["top", "--once", "--duration", "3", "--libcuda", lib, "--no-nvml"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -399,4 +404,56 @@ fn hostile_process_names_cannot_break_the_output_formats() {
     assert!(top.contains(&pid) && top.contains("ev?[2J"), "the process is listed:\n{top}");
     assert!(!out.stdout.contains(&0x1b), "an escape byte in top:\n{top}");
     let _ = hold.0.kill();
+}
+
+#[test]
+fn stacks_through_files_replaced_on_disk_unwind_and_are_symbolized() {
+    require_root();
+    let f = fixtures();
+    // An upgrade under a running job replaces both the driver and the program
+    // that calls it: the stack of each allocation runs through files whose
+    // paths now name other files (or none).
+    let dir = target_dir().join("gpumem-fixtures/upgraded-stacks");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (lib, program) = (dir.join("libcuda.so.1"), dir.join("workload"));
+    std::fs::copy(&f.libcuda, &lib).unwrap();
+    std::fs::copy(&f.workload, &program).unwrap();
+    let mut workload = Reaped(
+        std::process::Command::new(&program).args([lib.to_str().unwrap(), "restart"]).stdout(std::process::Stdio::null()).spawn().unwrap(),
+    );
+    let pid = workload.0.id() as u64;
+    // SAFETY: signals our own child.
+    let step = |w: &Reaped| unsafe { libc::kill(w.0.id() as i32, libc::SIGUSR1) };
+    let maps = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    wait_until("the workload to load the library", 10, || maps().contains(lib.to_str().unwrap()).then_some(()));
+    for file in [&lib, &program] {
+        std::fs::remove_file(file).unwrap();
+        std::fs::copy(&f.nvml, file).unwrap();
+    }
+    assert!(maps().matches(" (deleted)").count() >= 2, "{}", maps());
+
+    let out = std::process::Command::new(gpumem_bin())
+        .args(["leaks", "--json", "--older-than", "0", "--duration", "4"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = out;
+    let stderr = stderr_after_line(&mut out, "gpumem: tracing");
+    step(&workload); // frees the 2 × 8 MiB (unseen), allocates 1 MiB: held until the report
+    let out = out.wait_with_output().unwrap();
+    let stderr = stderr.join().unwrap();
+    step(&workload);
+    assert!(workload.0.wait().unwrap().success());
+    assert!(out.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mine = report["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid).unwrap_or_else(|| panic!("{report:#}"));
+    assert_eq!(mine["outstanding_bytes"], MIB, "{mine:#}");
+    let frames = mine["stacks"][0]["frames"].as_array().unwrap();
+    let in_program: Vec<&Value> =
+        frames.iter().filter(|fr| fr["module"].as_str().is_some_and(|m| m.ends_with("upgraded-stacks/workload"))).collect();
+    assert!(in_program.len() >= 2, "unwound through the replaced program: {frames:#?}");
+    let names: Vec<&str> = in_program.iter().filter_map(|fr| fr["function"].as_str()).collect();
+    assert!(names.contains(&"main"), "symbolized from the old file, not the one now at its path: {frames:#?}");
 }

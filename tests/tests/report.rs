@@ -59,10 +59,11 @@ fn the_report_and_chart_are_well_formed_complete_and_open_in_chromium() {
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     let doc = roxmltree::Document::parse(&svg).expect("the SVG chart is well-formed XML");
     assert_eq!(doc.root_element().tag_name().name(), "svg");
-    let texts: Vec<&str> = doc.descendants().filter(|n| n.is_text()).filter_map(|n| n.text()).map(str::trim).filter(|t| !t.is_empty()).collect();
+    let texts: Vec<&str> =
+        doc.descendants().filter(|n| n.is_text()).filter_map(|n| n.text()).map(str::trim).filter(|t| !t.is_empty()).collect();
     assert!(texts.iter().any(|t| t.starts_with("workload (") && t.ends_with(") GPU 0")), "series labels: {texts:?}");
     assert!(texts.iter().any(|t| t.starts_with("CUDA OOM pid ")), "the OOM mark: {texts:?}");
-    assert!(texts.iter().any(|t| *t == "XID 48"), "the XID mark: {texts:?}");
+    assert!(texts.contains(&"XID 48"), "the XID mark: {texts:?}");
     assert!(doc.descendants().filter(|n| n.has_tag_name("polyline")).count() >= 3, "one line per process and GPU");
 
     // The page: self-contained, every section there, every SVG well-formed.

@@ -48,7 +48,11 @@ fn prometheus_scrapes_exact_bytes_histograms_ooms_alerts_and_nvml() {
     // NVML's own figures for it: 100 MiB on GPU 0, 50 MiB on GPU 1.
     std::fs::write(&pids_file, format!("{pid}:{},1/{pid}:{}", 100 * MIB, 50 * MIB)).unwrap();
     // Alerts on counters need Prometheus to have seen them at 0 first.
-    for zero in ["gpumem_cuda_oom_total{gpu=\"0\"}", "gpumem_oom_kills_total{source=\"memcg\"}", "gpumem_gpu_xid_errors_total{gpu=\"1\",xid=\"48\"}"] {
+    for zero in [
+        "gpumem_cuda_oom_total{gpu=\"0\"}",
+        "gpumem_oom_kills_total{source=\"memcg\"}",
+        "gpumem_gpu_xid_errors_total{gpu=\"1\",xid=\"48\"}",
+    ] {
         prom.wait_for(20, zero, || prom.value(zero).filter(|&v| v == 0.0));
     }
     std::fs::write(&xids_file, "1:48").unwrap();
@@ -71,9 +75,7 @@ fn prometheus_scrapes_exact_bytes_histograms_ooms_alerts_and_nvml() {
     assert_eq!(labels["modelName"], "Fake H200");
 
     // Reconciliation with NVML, exact.
-    let untracked = |gpu| {
-        prom.wait_for(20, "untracked bytes", || prom.value(&proc_series("gpumem_process_untracked_bytes", gpu)))
-    };
+    let untracked = |gpu| prom.wait_for(20, "untracked bytes", || prom.value(&proc_series("gpumem_process_untracked_bytes", gpu)));
     assert_eq!(untracked(0), (100 * MIB - 9 * MIB) as f64);
     assert_eq!(untracked(1), (50 * MIB - 2 * MIB) as f64);
 
@@ -129,7 +131,8 @@ fn prometheus_scrapes_exact_bytes_histograms_ooms_alerts_and_nvml() {
     assert_eq!(count("gpumem_gpu_health_score{gpu=\"0\"}"), 100.0);
     let xid = prom.wait_for(20, "XID 48", || prom.value("gpumem_gpu_xid_errors_total{gpu=\"1\",xid=\"48\"}"));
     assert!(xid >= 1.0);
-    let h1 = prom.wait_for(20, "the failing card's score to drop", || prom.value("gpumem_gpu_health_score{gpu=\"1\"}").filter(|&s| s < 50.0));
+    let h1 =
+        prom.wait_for(20, "the failing card's score to drop", || prom.value("gpumem_gpu_health_score{gpu=\"1\"}").filter(|&s| s < 50.0));
     assert!(h1 < 50.0);
 
     // Self-telemetry.
@@ -198,7 +201,8 @@ fn promtool_accepts_the_exposition_and_the_rules_and_every_name_exists() {
     let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap()], &[]);
     run_workload("all_kinds", &[]);
     let text = serve.metrics();
-    let (status, ctype, om) = http_get(serve.port, "/metrics", Some("application/openmetrics-text;version=1.0.0,text/plain;q=0.5")).unwrap();
+    let (status, ctype, om) =
+        http_get(serve.port, "/metrics", Some("application/openmetrics-text;version=1.0.0,text/plain;q=0.5")).unwrap();
     assert_eq!(status, 200);
     assert!(ctype.starts_with("application/openmetrics-text"), "{ctype}");
     assert!(om.ends_with("# EOF\n"));
@@ -214,14 +218,16 @@ fn promtool_accepts_the_exposition_and_the_rules_and_every_name_exists() {
     // label names kept for joins with dcgm-exporter (UUID, modelName).
     let (code, report) = promtool_check_metrics(&text);
     assert_ne!(code, Some(1), "promtool could not parse the exposition:\n{report}");
-    let complaints: Vec<&str> = report.lines().filter(|l| !l.contains("label names should be written in 'snake_case' not 'camelCase'")).collect();
+    let complaints: Vec<&str> =
+        report.lines().filter(|l| !l.contains("label names should be written in 'snake_case' not 'camelCase'")).collect();
     assert!(complaints.is_empty(), "promtool check metrics:\n{}", complaints.join("\n"));
     assert!(report.lines().count() > 0, "the camelCase device labels are there");
 
     let rules = rules_file();
     let out = Command::new("promtool").args(["check", "rules"]).arg(&rules).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
-    let out = Command::new("promtool").args(["test", "rules", "gpumem-rules.test.yaml"]).current_dir(deploy("prometheus")).output().unwrap();
+    let out =
+        Command::new("promtool").args(["test", "rules", "gpumem-rules.test.yaml"]).current_dir(deploy("prometheus")).output().unwrap();
     assert!(out.status.success(), "promtool test rules:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 
     // Every alert in the rules file has a unit test.
@@ -276,10 +282,8 @@ fn value_of(line: &str) -> f64 {
 fn three_hundred_short_lived_processes_stay_under_the_series_cap_and_then_go() {
     require_root();
     let f = fixtures();
-    let serve = Serve::start(
-        &["--libcuda", f.libcuda.to_str().unwrap(), "--nvml", "none", "--max-process-series", "50", "--exited-grace", "2"],
-        &[],
-    );
+    let serve =
+        Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml", "--max-process-series", "50", "--exited-grace", "2"], &[]);
     let mut all_pids = Vec::new();
     let mut most_series = 0;
     for wave in 0..3 {
@@ -289,7 +293,8 @@ fn three_hundred_short_lived_processes_stay_under_the_series_cap_and_then_go() {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let text = loop {
             let text = serve.metrics();
-            let total0: f64 = series_of(&text, "gpumem_process_memory_bytes").iter().filter(|l| l.contains("gpu=\"0\"")).map(|l| value_of(l)).sum();
+            let total0: f64 =
+                series_of(&text, "gpumem_process_memory_bytes").iter().filter(|l| l.contains("gpu=\"0\"")).map(|l| value_of(l)).sum();
             if total0 == (100 * 9 * MIB) as f64 {
                 break text;
             }
@@ -317,7 +322,11 @@ fn three_hundred_short_lived_processes_stay_under_the_series_cap_and_then_go() {
         if series_of(&text, "gpumem_process_memory_bytes").is_empty() && sample(&text, "gpumem_tracked_processes") == Some(0.0) {
             break text;
         }
-        assert!(std::time::Instant::now() < deadline, "exited processes' series are still there:\n{}", series_of(&text, "gpumem_process_memory_bytes").join("\n"));
+        assert!(
+            std::time::Instant::now() < deadline,
+            "exited processes' series are still there:\n{}",
+            series_of(&text, "gpumem_process_memory_bytes").join("\n")
+        );
         std::thread::sleep(Duration::from_millis(250));
     };
     assert_eq!(sample(&text, "gpumem_lost_events_total{reason=\"ringbuf_full\"}"), Some(0.0));
@@ -340,7 +349,7 @@ fn gpumem_programs() -> Vec<String> {
 fn sigterm_detaches_every_probe_and_exits_zero() {
     require_root();
     let f = fixtures();
-    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--nvml", "none"], &[]);
+    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"], &[]);
     let loaded = gpumem_programs();
     assert!(loaded.iter().filter(|n| n.starts_with("e_cu")).count() >= 30, "gpumem's programs are loaded while it serves: {loaded:?}");
     let (status, stderr) = serve.stop();
@@ -395,4 +404,29 @@ fn the_daemonset_matches_the_cli_and_asks_only_for_what_it_needs() {
     let mount = &c["volumeMounts"][0];
     assert_eq!(mount["mountPath"], "/sys/kernel/tracing");
     assert_eq!(mount["readOnly"], true);
+}
+
+#[test]
+fn a_failed_rendering_answers_500_and_failed_counter_reads_keep_the_daemon_serving() {
+    require_root();
+    let f = fixtures();
+    // Fault injection: the first rendering fails (as if the encoder had), and
+    // so do the first three reads of the kernel's counters.
+    let serve =
+        Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml", "--fail-renders", "1", "--fail-counter-reads", "3"], &[]);
+    let (status, _, body) = http_get(serve.port, "/metrics", None).unwrap();
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("rendering the metrics failed"), "{body}");
+    // The daemon goes on: the next scrape is whole, and says what failed.
+    std::thread::sleep(Duration::from_secs(3));
+    let text = serve.metrics();
+    assert_eq!(sample(&text, "gpumem_agent_errors_total{operation=\"read_kernel_counters\"}"), Some(3.0), "{text}");
+    assert!(sample(&text, "gpumem_lost_events_total{reason=\"ringbuf_full\"}").is_some(), "the counters are read again: {text}");
+    let (code, out) = promtool_check_metrics(&text);
+    assert_eq!(code, Some(0), "{out}");
+    let (status, _, health) = http_get(serve.port, "/healthz", None).unwrap();
+    assert_eq!(status, 200, "{health}");
+    let (status, stderr) = serve.stop();
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("reading the kernel's counters failed"), "the failure is said once: {stderr}");
 }

@@ -44,11 +44,7 @@ fn top_once_shows_the_running_workload_per_gpu() {
     assert!(text.contains("GPU 0 Fake H200: 20.0 GiB / 144.0 GiB used, traced 9.0 MiB, 60 °C, HBM 70 °C, health 100\n"), "{text}");
     assert!(text.contains("GPU 2 Fake GPU Old: 1.0 GiB / 144.0 GiB used, traced 0 B"), "{text}");
     let rows = rows_for(&text, hold.id());
-    assert_eq!(
-        rows,
-        [("0".into(), "9.0 MiB".into(), "2".into()), ("1".into(), "2.0 MiB".into(), "1".into())],
-        "{text}"
-    );
+    assert_eq!(rows, [("0".into(), "9.0 MiB".into(), "2".into()), ("1".into(), "2.0 MiB".into(), "1".into())], "{text}");
 }
 
 /// A tmux session running one command, read with capture-pane and driven with send-keys.
@@ -125,7 +121,11 @@ fn top_in_a_real_terminal_sorts_filters_switches_gpu_shows_stacks_and_quits() {
     std::fs::write(target_dir().join("screenshots/top.ansi"), &colored.stdout).unwrap();
     std::fs::write(target_dir().join("screenshots/top.txt"), &screen).unwrap();
     // A picture of the terminal: the capture's colours as HTML (aha), drawn by Chromium.
-    let html = Command::new("aha").args(["--black", "--title", "gpumem top"]).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn();
+    let html = Command::new("aha")
+        .args(["--black", "--title", "gpumem top"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn();
     let mut aha = html.expect("aha (apt-get install aha)");
     std::io::Write::write_all(&mut aha.stdin.take().unwrap(), &colored.stdout).unwrap();
     let page = aha.wait_with_output().unwrap();
@@ -201,4 +201,46 @@ fn top_from_a_recording_shows_the_state_at_its_end() {
     assert!(text.contains("GPU 0: NVML n/a, traced 9.0 MiB\n"), "{text}");
     let pid: u32 = text.lines().nth(4).unwrap().split_whitespace().next().unwrap().parse().unwrap();
     assert_eq!(rows_for(&text, pid), [("0".into(), "9.0 MiB".into(), "2".into()), ("1".into(), "2.0 MiB".into(), "1".into())]);
+}
+
+/// `kept: N process(es) (M exited, peak P), G growth series (peak Q)` of a snapshot.
+fn kept(text: &str) -> (u64, u64, u64, u64) {
+    let line = text.lines().find(|l| l.starts_with("kept: ")).unwrap_or_else(|| panic!("no kept line in:\n{text}"));
+    let n: Vec<u64> = line.split(|c: char| !c.is_ascii_digit()).filter(|w| !w.is_empty()).map(|w| w.parse().unwrap()).collect();
+    (n[0], n[2], n[3], n[4])
+}
+
+#[test]
+fn top_under_process_churn_forgets_exited_processes_everywhere() {
+    require_root();
+    wait_for_detach();
+    let f = fixtures();
+    // 300 short-lived CUDA processes, 100 at a time, each holding memory on
+    // two GPUs; exited ones are forgotten 1 s after their exit.
+    let mut top = Command::new(gpumem_bin())
+        .args(["top", "--once", "--duration", "25", "--exited-grace", "1", "--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = stderr_after_line(&mut top, "gpumem: tracing for");
+    let started = std::time::Instant::now();
+    for _ in 0..3 {
+        let children: Vec<_> = (0..100).map(|_| spawn_hold(3_000)).collect();
+        for mut c in children {
+            assert!(c.wait().unwrap().success());
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(20), "the churn must end well before the snapshot");
+    let out = top.wait_with_output().unwrap();
+    let stderr = stderr.join().unwrap();
+    assert!(out.status.success(), "{stderr}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (processes, peak_processes, growth_series, peak_growth_series) = kept(&text);
+    // They were all seen, and kept while they ran ...
+    assert!(peak_processes >= 100, "{text}");
+    assert!(peak_growth_series >= 100, "{text}");
+    // ... and every table is back to its size before the churn: empty.
+    assert_eq!((processes, growth_series), (0, 0), "{text}");
+    assert!(text.starts_with("gpumem top: 0 GPU(s), 0 process(es), "), "{text}");
 }

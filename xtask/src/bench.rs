@@ -74,8 +74,13 @@ pub fn overhead(pairs: u64, rounds: u32) -> Result<()> {
     let n = pairs.to_string();
     let has_bpftrace = Command::new("bpftrace").arg("--version").output().is_ok_and(|o| o.status.success());
     // (label, ns per call of each round)
-    let mut runs: Vec<(&str, Vec<f64>)> =
-        vec![("no probes", vec![]), ("empty probes", vec![]), ("gpumem probes", vec![]), ("gpumem --stacks off", vec![]), ("bpftrace (peer)", vec![])];
+    let mut runs: Vec<(&str, Vec<f64>)> = vec![
+        ("no probes", vec![]),
+        ("empty probes", vec![]),
+        ("gpumem probes", vec![]),
+        ("gpumem --stacks off", vec![]),
+        ("bpftrace (peer)", vec![]),
+    ];
     let mut calls = 0;
     for round in 0..rounds {
         gpumem_tests::wait_for_detach();
@@ -199,7 +204,6 @@ pub fn ioctl_overhead(calls: u64, rounds: u32) -> Result<()> {
     Ok(())
 }
 
-
 /// /metrics render time and size at two scales, and the daemon's idle cost.
 pub fn metrics(idle_s: u64) -> Result<()> {
     crate::run(crate::cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
@@ -207,11 +211,12 @@ pub fn metrics(idle_s: u64) -> Result<()> {
     println!("/metrics rendering (release build, 8 GPUs with NVML labels, median of 21):");
     // 180 processes x 8 GPUs: about 10 000 samples in all; 1250 x 8: 10 000 process series.
     for processes in ["180", "1250"] {
-        let out = Command::new(&bin).args(["bench-render", "--processes", processes, "--gpus", "8"]).output()?;
+        let out = crate::engine_bench(&["render", "--processes", processes, "--gpus", "8"]).output()?;
         if !out.status.success() {
-            bail!("bench-render failed: {}", String::from_utf8_lossy(&out.stderr));
+            bail!("the render benchmark failed: {}", String::from_utf8_lossy(&out.stderr));
         }
-        println!("  {}", String::from_utf8_lossy(&out.stdout).trim());
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        println!("  {}", stdout.lines().last().unwrap_or_default().trim());
     }
     // The daemon at rest: probes on the synthetic libcuda, the synthetic NVML
     // read every 10 s, discovery every 0.5 s, nothing traced.
@@ -228,7 +233,12 @@ pub fn metrics(idle_s: u64) -> Result<()> {
     let cpu = read(&after, "gpumem_agent_cpu_seconds_total") - read(&before, "gpumem_agent_cpu_seconds_total");
     println!("gpumem serve at rest over {dt:.0} s ({} probes attached, synthetic NVML):", read(&after, "gpumem_probes_attached"));
     let (rss, bpf) = (read(&after, "gpumem_agent_resident_memory_bytes"), read(&after, "gpumem_agent_bpf_map_resident_memory_bytes"));
-    println!("  resident memory  {:.1} MiB: the agent's own {:.1} MiB + BPF ring buffer mapping {:.1} MiB (kernel memory)", rss / 1048576.0, (rss - bpf) / 1048576.0, bpf / 1048576.0);
+    println!(
+        "  resident memory  {:.1} MiB: the agent's own {:.1} MiB + BPF ring buffer mapping {:.1} MiB (kernel memory)",
+        rss / 1048576.0,
+        (rss - bpf) / 1048576.0,
+        bpf / 1048576.0
+    );
     println!("  CPU              {:.2} % of one core", 100.0 * cpu / dt);
     let (status, stderr) = serve.stop();
     if !status.success() {

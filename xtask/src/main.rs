@@ -1,11 +1,12 @@
 //! `cargo xtask …`: everything a fresh machine needs, in one place.
 //!
 //! - `setup`: llvm-22-dev, bpf-linker 0.13.0 built for LLVM 22, rust-src (each only if missing)
+//! - `lint`: rustfmt's check and clippy (warnings are errors) on every crate, the eBPF one included
 //! - `nvidia-libs`: NVIDIA's libcuda1/libnvidia-ml1 535 from Debian non-free, unpacked under target/nvidia
 //! - `demo`: the real agent on the bundled synthetic driver: trace, leaks, health, a recording drawn as a report
 //! - `test`: setup, nvidia-libs, build, then every test (end-to-end ones as root, one at a time)
 //! - `bench`: probe overhead as a ratio to empty probes on the same symbols
-//! - `bench-engine`: events/s through decode → state → analyses from a recording; bytes per live allocation
+//! - `bench-engine`: events/s through the pipeline (decode → lookups → stacks → state → analyses) from a recording; bytes per live allocation
 //! - `bench-metrics`: /metrics render time and size, the daemon's idle memory and CPU
 //! - `bench-stacks`: unwinding and symbolization (uncached, cached) per stack
 //! - `soak`: `gpumem serve` for 10 minutes under process churn and a million live allocations
@@ -33,6 +34,8 @@ enum Cmd {
     NvidiaLibs,
     /// Trace a leaky workload on the bundled synthetic CUDA driver.
     Demo,
+    /// rustfmt and clippy (warnings are errors) on every crate, the eBPF one included.
+    Lint,
     /// Run every test (unit and end-to-end). Needs root.
     Test {
         /// Extra arguments for the test binaries (e.g. a test name filter).
@@ -113,6 +116,28 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// rustfmt's check, then clippy with warnings as errors: the host crates
+/// with every target, and the eBPF crate for its own target (it builds core
+/// from source, on stable with RUSTC_BOOTSTRAP for that build only).
+fn lint() -> Result<()> {
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args(["clippy", "--workspace", "--exclude", "gpumem-ebpf", "--all-targets", "--", "-D", "warnings"]))?;
+    let ebpf = gpumem_tests::workspace().join("gpumem-ebpf");
+    run(cargo()
+        .args(["clippy", "--target", "bpfel-unknown-none", "-Z", "build-std=core", "--", "-D", "warnings"])
+        .current_dir(ebpf)
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("CARGO_TARGET_DIR", gpumem_tests::target_dir().join("ebpf-lint")))
+}
+
+/// The engine benchmarks (gpumem-agent/benches/engine), built for release
+/// on the library the agent ships, in mode `args[0]`.
+pub fn engine_bench(args: &[&str]) -> Command {
+    let mut c = cargo();
+    c.args(["bench", "--quiet", "-p", "gpumem-agent", "--bench", "engine", "--"]).args(args);
+    c
+}
+
 /// Builds the agent (debug) and returns its path.
 pub fn build_agent() -> Result<std::path::PathBuf> {
     run(cargo().args(["build", "-p", "gpumem-agent"]))?;
@@ -124,6 +149,10 @@ fn main() -> Result<()> {
     match cli.command {
         Cmd::Setup => setup::setup(),
         Cmd::NvidiaLibs => setup::nvidia_libs().map(|_| ()),
+        Cmd::Lint => {
+            setup::setup()?;
+            lint()
+        }
         Cmd::Demo => {
             require_root("the demo")?;
             setup::setup()?;
@@ -169,16 +198,8 @@ fn main() -> Result<()> {
             setup::setup()?;
             bench::ioctl_overhead(calls, rounds)
         }
-        Cmd::BenchEngine { events } => {
-            run(cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
-            let bin = gpumem_tests::target_dir().join("release/gpumem");
-            run(Command::new(bin).args(["bench-engine", "--events", &events.to_string()]))
-        }
-        Cmd::BenchStacks { rounds } => {
-            run(cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
-            let bin = gpumem_tests::target_dir().join("release/gpumem");
-            run(Command::new(bin).args(["bench-stacks", "--rounds", &rounds.to_string()]))
-        }
+        Cmd::BenchEngine { events } => run(&mut engine_bench(&["engine", "--events", &events.to_string()])),
+        Cmd::BenchStacks { rounds } => run(&mut engine_bench(&["stacks", "--rounds", &rounds.to_string()])),
         Cmd::BenchMetrics { idle } => {
             require_root("the benchmark")?;
             setup::setup()?;

@@ -43,7 +43,10 @@ pub fn setup() -> Result<()> {
     if !missing.is_empty() {
         eprintln!("xtask: installing {}", missing.join(" "));
         run(Command::new("apt-get").arg("update"))?;
-        run(Command::new("apt-get").args(["install", "-y", "--no-install-recommends"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
     }
 
     let linker = home_cargo_bin().join("bpf-linker");

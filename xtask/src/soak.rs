@@ -8,7 +8,9 @@ pub fn soak(minutes: f64, live: u64, max_allocations: u64) -> Result<()> {
     crate::run(crate::cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
     std::env::set_var("GPUMEM_BIN", gpumem_tests::target_dir().join("release/gpumem"));
     let cfg = SoakConfig { duration: Duration::from_secs_f64(minutes * 60.0), live_allocations: live, max_allocations };
-    println!("soak: {minutes} min of back-to-back CUDA processes; one process holding {live} allocations; --max-allocations {max_allocations}");
+    println!(
+        "soak: {minutes} min of back-to-back CUDA processes; one process holding {live} allocations; --max-allocations {max_allocations}"
+    );
     println!("{:>6} {:>10} {:>9} {:>10} {:>6} {:>12} {:>10}", "t (s)", "own RSS", "tracked", "events", "lost", "table full", "series");
     let line = |s: &soak::SoakSample| {
         println!(

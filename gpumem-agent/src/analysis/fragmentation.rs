@@ -40,11 +40,11 @@ pub fn layout(p: &Process, device: i32) -> DeviceLayout {
         b.count += 1;
         b.bytes += size;
     };
-    for a in p.allocs.values().filter(|a| a.memory == Memory::Device && a.device() == device) {
+    for a in p.held.allocs.values().filter(|a| a.memory == Memory::Device && a.device() == device) {
         add(a.size);
         l.largest_allocation = l.largest_allocation.max(a.size);
     }
-    for h in p.vmm_handles.values().filter(|h| h.device == device) {
+    for h in p.held.vmm_handles.values().filter(|h| h.device == device) {
         add(h.size);
         l.largest_allocation = l.largest_allocation.max(h.size);
         l.vmm_physical_bytes += h.size;
@@ -53,12 +53,12 @@ pub fn layout(p: &Process, device: i32) -> DeviceLayout {
             l.released_but_mapped_bytes += h.size;
         }
     }
-    for m in p.mappings.values() {
-        if p.vmm_handles.get(&m.handle).is_some_and(|h| h.device == device) {
+    for m in p.held.mappings.values() {
+        if p.held.vmm_handles.get(&m.handle).is_some_and(|h| h.device == device) {
             l.vmm_mapped_bytes += m.size;
         }
     }
-    l.vmm_reserved_bytes = p.reservations.values().filter(|(_, d)| *d == device).map(|(s, _)| s).sum();
+    l.vmm_reserved_bytes = p.held.reservations.values().filter(|(_, d)| *d == device).map(|(s, _)| s).sum();
     l.size_histogram = hist.into_values().collect();
     l
 }

@@ -1,6 +1,8 @@
 //! Device health from NVML readings: runbook rules, each taking points from
 //! 100, with the reasons kept so that cards can be ranked and the ones to
 //! retire or move to non-critical work picked.
+use std::collections::{BTreeMap, VecDeque};
+
 use serde::Serialize;
 
 use crate::nvml::{xid::XidEvent, GpuSample};
@@ -65,67 +67,186 @@ pub mod points {
 }
 
 /// XIDs that mean the card lost data or cannot be trusted.
-const CRITICAL_XIDS: [u64; 4] = [48, 64, 79, 95];
+pub const CRITICAL_XIDS: [u64; 4] = [48, 64, 79, 95];
+
+/// The rules that took points, as they are found.
+#[derive(Default)]
+struct Reasons(Vec<Reason>);
+
+impl Reasons {
+    fn take(&mut self, rule: &'static str, level: Level, points: u32, detail: String) {
+        self.0.push(Reason { rule, level, points, detail });
+    }
+}
 
 /// Scores a GPU from its first and last readings of a window and the XID
 /// events it raised meanwhile.
 pub fn assess(first: &GpuSample, last: &GpuSample, xids: &[XidEvent], t: &Thresholds) -> Health {
-    let mut reasons = Vec::new();
-    let mut take = |rule: &'static str, level: Level, points: u32, detail: String| reasons.push(Reason { rule, level, points, detail });
+    let mut r = Reasons::default();
+    let rate = ecc_rules(&mut r, first, last, t);
+    retirement_and_remap_rules(&mut r, last);
+    if let Some(temp) = last.memory_temp_c {
+        if temp > t.hbm_temp_c {
+            r.take("hbm_hot", Level::Warning, points::HBM_HOT, format!("memory at {temp} °C > {} °C", t.hbm_temp_c));
+        }
+    }
+    xid_rules(&mut r, xids);
+    let reasons = r.0;
+    let lost: u32 = reasons.iter().map(|r| r.points).sum();
+    let level = reasons.iter().map(|r| r.level).max().unwrap_or(Level::Ok);
+    Health { score: 100u32.saturating_sub(lost), level, ecc_corrected_per_hour: rate, reasons }
+}
 
+/// The corrected-error rate over the window (returned) and uncorrectable errors.
+fn ecc_rules(r: &mut Reasons, first: &GpuSample, last: &GpuSample, t: &Thresholds) -> Option<f64> {
     let hours = (last.t_s - first.t_s) / 3600.0;
     let rate = match (&first.ecc, &last.ecc) {
         (Some(a), Some(b)) if hours > 0.0 => Some(b.corrected_volatile.saturating_sub(a.corrected_volatile) as f64 / hours),
         _ => None,
     };
-    if let Some(r) = rate {
-        if r > t.ecc_critical_per_hour {
-            take("ecc_corrected_rate", Level::Critical, points::ECC_RATE_CRITICAL, format!("{r:.0} corrected ECC errors/h > {}", t.ecc_critical_per_hour));
-        } else if r > t.ecc_warn_per_hour {
-            take("ecc_corrected_rate", Level::Warning, points::ECC_RATE_WARN, format!("{r:.0} corrected ECC errors/h > {}", t.ecc_warn_per_hour));
-        }
+    match rate {
+        Some(x) if x > t.ecc_critical_per_hour => r.take(
+            "ecc_corrected_rate",
+            Level::Critical,
+            points::ECC_RATE_CRITICAL,
+            format!("{x:.0} corrected ECC errors/h > {}", t.ecc_critical_per_hour),
+        ),
+        Some(x) if x > t.ecc_warn_per_hour => r.take(
+            "ecc_corrected_rate",
+            Level::Warning,
+            points::ECC_RATE_WARN,
+            format!("{x:.0} corrected ECC errors/h > {}", t.ecc_warn_per_hour),
+        ),
+        _ => {}
     }
     if let Some(e) = &last.ecc {
         let unc = e.uncorrected_volatile.max(e.uncorrected_aggregate);
         if unc > 0 {
-            take("ecc_uncorrectable", Level::Critical, points::UNCORRECTABLE_ECC, format!("{unc} uncorrectable ECC error(s)"));
+            r.take("ecc_uncorrectable", Level::Critical, points::UNCORRECTABLE_ECC, format!("{unc} uncorrectable ECC error(s)"));
         }
     }
-    if let Some(r) = &last.retired_pages {
-        if r.pending {
-            take("retirement_pending", Level::Critical, points::RETIREMENT_PENDING, "page retirement pending (needs a reset)".into());
+    rate
+}
+
+fn retirement_and_remap_rules(r: &mut Reasons, last: &GpuSample) {
+    if let Some(p) = &last.retired_pages {
+        if p.pending {
+            r.take("retirement_pending", Level::Critical, points::RETIREMENT_PENDING, "page retirement pending (needs a reset)".into());
         }
-        if r.double_bit > 0 {
-            take("double_bit_retired", Level::Warning, points::DOUBLE_BIT_RETIRED, format!("{} page(s) retired for double-bit errors", r.double_bit));
-        }
-    }
-    if let Some(r) = &last.remapped_rows {
-        if r.failure {
-            take("row_remap_failure", Level::Critical, points::REMAP_FAILURE, "row remapping failed: the card has no spare rows left".into());
-        }
-        if r.pending {
-            take("row_remap_pending", Level::Critical, points::REMAP_PENDING, "row remap pending (needs a reset)".into());
-        }
-        if r.uncorrectable > 0 {
-            take("rows_remapped_uncorrectable", Level::Warning, points::REMAP_UNCORRECTABLE, format!("{} row(s) remapped for uncorrectable errors", r.uncorrectable));
+        if p.double_bit > 0 {
+            let detail = format!("{} page(s) retired for double-bit errors", p.double_bit);
+            r.take("double_bit_retired", Level::Warning, points::DOUBLE_BIT_RETIRED, detail);
         }
     }
-    if let Some(temp) = last.memory_temp_c {
-        if temp > t.hbm_temp_c {
-            take("hbm_hot", Level::Warning, points::HBM_HOT, format!("memory at {temp} °C > {} °C", t.hbm_temp_c));
+    if let Some(m) = &last.remapped_rows {
+        if m.failure {
+            let detail = "row remapping failed: the card has no spare rows left".into();
+            r.take("row_remap_failure", Level::Critical, points::REMAP_FAILURE, detail);
+        }
+        if m.pending {
+            r.take("row_remap_pending", Level::Critical, points::REMAP_PENDING, "row remap pending (needs a reset)".into());
+        }
+        if m.uncorrectable > 0 {
+            let detail = format!("{} row(s) remapped for uncorrectable errors", m.uncorrectable);
+            r.take("rows_remapped_uncorrectable", Level::Warning, points::REMAP_UNCORRECTABLE, detail);
         }
     }
+}
+
+/// Points per distinct XID code seen.
+fn xid_rules(r: &mut Reasons, xids: &[XidEvent]) {
     let mut codes: Vec<u64> = xids.iter().map(|x| x.xid).collect();
     codes.sort_unstable();
     codes.dedup();
     for code in codes {
         let n = xids.iter().filter(|x| x.xid == code).count();
-        let (level, pts) = if CRITICAL_XIDS.contains(&code) { (Level::Critical, points::XID_CRITICAL) } else { (Level::Warning, points::XID_OTHER) };
-        take("xid", level, pts, format!("XID {code} ({}) ×{n}", crate::nvml::xid::meaning(code)));
+        let (level, pts) =
+            if CRITICAL_XIDS.contains(&code) { (Level::Critical, points::XID_CRITICAL) } else { (Level::Warning, points::XID_OTHER) };
+        r.take("xid", level, pts, format!("XID {code} ({}) ×{n}", crate::nvml::xid::meaning(code)));
     }
-    let lost: u32 = reasons.iter().map(|r| r.points).sum();
-    let level = reasons.iter().map(|r| r.level).max().unwrap_or(Level::Ok);
-    Health { score: 100u32.saturating_sub(lost), level, ecc_corrected_per_hour: rate, reasons }
+}
+
+/// Health is judged over the last hour of readings.
+pub const WINDOW_S: f64 = 3600.0;
+/// Readings kept per GPU, whatever the interval.
+const MAX_READINGS: usize = 3600;
+/// XID events kept for health (the window's); beyond it the oldest go, counted.
+const MAX_XIDS: usize = 1024;
+
+/// NVML's GPUs over time: the latest reading, a window of readings per GPU,
+/// the XIDs of the window, and each GPU's health over it.
+#[derive(Clone, Debug, Default)]
+pub struct GpuWatch {
+    pub thresholds: Thresholds,
+    /// Readings per GPU index, oldest first, covering WINDOW_S.
+    windows: BTreeMap<u32, VecDeque<GpuSample>>,
+    xids: VecDeque<XidEvent>,
+    /// XIDs that did not fit in MAX_XIDS (still counted by the exporter).
+    pub xids_dropped: u64,
+    pub latest: Vec<GpuSample>,
+    pub health: BTreeMap<u32, Health>,
+    /// Why NVML cannot be used, while it cannot.
+    pub error: Option<String>,
+}
+
+impl GpuWatch {
+    pub fn new(thresholds: Thresholds) -> Self {
+        GpuWatch { thresholds, ..Default::default() }
+    }
+
+    /// A reading of every GPU, at `now_s` (CLOCK_MONOTONIC seconds).
+    pub fn reading(&mut self, readings: Vec<GpuSample>, now_s: f64) {
+        self.error = None;
+        for r in &readings {
+            let w = self.windows.entry(r.index).or_default();
+            w.push_back(r.clone());
+            while w.len() > MAX_READINGS || w.front().is_some_and(|f| now_s - f.t_s > WINDOW_S) {
+                w.pop_front();
+            }
+        }
+        while self.xids.front().is_some_and(|x| now_s - x.ts_ns as f64 / 1e9 > WINDOW_S) {
+            self.xids.pop_front();
+        }
+        self.latest = readings;
+        self.assess();
+    }
+
+    /// NVML failed: stale readings are dropped, so that no old value passes for current.
+    pub fn failed(&mut self, why: String) {
+        self.error = Some(why);
+        self.latest.clear();
+        self.health.clear();
+        self.windows.clear();
+    }
+
+    pub fn xid(&mut self, x: XidEvent) {
+        if self.xids.len() >= MAX_XIDS {
+            self.xids.pop_front();
+            self.xids_dropped += 1;
+        }
+        self.xids.push_back(x);
+        self.assess();
+    }
+
+    /// The XIDs of the window on one GPU.
+    pub fn xids_of(&self, gpu: u32) -> Vec<XidEvent> {
+        self.xids.iter().filter(|x| x.gpu == gpu).cloned().collect()
+    }
+
+    /// Each GPU's readings over the window, oldest first.
+    pub fn windows(&mut self) -> impl Iterator<Item = (u32, &[GpuSample])> {
+        self.windows.iter_mut().map(|(&i, w)| (i, &*w.make_contiguous()))
+    }
+
+    fn assess(&mut self) {
+        let mut health = BTreeMap::new();
+        for (&i, w) in &self.windows {
+            if let (Some(first), Some(last)) = (w.front(), w.back()) {
+                health.insert(i, assess(first, last, &self.xids_of(i), &self.thresholds));
+            }
+        }
+        self.health = health;
+    }
 }
 
 /// Memory temperature against memory errors over a window of readings.
@@ -200,11 +321,15 @@ mod tests {
         assert_eq!(m.max_memory_temp_c, Some(90));
         // Constant errors: no correlation to speak of.
         let flat: Vec<GpuSample> = (0..5u64)
-            .map(|i| GpuSample { t_s: i as f64, ecc: Some(EccCounts { corrected_volatile: 10 * i, ..Default::default() }), memory_temp_c: Some(80 + i as u32), ..Default::default() })
+            .map(|i| GpuSample {
+                t_s: i as f64,
+                ecc: Some(EccCounts { corrected_volatile: 10 * i, ..Default::default() }),
+                memory_temp_c: Some(80 + i as u32),
+                ..Default::default()
+            })
             .collect();
         assert_eq!(temperature_model(&flat, 85).correlation, None);
     }
-
 
     fn sample(t_s: f64, corrected: u64) -> GpuSample {
         GpuSample { t_s, ecc: Some(EccCounts { corrected_volatile: corrected, ..Default::default() }), ..Default::default() }
@@ -243,7 +368,15 @@ mod tests {
         let rules: Vec<&str> = h.reasons.iter().map(|r| r.rule).collect();
         assert_eq!(
             rules,
-            ["ecc_uncorrectable", "retirement_pending", "double_bit_retired", "row_remap_failure", "row_remap_pending", "rows_remapped_uncorrectable", "hbm_hot"]
+            [
+                "ecc_uncorrectable",
+                "retirement_pending",
+                "double_bit_retired",
+                "row_remap_failure",
+                "row_remap_pending",
+                "rows_remapped_uncorrectable",
+                "hbm_hot"
+            ]
         );
         assert_eq!((h.score, h.level), (0, Level::Critical));
     }

@@ -14,7 +14,7 @@ use crate::{
     state::{Memory, Process, State},
 };
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct LeakGroup {
     /// None when the stack could not be captured or unwound.
     pub stack_id: Option<String>,
@@ -67,7 +67,7 @@ impl Default for GrowthTracker {
 }
 
 /// Samples kept per (pid, device): 4 minutes at the 0.1 s sampling interval.
-const SERIES_CAP: usize = 2400;
+pub const SERIES_CAP: usize = 2400;
 
 impl GrowthTracker {
     pub fn with_capacity(cap: usize) -> Self {
@@ -76,12 +76,24 @@ impl GrowthTracker {
 
     /// Drops a process's series (it is gone from state).
     pub fn forget(&mut self, pid: u32) {
-        self.series.retain(|&(p, _), _| p != pid);
+        let devices: Vec<(u32, i32)> = self.series.range((pid, i32::MIN)..=(pid, i32::MAX)).map(|(&k, _)| k).collect();
+        for k in devices {
+            self.series.remove(&k);
+        }
+    }
+
+    /// Series kept: one per (process, device) sampled.
+    pub fn len(&self) -> usize {
+        self.series.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.series.is_empty()
     }
 
     pub fn sample(&mut self, state: &State, t_s: f64) {
         for p in state.processes.values().filter(|p| !p.exited) {
-            for (&dev, totals) in &p.devices {
+            for (&dev, totals) in &p.held.devices {
                 self.series.entry((p.pid, dev)).or_insert_with(|| Series::new(self.cap)).push(t_s, totals.live_bytes);
             }
         }
@@ -109,10 +121,10 @@ fn group_by_stack(p: &Process, now_ns: u64, older_than_ns: u64) -> BTreeMap<i32,
         g.bytes += size;
         g.oldest_ts = g.oldest_ts.min(ts);
     };
-    for a in p.allocs.values().filter(|a| a.memory == Memory::Device) {
+    for a in p.held.allocs.values().filter(|a| a.memory == Memory::Device) {
         add(a.device(), a.stack(), a.size, a.ts_ns);
     }
-    for h in p.vmm_handles.values() {
+    for h in p.held.vmm_handles.values() {
         add(h.device, h.stack, h.size, h.ts_ns);
     }
     per_dev
@@ -121,8 +133,9 @@ fn group_by_stack(p: &Process, now_ns: u64, older_than_ns: u64) -> BTreeMap<i32,
 /// Bytes of a process's live device memory on `device` allocated at or
 /// before `before_ns` (allocations and VMM handles).
 pub fn bytes_allocated_before(p: &Process, device: i32, before_ns: u64) -> u64 {
-    let allocs = p.allocs.values().filter(|a| a.memory == Memory::Device && a.device() == device && a.ts_ns <= before_ns).map(|a| a.size);
-    let handles = p.vmm_handles.values().filter(|h| h.device == device && h.ts_ns <= before_ns).map(|h| h.size);
+    let allocs =
+        p.held.allocs.values().filter(|a| a.memory == Memory::Device && a.device() == device && a.ts_ns <= before_ns).map(|a| a.size);
+    let handles = p.held.vmm_handles.values().filter(|h| h.device == device && h.ts_ns <= before_ns).map(|h| h.size);
     allocs.chain(handles).sum()
 }
 
@@ -155,7 +168,14 @@ pub fn top_stacks(p: &Process, device: i32, stacks: &mut Stacks, top: usize, now
 }
 
 /// Finds outstanding allocations older than `older_than_ns` at `now_ns`.
-pub fn find(state: &State, stacks: &mut Stacks, growth: &mut GrowthTracker, now_ns: u64, older_than_ns: u64, top: usize) -> Vec<ProcessLeaks> {
+pub fn find(
+    state: &State,
+    stacks: &mut Stacks,
+    growth: &mut GrowthTracker,
+    now_ns: u64,
+    older_than_ns: u64,
+    top: usize,
+) -> Vec<ProcessLeaks> {
     let mut out = Vec::new();
     for p in state.processes.values().filter(|p| !p.exited) {
         for (dev, groups) in group_by_stack(p, now_ns, older_than_ns) {
@@ -172,7 +192,7 @@ pub fn find(state: &State, stacks: &mut Stacks, growth: &mut GrowthTracker, now_
                 device: (dev != gpumem_common::DEVICE_UNKNOWN).then_some(dev),
                 outstanding_bytes,
                 outstanding_allocs,
-                live_bytes: p.devices.get(&dev).map_or(0, |t| t.live_bytes),
+                live_bytes: p.held.devices.get(&dev).map_or(0, |t| t.live_bytes),
                 growth: growth.verdict(p.pid, dev),
                 stacks: shown,
                 more_stacks,
@@ -180,16 +200,8 @@ pub fn find(state: &State, stacks: &mut Stacks, growth: &mut GrowthTracker, now_
             });
         }
     }
-    out.sort_by(|a, b| b.outstanding_bytes.cmp(&a.outstanding_bytes));
+    out.sort_by_key(|p| std::cmp::Reverse(p.outstanding_bytes));
     out
-}
-
-/// CLOCK_MONOTONIC now, the clock of the events' `ts_ns`.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(test)]

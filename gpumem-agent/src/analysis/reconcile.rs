@@ -28,7 +28,7 @@ pub fn reconcile(state: &State, gpus: &[GpuSample]) -> Vec<Reconciliation> {
                 .processes
                 .get(&pid)
                 .filter(|p| !p.exited)
-                .and_then(|p| p.devices.get(&(g.index as i32)))
+                .and_then(|p| p.held.devices.get(&(g.index as i32)))
                 .map_or(0, |t| t.live_bytes);
             out.push(Reconciliation {
                 pid,
@@ -60,7 +60,8 @@ mod tests {
             GpuSample { index: 1, uuid: "GPU-1".into(), processes: Some(vec![(100, 400), (7, 10)]), ..Default::default() },
         ];
         let r = reconcile(&s, &gpus);
-        let rows: Vec<(u32, u32, u64, u64, i64)> = r.iter().map(|x| (x.pid, x.gpu, x.nvml_bytes, x.traced_bytes, x.untracked_bytes)).collect();
+        let rows: Vec<(u32, u32, u64, u64, i64)> =
+            r.iter().map(|x| (x.pid, x.gpu, x.nvml_bytes, x.traced_bytes, x.untracked_bytes)).collect();
         assert_eq!(rows, [(100, 0, 50, 0, 50), (100, 1, 400, 100, 300), (7, 1, 10, 0, 10)]);
     }
 }

@@ -1,126 +1,57 @@
-//! The subcommands' logic; main.rs only dispatches here.
+//! One small file per subcommand: an `Output` wired to the runtime or to a
+//! replay, or a one-shot query (status, health). main.rs only dispatches here.
 pub mod bench;
 pub mod health;
-pub mod ingest;
+pub mod leaks;
+pub mod record;
+pub mod replay;
 pub mod report;
 pub mod serve;
 pub mod status;
 pub mod top;
 pub mod trace;
 
-use anyhow::{bail, Context as _, Result};
+use std::{path::Path, time::Duration};
+
+use anyhow::{Context as _, Result};
 
 use crate::{
-    cli::ProbeArgs,
-    probes::{discover, Agent, LibraryReport, ProbeStatus, Source},
+    cli::{ProbeArgs, Switch, TargetArgs},
+    nvml,
+    record::Reader,
+    runtime::{Probing, Session},
+    state::Limits,
 };
 
-/// Loads the eBPF programs for the probes the command line asks for.
-pub fn load_agent(probes: &ProbeArgs, filter_pids: bool, probe_set: crate::probes::ProbeSet, ringbuf_bytes: u32) -> Result<Agent> {
-    Agent::load(crate::probes::Options {
-        filter_pids,
-        probe_set,
-        ringbuf_bytes,
-        nvidia_prefix: probes.nvidia_dev_prefix.clone(),
-        ioctl_mode: crate::probes::ioctl::IoctlMode::parse(&probes.ioctl),
-        capture_stacks: probes.stacks != "off",
-    })
-    .context("loading eBPF programs")
-}
-
-/// Fails, naming what is missing, without the capabilities to load and
-/// attach; warns about the ones whose absence narrows what is seen.
-pub fn require_privileges() -> Result<()> {
-    let (error, warnings) = crate::privileges::check(crate::privileges::effective());
-    if let Some(e) = error {
-        bail!(e);
-    }
-    for w in warnings {
-        eprintln!("gpumem: {w}");
-    }
-    Ok(())
-}
-
-/// A one-line description of what was attached to a library.
-pub fn describe(report: &LibraryReport) -> String {
-    if let Some(e) = &report.error {
-        return format!("libcuda {} ({}): not attached: {e}", report.path, report.source);
-    }
-    let missing: Vec<&str> = report
-        .probes
-        .iter()
-        .filter(|p| matches!(p.status, ProbeStatus::NotExported { .. }))
-        .map(|p| p.symbol)
-        .collect();
-    let failed: Vec<String> = report
-        .probes
-        .iter()
-        .filter_map(|p| match &p.status {
-            ProbeStatus::Failed { error } => Some(format!("{}: {error}", p.symbol)),
-            _ => None,
-        })
-        .collect();
-    let mut line = format!(
-        "attached {} of {} probes to {} (inode {}, found by {})",
-        report.attached(),
-        report.probes.len(),
-        report.path,
-        report.inode,
-        report.source
-    );
-    if !missing.is_empty() {
-        line.push_str(&format!("; not exported, skipped: {}", missing.join(", ")));
-    }
-    if !failed.is_empty() {
-        line.push_str(&format!("; FAILED: {}", failed.join("; ")));
-    }
-    line
-}
-
-/// Attaches the libraries named with --libcuda (a bad path is an error).
-pub fn attach_given(agent: &mut Agent, args: &ProbeArgs, mut say: impl FnMut(String)) -> Result<()> {
-    for path in &args.libcuda {
-        let lib = discover::stat_library(path, Source::CommandLine)
-            .with_context(|| format!("--libcuda {}: cannot use this file", path.display()))?;
-        if let Some(report) = agent.attach_library(&lib) {
-            if report.error.is_some() {
-                bail!("{}", describe(report));
-            }
-            say(describe(report));
+impl ProbeArgs {
+    /// What the runtime attaches, from the command line.
+    pub fn probing(&self) -> Probing {
+        Probing {
+            libcuda: self.libcuda.clone(),
+            discover: !self.no_discover,
+            nvidia_prefix: self.nvidia_dev_prefix.clone(),
+            ioctl: self.ioctl,
+            nvml: match (&self.nvml, self.no_nvml) {
+                (_, true) => None,
+                (Some(p), false) => Some(nvml::Library::Path(p.clone())),
+                (None, false) => Some(nvml::Library::System),
+            },
+            stacks: self.stacks == Switch::On,
         }
     }
-    Ok(())
 }
 
-/// Attaches libcuda copies found in ld.so.cache and in running processes
-/// that are not attached yet.
-pub fn attach_discovered(agent: &mut Agent, args: &ProbeArgs, with_ld_cache: bool, mut say: impl FnMut(String)) {
-    if args.no_discover {
-        return;
-    }
-    let mut found = Vec::new();
-    if with_ld_cache {
-        match discover::from_ld_cache() {
-            Ok(paths) => {
-                for p in paths {
-                    if let Ok(lib) = discover::stat_library(&p, Source::LdCache) {
-                        found.push(lib);
-                    }
-                }
-            }
-            Err(e) => say(format!("note: {e}")),
-        }
-    }
-    let began = std::time::Instant::now();
-    let (libs, processes) = discover::from_processes(std::process::id());
-    agent.scan_stats.record(began.elapsed(), processes);
-    found.extend(libs);
-    for lib in found {
-        if agent.knows(&lib) {
-            continue;
-        }
-        if let Some(report) = agent.attach_library(&lib) {
-            say(describe(report));
-        }
-    }
+/// A session on what the command line targets.
+pub fn session(probes: &ProbeArgs, target: &TargetArgs, max_allocations: usize) -> Session {
+    let mut s = Session::new(probes.probing());
+    s.pids = target.pids.clone();
+    s.command = target.command.clone();
+    s.duration = target.duration.map(Duration::from_secs_f64);
+    s.pipeline.limits = Limits { max_entries: max_allocations, ..Limits::default() };
+    s
+}
+
+/// Opens a recording, naming it in the error.
+pub fn open_recording(path: &Path) -> Result<Reader<std::fs::File>> {
+    Reader::open(path).with_context(|| path.display().to_string())
 }

@@ -154,7 +154,13 @@ mod tests {
                 outstanding_bytes: 80 << 20,
                 outstanding_allocs: 20,
                 live_bytes: 90 << 20,
-                growth: Some(Verdict { leaking: true, confidence: 0.97, rate_bytes_per_s: 4.0 * 1048576.0, growth_bytes: 80 << 20, reason: "growing" }),
+                growth: Some(Verdict {
+                    leaking: true,
+                    confidence: 0.97,
+                    rate_bytes_per_s: 4.0 * 1048576.0,
+                    growth_bytes: 80 << 20,
+                    reason: "growing",
+                }),
                 stacks: vec![LeakGroup {
                     stack_id: Some("00000000000000aa".into()),
                     count: 20,

@@ -1,40 +1,32 @@
 //! `gpumem report`: a self-contained HTML page (inline SVG charts drawn with
-//! plotters, no scripts, nothing fetched) and single SVG charts, from what a
-//! replay collected (commands/report.rs). Outputs only render.
-use std::{collections::BTreeMap, fmt::Write as _};
+//! plotters, no scripts, nothing fetched) and single SVG charts, from the
+//! timeline a replay kept (analysis::timeline) and the leak suspects.
+use std::fmt::Write as _;
 
 use plotters::{prelude::*, style::full_palette};
 
 use super::names::bytes;
 use crate::{
-    analysis::leaks::ProcessLeaks,
-    record::{Footer, Header, NvmlPoint, XidPoint},
+    analysis::{leaks::ProcessLeaks, timeline::Timeline},
+    record::{Footer, Header, NvmlPoint},
 };
 
-/// A mark on the timeline.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Mark {
-    pub t_s: f64,
-    /// The GPU it concerns; None: the host (OOM kill).
-    pub device: Option<i32>,
-    pub label: String,
+/// Drawing a chart failed (plotters' error, in words).
+#[derive(Debug, thiserror::Error)]
+#[error("drawing a chart: {0}")]
+pub struct DrawError(String);
+
+fn draw_err(e: impl std::fmt::Display) -> DrawError {
+    DrawError(e.to_string())
 }
 
-/// Everything a report shows, gathered by replaying a recording.
+/// Everything a report shows.
 #[derive(Default)]
 pub struct ReportData {
+    pub timeline: Timeline,
     pub header: Option<Header>,
     pub footer: Footer,
-    /// (pid, device) → (seconds into the session, live bytes), at each change.
-    pub series: BTreeMap<(u32, i32), Vec<(f64, u64)>>,
-    pub comm: BTreeMap<u32, String>,
-    pub marks: Vec<Mark>,
-    pub nvml: Vec<NvmlPoint>,
-    pub xids: Vec<XidPoint>,
-    /// Successful allocation sizes per bucket (powers of 4 from 256 B): upper bound → count.
-    pub size_buckets: BTreeMap<u64, u64>,
     pub leaks: Vec<ProcessLeaks>,
-    pub events: u64,
     /// Why the recording could not be read to its end, if it could not.
     pub damage: Option<String>,
 }
@@ -79,27 +71,20 @@ fn mib(b: u64) -> f64 {
 }
 
 impl ReportData {
-    pub fn devices(&self) -> Vec<i32> {
-        let mut d: Vec<i32> = self.series.keys().map(|&(_, dev)| dev).collect();
-        d.extend(self.nvml.iter().map(|p| p.gpu as i32));
-        d.sort_unstable();
-        d.dedup();
-        d
-    }
-
     fn duration(&self) -> f64 {
-        let last = self.series.values().flat_map(|s| s.last()).map(|&(t, _)| t).fold(0.0, f64::max);
+        let last = self.timeline.series.values().flat_map(|s| s.last()).map(|&(t, _)| t).fold(0.0, f64::max);
         self.footer.duration_s.max(last).max(1e-3)
     }
 
     fn label(&self, pid: u32) -> String {
-        format!("{} ({pid})", self.comm.get(&pid).map(String::as_str).unwrap_or("?"))
+        format!("{} ({pid})", self.timeline.comm.get(&pid).map(String::as_str).unwrap_or("?"))
     }
 
     /// Live MiB of each process over time on `device` (None: all GPUs), with
     /// OOM and XID marks.
-    pub fn timeline_svg(&self, device: Option<i32>) -> Result<String, String> {
-        let series: Vec<(&(u32, i32), &Vec<(f64, u64)>)> = self.series.iter().filter(|((_, d), _)| device.is_none_or(|x| *d == x)).collect();
+    pub fn timeline_svg(&self, device: Option<i32>) -> Result<String, DrawError> {
+        type Series<'a> = (&'a (u32, i32), &'a Vec<(f64, u64)>);
+        let series: Vec<Series> = self.timeline.series.iter().filter(|((_, d), _)| device.is_none_or(|x| *d == x)).collect();
         let top = series.iter().flat_map(|(_, s)| s.iter().map(|&(_, b)| mib(b))).fold(1.0, f64::max) * 1.1;
         let title = match device {
             Some(d) => format!("GPU {d}: live memory per process (MiB)"),
@@ -108,15 +93,15 @@ impl ReportData {
         let mut svg = String::new();
         {
             let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
-            root.fill(&WHITE).map_err(|e| e.to_string())?;
+            root.fill(&WHITE).map_err(draw_err)?;
             let mut chart = ChartBuilder::on(&root)
                 .caption(title, ("sans-serif", 18))
                 .margin(10)
                 .x_label_area_size(35)
                 .y_label_area_size(70)
                 .build_cartesian_2d(0f64..self.duration(), 0f64..top)
-                .map_err(|e| e.to_string())?;
-            chart.configure_mesh().x_desc("seconds").y_desc("MiB").draw().map_err(|e| e.to_string())?;
+                .map_err(draw_err)?;
+            chart.configure_mesh().x_desc("seconds").y_desc("MiB").draw().map_err(draw_err)?;
             for (i, ((pid, dev), points)) in series.iter().enumerate() {
                 // Steps: memory holds its value until the next change.
                 let mut steps = Vec::with_capacity(points.len() * 2 + 1);
@@ -131,40 +116,47 @@ impl ReportData {
                 let name = if device.is_some() { self.label(*pid) } else { format!("{} GPU {dev}", self.label(*pid)) };
                 chart
                     .draw_series(LineSeries::new(steps, c.stroke_width(2)))
-                    .map_err(|e| e.to_string())?
+                    .map_err(draw_err)?
                     .label(name)
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
             }
-            for m in self.marks.iter().filter(|m| device.is_none() || m.device.is_none() || m.device == device) {
+            for m in self.timeline.marks.iter().filter(|m| device.is_none() || m.device.is_none() || m.device == device) {
                 let red = full_palette::RED_600;
-                chart.draw_series(std::iter::once(PathElement::new(vec![(m.t_s, 0.0), (m.t_s, top)], red.stroke_width(1)))).map_err(|e| e.to_string())?;
                 chart
-                    .draw_series(std::iter::once(Text::new(m.label.clone(), (m.t_s, top * 0.97), ("sans-serif", 12).into_font().color(&red))))
-                    .map_err(|e| e.to_string())?;
+                    .draw_series(std::iter::once(PathElement::new(vec![(m.t_s, 0.0), (m.t_s, top)], red.stroke_width(1))))
+                    .map_err(draw_err)?;
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        m.label.clone(),
+                        (m.t_s, top * 0.97),
+                        ("sans-serif", 12).into_font().color(&red),
+                    )))
+                    .map_err(draw_err)?;
             }
-            chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| e.to_string())?;
-            root.present().map_err(|e| e.to_string())?;
+            chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(draw_err)?;
+            root.present().map_err(draw_err)?;
         }
         Ok(svg)
     }
 
     /// Allocation sizes, count per power-of-4 bucket.
-    pub fn sizes_svg(&self) -> Result<String, String> {
-        let buckets: Vec<(u64, u64)> = self.size_buckets.iter().map(|(&k, &v)| (k, v)).collect();
+    pub fn sizes_svg(&self) -> Result<String, DrawError> {
+        let buckets: Vec<(u64, u64)> = self.timeline.size_buckets.iter().map(|(&k, &v)| (k, v)).collect();
         let n = buckets.len().max(1);
         let top = buckets.iter().map(|&(_, c)| c).max().unwrap_or(1) as f64 * 1.15;
         let mut svg = String::new();
         {
             let root = SVGBackend::with_string(&mut svg, (W, 300)).into_drawing_area();
-            root.fill(&WHITE).map_err(|e| e.to_string())?;
-            let labels: Vec<String> = buckets.iter().map(|&(k, _)| format!("≤{}", bytes(k))).collect();
+            root.fill(&WHITE).map_err(draw_err)?;
+            let labels: Vec<String> =
+                buckets.iter().map(|&(k, _)| if k == u64::MAX { "more".to_string() } else { format!("≤{}", bytes(k)) }).collect();
             let mut chart = ChartBuilder::on(&root)
                 .caption("Allocation sizes (successful allocations)", ("sans-serif", 18))
                 .margin(10)
                 .x_label_area_size(35)
                 .y_label_area_size(60)
                 .build_cartesian_2d(0f64..n as f64, 0f64..top)
-                .map_err(|e| e.to_string())?;
+                .map_err(draw_err)?;
             chart
                 .configure_mesh()
                 .disable_x_mesh()
@@ -172,20 +164,20 @@ impl ReportData {
                 .x_label_formatter(&|x| labels.get(x.floor() as usize).cloned().unwrap_or_default())
                 .y_desc("allocations")
                 .draw()
-                .map_err(|e| e.to_string())?;
+                .map_err(draw_err)?;
             chart
                 .draw_series(buckets.iter().enumerate().map(|(i, &(_, c))| {
                     Rectangle::new([(i as f64 + 0.1, 0.0), (i as f64 + 0.9, c as f64)], full_palette::BLUE_600.filled())
                 }))
-                .map_err(|e| e.to_string())?;
-            root.present().map_err(|e| e.to_string())?;
+                .map_err(draw_err)?;
+            root.present().map_err(draw_err)?;
         }
         Ok(svg)
     }
 
     /// One NVML reading over time for one GPU: ECC errors or temperatures.
-    pub fn nvml_svg(&self, gpu: u32, what: &str) -> Result<Option<String>, String> {
-        let points: Vec<&NvmlPoint> = self.nvml.iter().filter(|p| p.gpu == gpu).collect();
+    pub fn nvml_svg(&self, gpu: u32, what: &str) -> Result<Option<String>, DrawError> {
+        let points: Vec<&NvmlPoint> = self.timeline.nvml.iter().filter(|p| p.gpu == gpu).collect();
         type Pick = fn(&NvmlPoint) -> Option<f64>;
         let lines: Vec<(&str, Pick)> = match what {
             "ecc" => vec![
@@ -194,8 +186,11 @@ impl ReportData {
             ],
             _ => vec![("GPU °C", |p| p.gpu_temp_c.map(f64::from)), ("memory (HBM) °C", |p| p.memory_temp_c.map(f64::from))],
         };
-        let data: Vec<(&str, Vec<(f64, f64)>)> =
-            lines.iter().map(|(n, f)| (*n, points.iter().filter_map(|p| Some((p.t_s, f(p)?))).collect::<Vec<_>>())).filter(|(_, v)| !v.is_empty()).collect();
+        let data: Vec<(&str, Vec<(f64, f64)>)> = lines
+            .iter()
+            .map(|(n, f)| (*n, points.iter().filter_map(|p| Some((p.t_s, f(p)?))).collect::<Vec<_>>()))
+            .filter(|(_, v)| !v.is_empty())
+            .collect();
         if data.is_empty() {
             return Ok(None);
         }
@@ -204,32 +199,48 @@ impl ReportData {
         let mut svg = String::new();
         {
             let root = SVGBackend::with_string(&mut svg, (W / 2 - 10, 260)).into_drawing_area();
-            root.fill(&WHITE).map_err(|e| e.to_string())?;
+            root.fill(&WHITE).map_err(draw_err)?;
             let mut chart = ChartBuilder::on(&root)
                 .caption(title, ("sans-serif", 16))
                 .margin(8)
                 .x_label_area_size(30)
                 .y_label_area_size(50)
                 .build_cartesian_2d(0f64..self.duration(), 0f64..top)
-                .map_err(|e| e.to_string())?;
-            chart.configure_mesh().x_desc("seconds").draw().map_err(|e| e.to_string())?;
+                .map_err(draw_err)?;
+            chart.configure_mesh().x_desc("seconds").draw().map_err(draw_err)?;
             for (i, (name, v)) in data.into_iter().enumerate() {
                 let c = color(i + 1);
                 chart
                     .draw_series(LineSeries::new(v, c.stroke_width(2)))
-                    .map_err(|e| e.to_string())?
+                    .map_err(draw_err)?
                     .label(name)
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
             }
-            chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| e.to_string())?;
-            root.present().map_err(|e| e.to_string())?;
+            chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(draw_err)?;
+            root.present().map_err(draw_err)?;
         }
         Ok(Some(svg))
     }
 
     /// The whole page.
-    pub fn html(&self) -> Result<String, String> {
+    pub fn html(&self) -> Result<String, DrawError> {
         let mut h = String::new();
+        self.head(&mut h);
+        h.push_str("<h2>Live memory over time</h2>\n");
+        h.push_str(&self.timeline_svg(None)?);
+        for dev in self.timeline.devices() {
+            self.gpu_section(&mut h, dev)?;
+        }
+        self.marks_table(&mut h);
+        h.push_str("<h2>Allocation sizes</h2>\n");
+        h.push_str(&self.sizes_svg()?);
+        self.leak_suspects(&mut h);
+        h.push_str("</body></html>\n");
+        Ok(h)
+    }
+
+    /// The page's head, title and what the recording was.
+    fn head(&self, h: &mut String) {
         let title = match self.header.as_ref().and_then(|h| h.command.clone()) {
             Some(c) => format!("gpumem report: {}", escape(&c)),
             None => "gpumem report".to_string(),
@@ -247,48 +258,55 @@ impl ReportData {
             h,
             "<p>{:.1} s traced, {} events, {} lost, {} probes attached; recorded by gpumem {}.</p>",
             f.duration_s,
-            self.events,
+            self.timeline.events,
             f.lost.total(),
             f.probes_attached,
             escape(self.header.as_ref().map_or("?", |h| h.gpumem_version.as_str()))
         );
         if let Some(d) = &self.damage {
-            let _ = writeln!(h, "<p class=\"warn\">The recording is damaged: {}. This report covers what was read before it.</p>", escape(d));
+            let _ =
+                writeln!(h, "<p class=\"warn\">The recording is damaged: {}. This report covers what was read before it.</p>", escape(d));
         }
-        h.push_str("<h2>Live memory over time</h2>\n");
-        h.push_str(&self.timeline_svg(None)?);
-        for dev in self.devices() {
-            let _ = writeln!(h, "<h2 id=\"gpu-{dev}\">GPU {dev}</h2>");
-            // NVML's used memory counts every process and the driver: next to
-            // the traced lines it would flatten them, so it is given as text.
-            if let Some(p) = self.nvml.iter().rev().find(|p| p.gpu as i32 == dev) {
-                let used = match (p.used_bytes, p.total_bytes) {
-                    (Some(u), Some(t)) => format!(": NVML {} used of {} at the last reading", bytes(u), bytes(t)),
-                    _ => String::new(),
-                };
-                let _ = writeln!(h, "<p>{} {}{used}</p>", escape(&p.name), escape(&p.uuid));
-            }
-            h.push_str(&self.timeline_svg(Some(dev))?);
-            if dev >= 0 {
-                h.push_str("<div class=\"row\">");
-                for what in ["ecc", "temperature"] {
-                    if let Some(svg) = self.nvml_svg(dev as u32, what)? {
-                        h.push_str(&svg);
-                    }
+    }
+
+    /// One GPU: NVML's identity and memory, its timeline, ECC and temperatures.
+    fn gpu_section(&self, h: &mut String, dev: i32) -> Result<(), DrawError> {
+        let _ = writeln!(h, "<h2 id=\"gpu-{dev}\">GPU {dev}</h2>");
+        // NVML's used memory counts every process and the driver: next to
+        // the traced lines it would flatten them, so it is given as text.
+        if let Some(p) = self.timeline.nvml.iter().rev().find(|p| p.gpu as i32 == dev) {
+            let used = match (p.used_bytes, p.total_bytes) {
+                (Some(u), Some(t)) => format!(": NVML {} used of {} at the last reading", bytes(u), bytes(t)),
+                _ => String::new(),
+            };
+            let _ = writeln!(h, "<p>{} {}{used}</p>", escape(&p.name), escape(&p.uuid));
+        }
+        h.push_str(&self.timeline_svg(Some(dev))?);
+        if dev >= 0 {
+            h.push_str("<div class=\"row\">");
+            for what in ["ecc", "temperature"] {
+                if let Some(svg) = self.nvml_svg(dev as u32, what)? {
+                    h.push_str(&svg);
                 }
-                h.push_str("</div>\n");
             }
+            h.push_str("</div>\n");
         }
-        if !self.marks.is_empty() {
-            h.push_str("<h2>Out-of-memory and XID events</h2>\n<table><tr><th>seconds</th><th>GPU</th><th>event</th></tr>\n");
-            for m in &self.marks {
-                let dev = m.device.map_or("host".to_string(), |d| d.to_string());
-                let _ = writeln!(h, "<tr><td class=\"num\">{:.3}</td><td>{dev}</td><td>{}</td></tr>", m.t_s, escape(&m.label));
-            }
-            h.push_str("</table>\n");
+        Ok(())
+    }
+
+    fn marks_table(&self, h: &mut String) {
+        if self.timeline.marks.is_empty() {
+            return;
         }
-        h.push_str("<h2>Allocation sizes</h2>\n");
-        h.push_str(&self.sizes_svg()?);
+        h.push_str("<h2>Out-of-memory and XID events</h2>\n<table><tr><th>seconds</th><th>GPU</th><th>event</th></tr>\n");
+        for m in &self.timeline.marks {
+            let dev = m.device.map_or("host".to_string(), |d| d.to_string());
+            let _ = writeln!(h, "<tr><td class=\"num\">{:.3}</td><td>{dev}</td><td>{}</td></tr>", m.t_s, escape(&m.label));
+        }
+        h.push_str("</table>\n");
+    }
+
+    fn leak_suspects(&self, h: &mut String) {
         h.push_str("<h2>Leak suspects (live allocations at the end of the recording)</h2>\n");
         if self.leaks.iter().all(|p| p.outstanding_allocs == 0) {
             h.push_str("<p>None: every process had freed its memory or exited.</p>\n");
@@ -322,30 +340,16 @@ impl ReportData {
                 );
             }
         }
-        h.push_str("</body></html>\n");
-        Ok(h)
     }
-}
-
-/// The size bucket of an allocation: the smallest power of 4 from 256 B that holds it.
-pub fn size_bucket(size: u64) -> u64 {
-    let mut b = 256u64;
-    while b < size && b < (1 << 40) {
-        b *= 4;
-    }
-    b
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::timeline::Mark;
 
     #[test]
-    fn buckets_and_escaping() {
-        assert_eq!(size_bucket(1), 256);
-        assert_eq!(size_bucket(256), 256);
-        assert_eq!(size_bucket(257), 1024);
-        assert_eq!(size_bucket(3 << 20), 4 << 20);
+    fn escaping() {
         assert_eq!(escape("<script>alert('x')</script>&\u{1b}"), "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;?");
     }
 
@@ -353,9 +357,9 @@ mod tests {
     fn a_chart_is_an_svg_document_with_its_series() {
         let mut d = ReportData::default();
         d.footer.duration_s = 2.0;
-        d.comm.insert(7, "train<1>".into());
-        d.series.insert((7, 0), vec![(0.5, 4 << 20), (1.5, 8 << 20)]);
-        d.marks.push(Mark { t_s: 1.0, device: Some(0), label: "CUDA OOM pid 7".into() });
+        d.timeline.comm.insert(7, "train<1>".into());
+        d.timeline.series.insert((7, 0), vec![(0.5, 4 << 20), (1.5, 8 << 20)]);
+        d.timeline.marks.push(Mark { t_s: 1.0, device: Some(0), label: "CUDA OOM pid 7".into() });
         let svg = d.timeline_svg(Some(0)).unwrap();
         assert!(svg.starts_with("<svg"), "{svg}");
         assert!(svg.contains("train&lt;1&gt; (7)"), "labels are escaped: {svg}");

@@ -7,13 +7,15 @@ use super::names::{api_name, bytes, printable, result_name, short_id};
 use crate::{
     analysis::{
         distributions::{DistributionSummary, Percentiles},
-        fragmentation::{self, DeviceLayout},
+        fragmentation::DeviceLayout,
         reconcile::Reconciliation,
+        view::{View, Workload},
     },
-    events::LostEvents,
+    events::{LostEvents, TablesFull},
     probes::discover::ScanStats,
+    record::Footer,
     stacks::StackStats,
-    state::{OomCounters, Overflow, State},
+    state::{OomCounters, Overflow, Process, State},
 };
 
 #[derive(Debug, Serialize)]
@@ -81,6 +83,10 @@ pub struct Summary {
     pub late_events: u64,
     /// Successful calls with a size no GPU could hold (garbled input), not applied.
     pub implausible_events: u64,
+    /// Events of an id this agent does not know, not applied.
+    pub unknown_events: u64,
+    /// Kernel tables that were full (nothing lost from the stream, something not followed).
+    pub kernel_tables_full: TablesFull,
     pub probes_attached: usize,
     /// Cost of the periodic /proc scans for new libcuda copies.
     pub discovery: ScanStats,
@@ -97,74 +103,78 @@ pub struct Summary {
     pub stale_calls_removed: u64,
 }
 
-impl Summary {
-    pub fn build(state: &State, lost: LostEvents, duration_s: f64, probes_attached: usize, discovery: ScanStats) -> Self {
-        let processes = state
-            .processes
-            .values()
-            .map(|p| ProcessSummary {
-                pid: p.pid,
-                comm: p.comm.clone(),
-                exited: p.exited,
-                devices: p
-                    .devices
-                    .iter()
-                    .map(|(&d, t)| DeviceSummary {
-                        device: (d != gpumem_common::DEVICE_UNKNOWN).then_some(d),
-                        live_bytes: t.live_bytes,
-                        live_allocs: t.live_allocs,
-                        vmm_physical_bytes: t.vmm_physical_bytes,
-                        vmm_handles: t.vmm_handles,
-                        reserved_bytes: t.reserved_bytes,
-                        layout: fragmentation::layout(p, d),
-                    })
-                    .collect(),
-                host_pinned_bytes: p.host_pinned_bytes,
-                host_pinned_allocs: p.host_pinned_allocs,
-                untracked_frees: p.untracked_frees,
-                reordered_frees: p.reordered_frees,
-                held_at_exit_bytes: p.held_at_exit_bytes,
-                events_lost: p.events_lost,
-                uncertain: p.events_lost > 0,
-                rm_memory_bytes: p.rm_memory_bytes,
-                rm_memory_objects: p.rm_memory_objects,
-                uvm_mapped_bytes: p.uvm_mapped_bytes,
-                container: p.container.as_ref().and_then(|c| c.container.clone()),
-                pod_uid: p.container.as_ref().and_then(|c| c.pod_uid.clone()),
-                pod: p.container.as_ref().and_then(|c| c.pod_name.clone()),
-                namespace: p.container.as_ref().and_then(|c| c.namespace.clone()),
-                ns_pid: p.container.as_ref().and_then(|c| c.ns_pid),
-                apis: p
-                    .apis
-                    .iter()
-                    .map(|(&id, s)| ApiSummary {
-                        api: api_name(id),
-                        calls: s.calls,
-                        failures: s.failures,
-                        results: s.failures_by_result.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
-                    })
-                    .collect(),
+fn process_summary(p: &Process, view: &View) -> ProcessSummary {
+    let c = p.container.as_ref();
+    ProcessSummary {
+        pid: p.pid,
+        comm: p.comm.clone(),
+        exited: p.exited,
+        devices: view
+            .rows
+            .iter()
+            .filter(|r| r.pid == p.pid && p.held.devices.contains_key(&r.device))
+            .map(|r| DeviceSummary {
+                device: (r.device != gpumem_common::DEVICE_UNKNOWN).then_some(r.device),
+                live_bytes: r.totals.live_bytes,
+                live_allocs: r.totals.live_allocs,
+                vmm_physical_bytes: r.totals.vmm_physical_bytes,
+                vmm_handles: r.totals.vmm_handles,
+                reserved_bytes: r.totals.reserved_bytes,
+                layout: r.layout.clone().unwrap_or_default(),
             })
-            .collect();
+            .collect(),
+        host_pinned_bytes: p.held.pinned.bytes,
+        host_pinned_allocs: p.held.pinned.allocs,
+        untracked_frees: p.untracked_frees,
+        reordered_frees: p.reordered_frees,
+        held_at_exit_bytes: p.held_at_exit_bytes,
+        events_lost: p.events_lost,
+        uncertain: p.events_lost > 0,
+        rm_memory_bytes: p.held.driver.rm_memory_bytes,
+        rm_memory_objects: p.held.driver.rm_memory_objects,
+        uvm_mapped_bytes: p.held.driver.uvm_mapped_bytes,
+        container: c.and_then(|c| c.container.clone()),
+        pod_uid: c.and_then(|c| c.pod_uid.clone()),
+        pod: c.and_then(|c| c.pod_name.clone()),
+        namespace: c.and_then(|c| c.namespace.clone()),
+        ns_pid: c.and_then(|c| c.ns_pid),
+        apis: p
+            .apis
+            .iter()
+            .map(|(&id, s)| ApiSummary {
+                api: api_name(id),
+                calls: s.calls,
+                failures: s.failures,
+                results: s.failures_by_result.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
+            })
+            .collect(),
+    }
+}
+
+impl Summary {
+    /// From the state at the end, its view (with layouts) and how the session ended.
+    pub fn build(state: &State, view: &View, footer: &Footer, distributions: DistributionSummary) -> Self {
         Summary {
             kind: "summary",
-            duration_s,
+            duration_s: footer.duration_s,
             events: state.events,
-            processes,
-            lost_events: lost.total(),
-            lost,
+            processes: state.processes.values().map(|p| process_summary(p, view)).collect(),
+            lost_events: footer.lost.total(),
+            lost: footer.lost.clone(),
             state_overflow: state.overflow.clone(),
             pid_reuses: state.pid_reuses,
             late_events: state.late_events,
             implausible_events: state.implausible_events,
-            probes_attached,
-            discovery,
+            unknown_events: state.unknown_events,
+            kernel_tables_full: footer.tables_full.clone(),
+            probes_attached: footer.probes_attached,
+            discovery: footer.discovery.clone(),
             oom: state.oom.clone(),
-            stacks: StackStats::default(),
-            distributions: DistributionSummary::default(),
-            reconciliation: None,
-            nvml: "not asked".into(),
-            stale_calls_removed: 0,
+            stacks: footer.stacks.clone(),
+            distributions,
+            reconciliation: footer.reconciliation.clone(),
+            nvml: footer.nvml.clone(),
+            stale_calls_removed: footer.stale_calls_removed,
         }
     }
 
@@ -180,15 +190,26 @@ impl Summary {
             "=== gpumem summary: {:.1} s, {} events, {} lost, {} probes attached ===",
             self.duration_s, self.events, self.lost_events, self.probes_attached
         )?;
-        if self.processes.is_empty() {
-            writeln!(out, "no CUDA calls seen")?;
-        } else {
+        self.write_processes(out)?;
+        self.write_apis(out)?;
+        write_distributions(out, &self.distributions)?;
+        let o = &self.oom;
+        if o.cuda_ooms + o.host_oom_kills > 0 {
             writeln!(
                 out,
-                "{:>7} {:<15} {:>4} {:>12} {:>8} {:>12} {:>12}",
-                "PID", "COMM", "DEV", "LIVE", "ALLOCS", "VMM PHYS", "VA RESERVED"
+                "\nOUT OF MEMORY: {} CUDA allocation(s) failed with out-of-memory ({} while enough was reported free: fragmentation), {} host OOM kill(s)",
+                o.cuda_ooms, o.fragmentation_ooms, o.host_oom_kills
             )?;
         }
+        self.write_reconciliation(out)?;
+        self.write_losses(out)
+    }
+
+    fn write_processes(&self, out: &mut impl Write) -> io::Result<()> {
+        if self.processes.is_empty() {
+            return writeln!(out, "no CUDA calls seen");
+        }
+        writeln!(out, "{:>7} {:<15} {:>4} {:>12} {:>8} {:>12} {:>12}", "PID", "COMM", "DEV", "LIVE", "ALLOCS", "VMM PHYS", "VA RESERVED")?;
         for p in &self.processes {
             let comm = printable(&p.comm);
             let mut state = match (p.exited, p.held_at_exit_bytes) {
@@ -204,82 +225,82 @@ impl Summary {
             }
             for d in &p.devices {
                 let dev = d.device.map_or("?".to_string(), |d| d.to_string());
-                writeln!(
-                    out,
-                    "{:>7} {:<15} {:>4} {:>12} {:>8} {:>12} {:>12}{}",
-                    p.pid,
-                    comm,
-                    dev,
-                    bytes(d.live_bytes),
-                    d.live_allocs,
-                    bytes(d.vmm_physical_bytes),
-                    bytes(d.reserved_bytes),
-                    state
-                )?;
+                let (live, phys, reserved) = (bytes(d.live_bytes), bytes(d.vmm_physical_bytes), bytes(d.reserved_bytes));
+                writeln!(out, "{:>7} {:<15} {:>4} {live:>12} {:>8} {phys:>12} {reserved:>12}{state}", p.pid, comm, dev, d.live_allocs)?;
             }
             if let Some(c) = &p.container {
-                let pod = match (&p.namespace, &p.pod, &p.pod_uid) {
-                    (Some(ns), Some(name), _) => format!(", pod {ns}/{name}"),
-                    (None, Some(name), _) => format!(", pod {name}"),
-                    (_, None, Some(uid)) => format!(", pod {uid}"),
-                    _ => String::new(),
-                };
+                let w = Workload { container: None, pod: p.pod.clone().or_else(|| p.pod_uid.clone()), namespace: p.namespace.clone() };
+                let pod = if w.pod.is_some() { format!(", pod {}", printable(&w.name())) } else { String::new() };
                 writeln!(out, "{:>7} {:<15} container {}{pod}", p.pid, comm, printable(short_id(c)))?;
             }
             if p.rm_memory_objects > 0 || p.uvm_mapped_bytes > 0 {
+                let (rm, uvm) = (bytes(p.rm_memory_bytes), bytes(p.uvm_mapped_bytes));
                 writeln!(
                     out,
-                    "{:>7} {:<15}   RM {:>12} {:>8}   (video memory allocated by driver ioctls; UVM mapped {})",
-                    p.pid,
-                    comm,
-                    bytes(p.rm_memory_bytes),
-                    p.rm_memory_objects,
-                    bytes(p.uvm_mapped_bytes)
+                    "{:>7} {:<15}   RM {rm:>12} {:>8}   (video memory allocated by driver ioctls; UVM mapped {uvm})",
+                    p.pid, comm, p.rm_memory_objects
                 )?;
             }
             if p.host_pinned_allocs > 0 {
-                writeln!(out, "{:>7} {:<15} {:>4} {:>12} {:>8}   (pinned host memory)", p.pid, comm, "host", bytes(p.host_pinned_bytes), p.host_pinned_allocs)?;
+                writeln!(
+                    out,
+                    "{:>7} {:<15} {:>4} {:>12} {:>8}   (pinned host memory)",
+                    p.pid,
+                    comm,
+                    "host",
+                    bytes(p.host_pinned_bytes),
+                    p.host_pinned_allocs
+                )?;
             }
         }
-        if self.processes.iter().any(|p| !p.apis.is_empty()) {
-            writeln!(out, "\n{:>7} {:<30} {:>8} {:>8}  FAILURES BY RESULT", "PID", "API", "CALLS", "FAILED")?;
-            for p in &self.processes {
-                for a in &p.apis {
-                    let results: Vec<String> = a
-                        .results
-                        .iter()
-                        .map(|(r, n)| {
-                            let name = r.parse().ok().and_then(result_name).unwrap_or("");
-                            format!("{n}× {r} {}", name.trim_start_matches("CUDA_ERROR_"))
-                        })
-                        .collect();
-                    writeln!(out, "{:>7} {:<30} {:>8} {:>8}  {}", p.pid, a.api, a.calls, a.failures, results.join(", "))?;
-                }
+        Ok(())
+    }
+
+    fn write_apis(&self, out: &mut impl Write) -> io::Result<()> {
+        if !self.processes.iter().any(|p| !p.apis.is_empty()) {
+            return Ok(());
+        }
+        writeln!(out, "\n{:>7} {:<30} {:>8} {:>8}  FAILURES BY RESULT", "PID", "API", "CALLS", "FAILED")?;
+        for p in &self.processes {
+            for a in &p.apis {
+                let results: Vec<String> = a
+                    .results
+                    .iter()
+                    .map(|(r, n)| {
+                        let name = r.parse().ok().and_then(result_name).unwrap_or("");
+                        format!("{n}× {r} {}", name.trim_start_matches("CUDA_ERROR_"))
+                    })
+                    .collect();
+                writeln!(out, "{:>7} {:<30} {:>8} {:>8}  {}", p.pid, a.api, a.calls, a.failures, results.join(", "))?;
             }
         }
-        write_distributions(out, &self.distributions)?;
-        let o = &self.oom;
-        if o.cuda_ooms + o.host_oom_kills > 0 {
-            writeln!(
-                out,
-                "\nOUT OF MEMORY: {} CUDA allocation(s) failed with out-of-memory ({} while enough was reported free: fragmentation), {} host OOM kill(s)",
-                o.cuda_ooms, o.fragmentation_ooms, o.host_oom_kills
-            )?;
+        Ok(())
+    }
+
+    fn write_reconciliation(&self, out: &mut impl Write) -> io::Result<()> {
+        let Some(rows) = &self.reconciliation else { return Ok(()) };
+        if !rows.is_empty() {
+            writeln!(out, "\n{:>7} {:>4} {:>12} {:>12} {:>12}  (NVML vs traced)", "PID", "GPU", "NVML", "TRACED", "UNTRACKED")?;
         }
-        if let Some(rows) = &self.reconciliation {
-            if !rows.is_empty() {
-                writeln!(out, "\n{:>7} {:>4} {:>12} {:>12} {:>12}  (NVML vs traced)", "PID", "GPU", "NVML", "TRACED", "UNTRACKED")?;
-            }
-            for r in rows {
-                let untracked = if r.untracked_bytes < 0 { format!("-{}", bytes(r.untracked_bytes.unsigned_abs())) } else { bytes(r.untracked_bytes as u64) };
-                writeln!(out, "{:>7} {:>4} {:>12} {:>12} {:>12}", r.pid, r.gpu, bytes(r.nvml_bytes), bytes(r.traced_bytes), untracked)?;
-            }
+        for r in rows {
+            let untracked = if r.untracked_bytes < 0 {
+                format!("-{}", bytes(r.untracked_bytes.unsigned_abs()))
+            } else {
+                bytes(r.untracked_bytes as u64)
+            };
+            writeln!(out, "{:>7} {:>4} {:>12} {:>12} {:>12}", r.pid, r.gpu, bytes(r.nvml_bytes), bytes(r.traced_bytes), untracked)?;
         }
+        Ok(())
+    }
+
+    /// Everything that was lost or did not fit.
+    fn write_losses(&self, out: &mut impl Write) -> io::Result<()> {
         if self.lost_events > 0 {
+            let l = &self.lost;
             writeln!(
                 out,
                 "\nLOST EVENTS: {} (ring buffer full {}, call table full {}, return without entry {}, malformed {})",
-                self.lost_events, self.lost.ringbuf_full, self.lost.pending_full, self.lost.return_without_entry, self.lost.malformed
+                self.lost_events, l.ringbuf_full, l.pending_full, l.return_without_entry, l.malformed
             )?;
         }
         let o = &self.state_overflow;
@@ -288,6 +309,21 @@ impl Summary {
                 out,
                 "STATE OVERFLOW: {} allocations not recorded (table full), {} events of untracked processes (process table full)",
                 o.entries_dropped, o.process_events_dropped
+            )?;
+        }
+        let k = &self.kernel_tables_full;
+        if k.tracked_processes > 0 || k.pid_filter > 0 {
+            writeln!(
+                out,
+                "KERNEL TABLES FULL: traced processes {} (their exits may be missed), pid filter {} (children or descriptors not followed)",
+                k.tracked_processes, k.pid_filter
+            )?;
+        }
+        if self.implausible_events + self.unknown_events > 0 {
+            writeln!(
+                out,
+                "NOT APPLIED: {} event(s) with a size no GPU could hold, {} of an unknown kind",
+                self.implausible_events, self.unknown_events
             )?;
         }
         Ok(())
@@ -299,7 +335,9 @@ pub fn write_distributions(out: &mut impl Write, d: &DistributionSummary) -> io:
     if d.api_latency_ns.is_empty() {
         return Ok(());
     }
-    let head = |out: &mut dyn Write, what: &str| writeln!(out, "\n{what:<36} {:>8} {:>10} {:>10} {:>10} {:>10}", "COUNT", "P50", "P90", "P99", "MAX");
+    let head = |out: &mut dyn Write, what: &str| {
+        writeln!(out, "\n{what:<36} {:>8} {:>10} {:>10} {:>10} {:>10}", "COUNT", "P50", "P90", "P99", "MAX")
+    };
     let row = |out: &mut dyn Write, name: &str, p: &Percentiles, f: &dyn Fn(u64) -> String| {
         writeln!(out, "{name:<36} {:>8} {:>10} {:>10} {:>10} {:>10}", p.count, f(p.p50), f(p.p90), f(p.p99), f(p.max))
     };
@@ -337,7 +375,10 @@ mod tests {
     use gpumem_common::{api, Event};
 
     use super::*;
-    use crate::state::{testing::ev, Limits};
+    use crate::{
+        analysis::{health::GpuWatch, leaks::GrowthTracker, view::ViewOptions},
+        state::{testing::ev, Limits},
+    };
 
     #[test]
     fn human_summary_shows_live_memory_failures_and_losses() {
@@ -347,8 +388,15 @@ mod tests {
         s.apply(&Event { result: 2, size: 1 << 30, ..ev(api::CU_MEM_ALLOC_V2) });
         s.apply(&Event { pid: 200, tid: 200, ..ev(api::CU_INIT) });
         s.apply(&Event { pid: 200, tid: 200, ..ev(api::PROCESS_EXIT) });
-        let lost = LostEvents { ringbuf_full: 3, ..Default::default() };
-        let summary = Summary::build(&s, lost, 1.5, 30, ScanStats::default());
+        let footer = Footer {
+            lost: LostEvents { ringbuf_full: 3, ..Default::default() },
+            duration_s: 1.5,
+            probes_attached: 30,
+            ..Default::default()
+        };
+        let view =
+            View::build(&s, &mut GrowthTracker::default(), &GpuWatch::default(), &ViewOptions { layouts: true, ..Default::default() });
+        let summary = Summary::build(&s, &view, &footer, Default::default());
         let mut out = Vec::new();
         summary.write_human(&mut out).unwrap();
         let text = String::from_utf8(out).unwrap();

@@ -2,11 +2,16 @@
 //! line for machines.
 use std::io::{self, Write};
 
-use gpumem_common::{api, api_info, ApiClass, Event, DEVICE_UNKNOWN};
+use gpumem_common::{api, ApiClass, Event, DEVICE_UNKNOWN};
 use serde_json::{json, Value};
 
 use super::names::{api_name, bytes, event_type, printable, result_name};
-use crate::state::{container::ContainerInfo, Applied, CudaOom, Release};
+use crate::{
+    analysis::leaks::LeakGroup,
+    events::kind::{Kind, OomKill, Rm},
+    pipeline::Outcome,
+    state::{container::ContainerInfo, Applied, CudaOom, Release},
+};
 
 /// Which events are shown (state always sees every event).
 #[derive(Clone, Copy, Debug, Default)]
@@ -35,20 +40,19 @@ fn device_value(device: i32) -> Value {
     }
 }
 
-fn has_handle(api_id: u32) -> bool {
+fn has_handle(kind: &Kind) -> bool {
+    let Kind::Cuda(info) = kind else { return false };
     matches!(
-        api_info(api_id).map(|a| a.class),
-        Some(
-            ApiClass::VmmCreate
-                | ApiClass::VmmRelease
-                | ApiClass::VmmMap
-                | ApiClass::CtxRetainPrimary
-                | ApiClass::CtxCreate
-                | ApiClass::CtxSetCurrent
-                | ApiClass::CtxPush
-                | ApiClass::CtxPop
-                | ApiClass::CtxDestroy
-        )
+        info.class,
+        ApiClass::VmmCreate
+            | ApiClass::VmmRelease
+            | ApiClass::VmmMap
+            | ApiClass::CtxRetainPrimary
+            | ApiClass::CtxCreate
+            | ApiClass::CtxSetCurrent
+            | ApiClass::CtxPush
+            | ApiClass::CtxPop
+            | ApiClass::CtxDestroy
     )
 }
 
@@ -56,13 +60,17 @@ fn releases_json(rs: &[Release]) -> Value {
     rs.iter().map(|r| json!({"device": device_value(r.device), "bytes": r.bytes, "allocs": r.allocs})).collect()
 }
 
-/// The extra `cuda_oom` object that follows an allocation failing with out-of-memory.
-/// `holder_stacks[i]`: the top stacks of `oom.holders[i]` on the device.
-pub fn cuda_oom_json(ev: &Event, oom: &CudaOom, holder_stacks: &[Value]) -> Value {
+fn hex(v: impl std::fmt::LowerHex) -> Value {
+    json!(format!("{v:#x}"))
+}
+
+/// The extra `cuda_oom` object that follows an allocation failing with
+/// out-of-memory; `holder_stacks[i]`: the top stacks of `oom.holders[i]`.
+pub fn cuda_oom_json(ev: &Event, oom: &CudaOom, holder_stacks: &[Vec<LeakGroup>]) -> Value {
     let mut holders = serde_json::to_value(&oom.holders).unwrap_or_default();
     if let Some(hs) = holders.as_array_mut() {
         for (h, stacks) in hs.iter_mut().zip(holder_stacks) {
-            h["top_stacks"] = stacks.clone();
+            h["top_stacks"] = serde_json::to_value(stacks).unwrap_or_default();
         }
     }
     json!({
@@ -81,7 +89,7 @@ pub fn cuda_oom_json(ev: &Event, oom: &CudaOom, holder_stacks: &[Value]) -> Valu
 }
 
 /// The JSON object of one event.
-pub fn event_json(ev: &Event, applied: &Applied, container: Option<&ContainerInfo>) -> Value {
+pub fn event_json(ev: &Event, kind: &Kind, applied: &Applied, container: Option<&ContainerInfo>) -> Value {
     let mut v = json!({
         "type": event_type(ev.api),
         "ts_ns": ev.ts_ns,
@@ -90,7 +98,7 @@ pub fn event_json(ev: &Event, applied: &Applied, container: Option<&ContainerInf
         "comm": String::from_utf8_lossy(ev.comm_bytes()),
         "api": api_name(ev.api),
         "device": device_value(applied.device),
-        "addr": format!("{:#x}", ev.addr),
+        "addr": hex(ev.addr),
         "size": applied.size,
         "result": ev.result,
         "latency_ns": ev.latency_ns,
@@ -102,11 +110,11 @@ pub fn event_json(ev: &Event, applied: &Applied, container: Option<&ContainerInf
     obj.insert("pod".into(), json!(c.pod_name));
     obj.insert("namespace".into(), json!(c.namespace));
     obj.insert("ns_pid".into(), json!(c.ns_pid));
-    if let Some(name) = result_name(ev.result).filter(|_| !api::is_ioctl(ev.api)) {
+    if let Some(name) = result_name(ev.result).filter(|_| !kind.is_ioctl()) {
         obj.insert("result_name".into(), json!(name));
     }
-    if has_handle(ev.api) {
-        obj.insert("handle".into(), json!(format!("{:#x}", ev.handle)));
+    if has_handle(kind) {
+        obj.insert("handle".into(), hex(ev.handle));
     }
     if ev.api == api::CU_MEM_ALLOC_PITCH_V2 {
         obj.insert("pitch".into(), json!(ev.aux));
@@ -117,41 +125,11 @@ pub fn event_json(ev: &Event, applied: &Applied, container: Option<&ContainerInf
     {
         obj.insert("released".into(), releases_json(&applied.released));
     }
-    if api::is_ioctl(ev.api) {
-        // The RM status, as the driver wrote it in the parameters.
-        obj.insert("status".into(), json!(ev.result));
-        obj.insert("result_name".into(), json!(if ev.result == 0 { "NV_OK" } else { "NV_ERR" }));
-        match ev.api {
-            api::RM_ALLOC | api::RM_FREE => {
-                obj.insert("handle".into(), json!(format!("{:#x}", ev.handle)));
-                obj.insert("parent".into(), json!(format!("{:#x}", ev.addr as u32)));
-                obj.insert("root".into(), json!(format!("{:#x}", ev.addr >> 32)));
-                obj.remove("addr");
-                if ev.api == api::RM_ALLOC {
-                    obj.insert("class".into(), json!(format!("{:#x}", ev.aux as u32)));
-                    obj.insert("flags".into(), json!(ev.aux >> 32));
-                }
-            }
-            api::RM_CONTROL => {
-                obj.insert("handle".into(), json!(format!("{:#x}", ev.handle)));
-                obj.insert("cmd".into(), json!(format!("{:#x}", ev.aux)));
-            }
-            api::RM_MAP_MEMORY | api::RM_MAP_MEMORY_DMA => {
-                obj.insert("handle".into(), json!(format!("{:#x}", ev.handle)));
-            }
-            _ => {}
-        }
-    }
-    if let Some(kill) = &applied.oom_kill {
-        obj.insert("trigger_pid".into(), json!(ev.tid));
-        obj.insert("total_vm_bytes".into(), json!(ev.addr * 1024));
-        obj.insert("anon_rss_bytes".into(), json!(ev.size * 1024));
-        obj.insert("file_rss_bytes".into(), json!(ev.handle * 1024));
-        obj.insert("shmem_rss_bytes".into(), json!(ev.aux * 1024));
-        obj.insert("memcg".into(), json!(kill.memcg.is_some()));
-        obj.insert("memcg_path".into(), json!(kill.memcg));
-        obj.insert("gpu_holdings".into(), releases_json(&kill.holdings));
-        obj.insert("size".into(), json!(kill.holdings.iter().map(|r| r.bytes).sum::<u64>()));
+    match kind {
+        Kind::Rm(call) => rm_fields(obj, ev, call),
+        Kind::Uvm(_) => ioctl_status(obj, ev),
+        Kind::OomKill(k) => oom_fields(obj, k, applied),
+        _ => {}
     }
     if applied.untracked {
         obj.insert("untracked".into(), json!(true));
@@ -163,6 +141,55 @@ pub fn event_json(ev: &Event, applied: &Applied, container: Option<&ContainerInf
         obj.insert("out_read_failed".into(), json!(true));
     }
     v
+}
+
+type Object = serde_json::Map<String, Value>;
+
+/// The RM status, as the driver wrote it in the parameters.
+fn ioctl_status(obj: &mut Object, ev: &Event) {
+    obj.insert("status".into(), json!(ev.result));
+    obj.insert("result_name".into(), json!(if ev.result == 0 { "NV_OK" } else { "NV_ERR" }));
+}
+
+fn rm_fields(obj: &mut Object, ev: &Event, call: &Rm) {
+    ioctl_status(obj, ev);
+    match *call {
+        Rm::Alloc { object, parent, root, class, flags, .. } => {
+            obj.insert("handle".into(), hex(object));
+            obj.insert("parent".into(), hex(parent));
+            obj.insert("root".into(), hex(root));
+            obj.remove("addr");
+            obj.insert("class".into(), hex(class));
+            obj.insert("flags".into(), json!(flags));
+        }
+        Rm::Free { object, parent, root } => {
+            obj.insert("handle".into(), hex(object));
+            obj.insert("parent".into(), hex(parent));
+            obj.insert("root".into(), hex(root));
+            obj.remove("addr");
+        }
+        Rm::Control { object, cmd } => {
+            obj.insert("handle".into(), hex(object));
+            obj.insert("cmd".into(), hex(cmd));
+        }
+        Rm::Map { memory, .. } => {
+            obj.insert("handle".into(), hex(memory));
+        }
+    }
+}
+
+fn oom_fields(obj: &mut Object, k: &OomKill, applied: &Applied) {
+    obj.insert("trigger_pid".into(), json!(k.trigger_tid));
+    obj.insert("total_vm_bytes".into(), json!(k.total_vm_bytes));
+    obj.insert("anon_rss_bytes".into(), json!(k.anon_rss_bytes));
+    obj.insert("file_rss_bytes".into(), json!(k.file_rss_bytes));
+    obj.insert("shmem_rss_bytes".into(), json!(k.shmem_rss_bytes));
+    if let Some(kill) = &applied.oom_kill {
+        obj.insert("memcg".into(), json!(kill.memcg.is_some()));
+        obj.insert("memcg_path".into(), json!(kill.memcg));
+        obj.insert("gpu_holdings".into(), releases_json(&kill.holdings));
+        obj.insert("size".into(), json!(kill.holdings.iter().map(|r| r.bytes).sum::<u64>()));
+    }
 }
 
 pub struct Printer<W: Write> {
@@ -178,15 +205,16 @@ impl<W: Write> Printer<W> {
         Printer { out, json, filter, start_ns: None, header: false }
     }
 
-    pub fn event(&mut self, ev: &Event, applied: &Applied, container: Option<&ContainerInfo>, oom_stacks: &[Value]) -> io::Result<()> {
+    pub fn event(&mut self, o: &Outcome, container: Option<&ContainerInfo>) -> io::Result<()> {
+        let (ev, applied) = (&o.event, &o.applied);
         if !self.filter.shows(ev, applied) {
             return Ok(());
         }
         if self.json {
-            serde_json::to_writer(&mut self.out, &event_json(ev, applied, container))?;
+            serde_json::to_writer(&mut self.out, &event_json(ev, &o.kind, applied, container))?;
             writeln!(self.out)?;
             if let Some(oom) = &applied.cuda_oom {
-                serde_json::to_writer(&mut self.out, &cuda_oom_json(ev, oom, oom_stacks))?;
+                serde_json::to_writer(&mut self.out, &cuda_oom_json(ev, oom, &o.oom_stacks))?;
                 writeln!(self.out)?;
             }
             return Ok(());
@@ -202,31 +230,6 @@ impl<W: Write> Printer<W> {
         let start = *self.start_ns.get_or_insert(ev.ts_ns);
         let t = ev.ts_ns.saturating_sub(start) as f64 / 1e9;
         let dev = if applied.device == DEVICE_UNKNOWN { "-".to_string() } else { applied.device.to_string() };
-        let result = match result_name(ev.result) {
-            // RM status codes are not CUresults.
-            _ if api::is_ioctl(ev.api) && ev.result != 0 => format!("{:#x} (RM)", ev.result),
-            Some(name) if ev.result != 0 => format!("{} {}", ev.result, name.trim_start_matches("CUDA_ERROR_")),
-            Some(_) => "0".to_string(),
-            None => ev.result.to_string(),
-        };
-        let mut extra = String::new();
-        if !applied.released.is_empty() {
-            let parts: Vec<String> = applied.released.iter().map(|r| format!("dev {}: {} in {}", r.device, bytes(r.bytes), r.allocs)).collect();
-            extra = format!(" released {}", parts.join(", "));
-        }
-        if applied.untracked {
-            extra.push_str(" (untracked)");
-        }
-        if let Some(kill) = &applied.oom_kill {
-            let held: Vec<String> = kill.holdings.iter().map(|r| format!("dev {}: {} in {}", r.device, bytes(r.bytes), r.allocs)).collect();
-            extra = format!(
-                " HOST OOM KILL, triggered by pid {}, anon rss {}, {}; GPU memory held: {}",
-                ev.tid,
-                bytes(ev.size * 1024),
-                kill.memcg.as_deref().map_or("host-wide".to_string(), |p| format!("memory cgroup {p}")),
-                if held.is_empty() { "none".to_string() } else { held.join(", ") }
-            );
-        }
         writeln!(
             self.out,
             "{:<10.6} {:>7} {:>7} {:<15} {:<11} {:<28} {:>3} {:<16} {:>11} {:<20} {:>9.1}{}",
@@ -239,13 +242,14 @@ impl<W: Write> Printer<W> {
             dev,
             format!("{:#x}", ev.addr),
             bytes(applied.size),
-            result,
+            result_text(ev, &o.kind),
             ev.latency_ns as f64 / 1e3,
-            extra
+            extra_text(&o.kind, applied)
         )?;
         if let Some(oom) = &applied.cuda_oom {
             let free = oom.reported_free.map_or("not reported".to_string(), |f| format!("{} reported free", bytes(f)));
-            let holders: Vec<String> = oom.holders.iter().map(|h| format!("{} ({}) {}", h.pid, printable(&h.comm), bytes(h.bytes))).collect();
+            let holders: Vec<String> =
+                oom.holders.iter().map(|h| format!("{} ({}) {}", h.pid, printable(&h.comm), bytes(h.bytes))).collect();
             writeln!(
                 self.out,
                 "           CUDA OOM on device {}: {} requested, {}{}; holders: {}",
@@ -266,6 +270,43 @@ impl<W: Write> Printer<W> {
     pub fn inner(&mut self) -> &mut W {
         &mut self.out
     }
+}
+
+/// The RESULT column: the CUresult with its name, or an RM status.
+fn result_text(ev: &Event, kind: &Kind) -> String {
+    match result_name(ev.result) {
+        // RM status codes are not CUresults.
+        _ if kind.is_ioctl() && ev.result != 0 => format!("{:#x} (RM)", ev.result),
+        Some(name) if ev.result != 0 => format!("{} {}", ev.result, name.trim_start_matches("CUDA_ERROR_")),
+        Some(_) => "0".to_string(),
+        None => ev.result.to_string(),
+    }
+}
+
+fn held_text(rs: &[Release]) -> Vec<String> {
+    rs.iter().map(|r| format!("dev {}: {} in {}", r.device, bytes(r.bytes), r.allocs)).collect()
+}
+
+/// What follows the columns: implicit releases, untracked frees, OOM kills.
+fn extra_text(kind: &Kind, applied: &Applied) -> String {
+    let mut extra = String::new();
+    if !applied.released.is_empty() {
+        extra = format!(" released {}", held_text(&applied.released).join(", "));
+    }
+    if applied.untracked {
+        extra.push_str(" (untracked)");
+    }
+    if let (Some(kill), Kind::OomKill(k)) = (&applied.oom_kill, kind) {
+        let held = held_text(&kill.holdings);
+        extra = format!(
+            " HOST OOM KILL, triggered by pid {}, anon rss {}, {}; GPU memory held: {}",
+            k.trigger_tid,
+            k.anon_rss_bytes.map_or("?".to_string(), bytes),
+            kill.memcg.as_deref().map_or("host-wide".to_string(), |p| format!("memory cgroup {}", printable(p))),
+            if held.is_empty() { "none".to_string() } else { held.join(", ") }
+        );
+    }
+    extra
 }
 
 #[cfg(test)]
@@ -293,10 +334,37 @@ mod tests {
         }
     }
 
+    fn json_of(ev: &Event, applied: &Applied, c: Option<&ContainerInfo>) -> Value {
+        event_json(ev, &Kind::of(ev), applied, c)
+    }
+
+    fn outcome(event: Event, applied: Applied) -> Outcome {
+        Outcome { kind: Kind::of(&event), event, applied, stack: None, oom_stacks: vec![] }
+    }
+
+    #[test]
+    fn oom_and_rm_fields_at_their_extremes() {
+        let kill = Event { addr: u64::MAX, size: u64::MAX / 1024, handle: 1 << 60, aux: 0, tid: 9, ..event(api::OOM_KILL) };
+        let applied = Applied { oom_kill: Some(Box::default()), ..Default::default() };
+        let v = json_of(&kill, &applied, None);
+        assert!(v["total_vm_bytes"].is_null(), "KiB beyond 64 bits of bytes: unknown, not wrapped");
+        assert_eq!(v["anon_rss_bytes"], (u64::MAX / 1024) * 1024);
+        assert!(v["file_rss_bytes"].is_null());
+        assert_eq!(v["trigger_pid"], 9);
+        let mut p = Printer::new(Vec::new(), false, Filter::default());
+        p.event(&outcome(kill, applied), None).unwrap();
+        let rm = Event { handle: u64::MAX, addr: u64::MAX, aux: u64::MAX, ..event(api::RM_ALLOC) };
+        let v = json_of(&rm, &Applied::default(), None);
+        assert_eq!(
+            (v["handle"].as_str(), v["root"].as_str(), v["flags"].as_u64()),
+            (Some("0xffffffff"), Some("0xffffffff"), Some(0xffff_ffff))
+        );
+    }
+
     #[test]
     fn json_keys_and_values() {
         let applied = Applied { device: 1, size: 8192, ..Default::default() };
-        let v = event_json(&event(api::CU_MEM_ALLOC_PITCH_V2), &applied, None);
+        let v = json_of(&event(api::CU_MEM_ALLOC_PITCH_V2), &applied, None);
         assert_eq!(v["type"], "alloc");
         assert_eq!(v["api"], "cuMemAllocPitch_v2");
         assert_eq!(v["addr"], "0x7f00");
@@ -308,23 +376,19 @@ mod tests {
         assert!(v.get("handle").is_none());
         assert!(v["container"].is_null() && v["pod_uid"].is_null() && v["ns_pid"].is_null());
         let c = ContainerInfo { container: Some("ab".into()), pod_uid: Some("u".into()), ns_pid: Some(7), ..Default::default() };
-        let v = event_json(&event(api::CU_MEM_ALLOC_V2), &applied, Some(&c));
+        let v = json_of(&event(api::CU_MEM_ALLOC_V2), &applied, Some(&c));
         assert_eq!((v["container"].as_str(), v["pod_uid"].as_str(), v["ns_pid"].as_u64()), (Some("ab"), Some("u"), Some(7)));
     }
 
     #[test]
     fn unknown_device_is_null_and_releases_are_listed() {
-        let applied = Applied {
-            device: DEVICE_UNKNOWN,
-            size: 3,
-            released: vec![Release { device: 0, bytes: 3, allocs: 1 }],
-            ..Default::default()
-        };
-        let v = event_json(&event(api::PROCESS_EXIT), &applied, None);
+        let applied =
+            Applied { device: DEVICE_UNKNOWN, size: 3, released: vec![Release { device: 0, bytes: 3, allocs: 1 }], ..Default::default() };
+        let v = json_of(&event(api::PROCESS_EXIT), &applied, None);
         assert_eq!(v["type"], "exit");
         assert!(v["device"].is_null());
         assert_eq!(v["released"][0]["bytes"], 3);
-        let v = event_json(&event(api::CU_CTX_DESTROY_V2), &Applied::default(), None);
+        let v = json_of(&event(api::CU_CTX_DESTROY_V2), &Applied::default(), None);
         assert_eq!(v["released"], serde_json::json!([]));
         assert_eq!(v["handle"], "0x1001");
     }
@@ -344,7 +408,7 @@ mod tests {
     #[test]
     fn human_line_is_aligned() {
         let mut p = Printer::new(Vec::new(), false, Filter::default());
-        p.event(&event(api::CU_MEM_ALLOC_V2), &Applied { device: 0, size: 4096, ..Default::default() }, None, &[]).unwrap();
+        p.event(&outcome(event(api::CU_MEM_ALLOC_V2), Applied { device: 0, size: 4096, ..Default::default() }), None).unwrap();
         let text = String::from_utf8(p.out).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2);

@@ -8,8 +8,11 @@ use std::{
     ffi::OsStr,
 };
 
-pub mod monitor;
+pub mod worker;
 pub mod xid;
+
+pub use worker::{Library, Message, Worker};
+pub use xid::XidEvent;
 
 use nvml_wrapper::{
     enum_wrappers::device::{EccCounter, MemoryError, RetirementCause, TemperatureSensor},
@@ -127,56 +130,9 @@ impl Sampler {
                 let m = dev.memory_info()?;
                 Ok(MemoryInfo { total: m.total, used: m.used, free: m.free, reserved: m.reserved })
             });
-            s.processes = reading(u, index, "processes", &mut s, || {
-                Ok(dev
-                    .running_compute_processes()?
-                    .iter()
-                    .map(|p| {
-                        let bytes = match p.used_gpu_memory {
-                            nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
-                            nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
-                        };
-                        (p.pid, bytes)
-                    })
-                    .collect())
-            });
-            s.ecc = reading(u, index, "ecc", &mut s, || {
-                Ok(EccCounts {
-                    corrected_volatile: dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)?,
-                    uncorrected_volatile: dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)?,
-                    corrected_aggregate: dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Aggregate)?,
-                    uncorrected_aggregate: dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Aggregate)?,
-                })
-            });
-            s.ecc_by_location = reading(u, index, "ecc_by_location", &mut s, || {
-                use nvml_wrapper::enum_wrappers::device::MemoryLocation as L;
-                let mut by = std::collections::BTreeMap::new();
-                let mut last_err = NvmlError::NotSupported;
-                for (name, loc) in [
-                    ("l1_cache", L::L1Cache),
-                    ("l2_cache", L::L2Cache),
-                    ("device_memory", L::Device),
-                    ("register_file", L::RegisterFile),
-                    ("texture", L::Texture),
-                    ("shared", L::Shared),
-                    ("cbu", L::Cbu),
-                    ("sram", L::SRAM),
-                ] {
-                    let c = dev.memory_error_counter(MemoryError::Corrected, EccCounter::Aggregate, loc);
-                    let u = dev.memory_error_counter(MemoryError::Uncorrected, EccCounter::Aggregate, loc);
-                    match (c, u) {
-                        (Ok(c), Ok(u)) => {
-                            by.insert(name, (c, u));
-                        }
-                        (Err(e), _) | (_, Err(e)) => last_err = e,
-                    }
-                }
-                if by.is_empty() {
-                    Err(last_err)
-                } else {
-                    Ok(by)
-                }
-            });
+            s.processes = reading(u, index, "processes", &mut s, || Ok(process_bytes(&dev.running_compute_processes()?)));
+            s.ecc = reading(u, index, "ecc", &mut s, || ecc_counts(&dev));
+            s.ecc_by_location = reading(u, index, "ecc_by_location", &mut s, || ecc_by_location(&dev));
             s.retired_pages = reading(u, index, "retired_pages", &mut s, || {
                 Ok(RetiredPages {
                     single_bit: dev.retired_pages(RetirementCause::MultipleSingleBitEccErrors)?.len() as u64,
@@ -185,29 +141,87 @@ impl Sampler {
                 })
             });
             s.gpu_temp_c = reading(u, index, "gpu_temperature", &mut s, || dev.temperature(TemperatureSensor::Gpu));
-            // Field values: memory temperature and remapped rows.
-            let ids = [FI_DEV_MEMORY_TEMP, FI_DEV_REMAPPED_COR, FI_DEV_REMAPPED_UNC, FI_DEV_REMAPPED_PENDING, FI_DEV_REMAPPED_FAILURE];
-            let fields: Vec<Option<u64>> = reading(u, index, "field_values", &mut s, || {
-                let vals = dev.field_values_for(&ids.map(FieldId))?;
-                Ok(vals.into_iter().map(|r| r.ok().and_then(|f| f.value.ok()).and_then(field_u64)).collect())
-            })
-            .unwrap_or_default();
-            let field = |i: usize| fields.get(i).copied().flatten();
-            s.memory_temp_c = field(0).map(|v| v as u32);
-            if s.memory_temp_c.is_none() {
-                s.unsupported.insert("memory_temperature");
-            }
-            s.remapped_rows = match (field(1), field(2), field(3), field(4)) {
-                (Some(c), Some(u), Some(p), Some(f)) => Some(RemappedRows { correctable: c, uncorrectable: u, pending: p != 0, failure: f != 0 }),
-                _ => {
-                    s.unsupported.insert("remapped_rows");
-                    None
-                }
-            };
+            field_readings(u, index, &dev, &mut s);
             out.push(s);
         }
         Ok(out)
     }
+}
+
+/// (pid, bytes) of NVML's process list (bytes 0 where NVML does not say).
+pub fn process_bytes(ps: &[nvml_wrapper::struct_wrappers::device::ProcessInfo]) -> Vec<(u32, u64)> {
+    use nvml_wrapper::enums::device::UsedGpuMemory;
+    ps.iter()
+        .map(|p| {
+            let bytes = match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => b,
+                UsedGpuMemory::Unavailable => 0,
+            };
+            (p.pid, bytes)
+        })
+        .collect()
+}
+
+fn ecc_counts(dev: &nvml_wrapper::Device<'_>) -> Result<EccCounts, NvmlError> {
+    Ok(EccCounts {
+        corrected_volatile: dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)?,
+        uncorrected_volatile: dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)?,
+        corrected_aggregate: dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Aggregate)?,
+        uncorrected_aggregate: dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Aggregate)?,
+    })
+}
+
+/// Aggregate (corrected, uncorrected) ECC errors per memory location the device reports.
+fn ecc_by_location(dev: &nvml_wrapper::Device<'_>) -> Result<std::collections::BTreeMap<&'static str, (u64, u64)>, NvmlError> {
+    use nvml_wrapper::enum_wrappers::device::MemoryLocation as L;
+    let mut by = std::collections::BTreeMap::new();
+    let mut last_err = NvmlError::NotSupported;
+    for (name, loc) in [
+        ("l1_cache", L::L1Cache),
+        ("l2_cache", L::L2Cache),
+        ("device_memory", L::Device),
+        ("register_file", L::RegisterFile),
+        ("texture", L::Texture),
+        ("shared", L::Shared),
+        ("cbu", L::Cbu),
+        ("sram", L::SRAM),
+    ] {
+        let c = dev.memory_error_counter(MemoryError::Corrected, EccCounter::Aggregate, loc);
+        let u = dev.memory_error_counter(MemoryError::Uncorrected, EccCounter::Aggregate, loc);
+        match (c, u) {
+            (Ok(c), Ok(u)) => {
+                by.insert(name, (c, u));
+            }
+            (Err(e), _) | (_, Err(e)) => last_err = e,
+        }
+    }
+    if by.is_empty() {
+        Err(last_err)
+    } else {
+        Ok(by)
+    }
+}
+
+/// Field values: memory temperature and remapped rows.
+fn field_readings(u: &mut HashSet<(u32, &'static str)>, index: u32, dev: &nvml_wrapper::Device<'_>, s: &mut GpuSample) {
+    let ids = [FI_DEV_MEMORY_TEMP, FI_DEV_REMAPPED_COR, FI_DEV_REMAPPED_UNC, FI_DEV_REMAPPED_PENDING, FI_DEV_REMAPPED_FAILURE];
+    let fields: Vec<Option<u64>> = reading(u, index, "field_values", s, || {
+        let vals = dev.field_values_for(&ids.map(FieldId))?;
+        Ok(vals.into_iter().map(|r| r.ok().and_then(|f| f.value.ok()).and_then(field_u64)).collect())
+    })
+    .unwrap_or_default();
+    let field = |i: usize| fields.get(i).copied().flatten();
+    s.memory_temp_c = field(0).map(|v| v as u32);
+    if s.memory_temp_c.is_none() {
+        s.unsupported.insert("memory_temperature");
+    }
+    s.remapped_rows = match (field(1), field(2), field(3), field(4)) {
+        (Some(c), Some(u), Some(p), Some(f)) => Some(RemappedRows { correctable: c, uncorrectable: u, pending: p != 0, failure: f != 0 }),
+        _ => {
+            s.unsupported.insert("remapped_rows");
+            None
+        }
+    };
 }
 
 /// One reading of one device; an unsupported one is remembered in

@@ -50,20 +50,34 @@ pub fn meaning(xid: u64) -> &'static str {
     }
 }
 
+/// Why XIDs cannot be watched.
+#[derive(Debug, thiserror::Error)]
+pub enum XidWatchError {
+    #[error("NVML: {0}")]
+    Nvml(#[from] NvmlError),
+    #[error("starting the XID thread: {0}")]
+    Thread(#[source] std::io::Error),
+    #[error("the XID thread stopped before it was ready")]
+    Stopped,
+}
+
 /// A running watcher; stops (and joins its thread) on drop.
 pub struct XidWatcher {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
-    pub events: mpsc::Receiver<XidEvent>,
     /// GPUs whose events could not be registered (not supported), by index.
     pub unsupported: Vec<u32>,
 }
 
 impl XidWatcher {
-    /// Starts watching every GPU; its own NVML handle, so the sampler stays free.
-    pub fn start(lib: Option<OsString>, now_ns: fn() -> u64) -> Result<XidWatcher, String> {
-        let (tx, events) = mpsc::channel();
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<Vec<u32>, String>>();
+    /// Starts watching every GPU (its own NVML handle, so the sampler stays
+    /// free); each event goes to `sink`, until it returns false.
+    pub fn start(
+        lib: Option<OsString>,
+        now_ns: fn() -> u64,
+        mut sink: impl FnMut(XidEvent) -> bool + Send + 'static,
+    ) -> Result<XidWatcher, XidWatchError> {
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<Vec<u32>, NvmlError>>();
         let stop = Arc::new(AtomicBool::new(false));
         let stop_thread = stop.clone();
         let thread = std::thread::Builder::new()
@@ -75,13 +89,13 @@ impl XidWatcher {
                 }
                 let nvml = match b.init() {
                     Ok(n) => n,
-                    Err(e) => return drop(ready_tx.send(Err(e.to_string()))),
+                    Err(e) => return drop(ready_tx.send(Err(e))),
                 };
                 let count = nvml.device_count().unwrap_or(0);
                 let mut unsupported = Vec::new();
                 let mut set = match nvml.create_event_set() {
                     Ok(s) => s,
-                    Err(e) => return drop(ready_tx.send(Err(e.to_string()))),
+                    Err(e) => return drop(ready_tx.send(Err(e))),
                 };
                 for i in 0..count {
                     let Ok(dev) = nvml.device_by_index(i) else { continue };
@@ -92,7 +106,7 @@ impl XidWatcher {
                             unsupported.push(i);
                             set = match nvml.create_event_set() {
                                 Ok(s) => s,
-                                Err(e) => return drop(ready_tx.send(Err(e.to_string()))),
+                                Err(e) => return drop(ready_tx.send(Err(e))),
                             };
                         }
                     }
@@ -106,23 +120,16 @@ impl XidWatcher {
                                 _ => continue,
                             };
                             let gpu = ev.device.index().unwrap_or(u32::MAX);
-                            let processes = ev
-                                .device
-                                .running_compute_processes()
-                                .map(|ps| {
-                                    ps.iter()
-                                        .map(|p| {
-                                            let b = match p.used_gpu_memory {
-                                                nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
-                                                nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
-                                            };
-                                            (p.pid, b)
-                                        })
-                                        .collect()
-                                })
-                                .unwrap_or_default();
-                            let e = XidEvent { gpu, uuid: ev.device.uuid().unwrap_or_default(), xid, meaning: meaning(xid), ts_ns: now_ns(), processes };
-                            if tx.send(e).is_err() {
+                            let processes = ev.device.running_compute_processes().map(|ps| super::process_bytes(&ps)).unwrap_or_default();
+                            let e = XidEvent {
+                                gpu,
+                                uuid: ev.device.uuid().unwrap_or_default(),
+                                xid,
+                                meaning: meaning(xid),
+                                ts_ns: now_ns(),
+                                processes,
+                            };
+                            if !sink(e) {
                                 return;
                             }
                         }
@@ -131,14 +138,14 @@ impl XidWatcher {
                     }
                 }
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(XidWatchError::Thread)?;
         match ready_rx.recv() {
-            Ok(Ok(unsupported)) => Ok(XidWatcher { stop, thread: Some(thread), events, unsupported }),
+            Ok(Ok(unsupported)) => Ok(XidWatcher { stop, thread: Some(thread), unsupported }),
             Ok(Err(e)) => {
                 let _ = thread.join();
-                Err(e)
+                Err(e.into())
             }
-            Err(_) => Err("the XID watcher stopped".into()),
+            Err(_) => Err(XidWatchError::Stopped),
         }
     }
 }

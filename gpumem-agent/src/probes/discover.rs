@@ -8,14 +8,20 @@ use std::{
     process::Command,
 };
 
+use crate::procfs;
+
 /// How a library was found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
     CommandLine,
     LdCache,
-    ProcessMaps { pid: u32 },
+    ProcessMaps {
+        pid: u32,
+    },
     /// Mapped by a process from a file since deleted or replaced on disk.
-    DeletedInProcess { pid: u32 },
+    DeletedInProcess {
+        pid: u32,
+    },
 }
 
 impl std::fmt::Display for Source {
@@ -55,11 +61,17 @@ pub fn is_libcuda_name(name: &str) -> bool {
     name == "libcuda.so" || name.starts_with("libcuda.so.")
 }
 
+#[derive(Debug, thiserror::Error)]
+#[error("cannot run ldconfig -p: {0}")]
+pub struct LdconfigError(#[source] std::io::Error);
+
 /// libcuda paths known to the dynamic linker cache (`ldconfig -p`).
-/// Returns an explanation instead when ldconfig cannot be run.
-pub fn from_ld_cache() -> Result<Vec<PathBuf>, String> {
-    let out = Command::new("ldconfig").arg("-p").output().or_else(|_| Command::new("/sbin/ldconfig").arg("-p").output());
-    let out = out.map_err(|e| format!("cannot run ldconfig -p: {e}"))?;
+pub fn from_ld_cache() -> Result<Vec<PathBuf>, LdconfigError> {
+    let out = Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .or_else(|_| Command::new("/sbin/ldconfig").arg("-p").output())
+        .map_err(LdconfigError)?;
     Ok(parse_ldconfig(&String::from_utf8_lossy(&out.stdout)))
 }
 
@@ -83,30 +95,15 @@ pub fn parse_ldconfig(text: &str) -> Vec<PathBuf> {
     paths
 }
 
-/// The libcuda mappings of one process's maps: (address range, path inside
-/// its mount namespace, whether the file was deleted or replaced since).
-fn libcuda_mappings(maps: &str) -> impl Iterator<Item = (&str, String, bool)> {
-    maps.lines().filter_map(|line| {
-        // address perms offset dev inode pathname (the pathname may hold spaces)
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.len() < 6 {
-            return None;
-        }
-        let path = fields[5..].join(" ");
-        let (path, deleted) = match path.strip_suffix(" (deleted)") {
-            Some(p) => (p.to_string(), true),
-            None => (path, false),
-        };
-        let name = path.rsplit('/').next().unwrap_or("");
-        (path.starts_with('/') && is_libcuda_name(name)).then(|| (fields[0], path, deleted))
-    })
+fn is_libcuda_mapping(e: &procfs::MapsEntry) -> bool {
+    e.path.as_deref().is_some_and(|p| is_libcuda_name(p.rsplit('/').next().unwrap_or("")))
 }
 
 /// The libcuda files one process maps, each once: paths inside its mount namespace.
-pub fn libcuda_in_maps(maps: &str) -> Vec<String> {
+pub fn libcuda_in_maps(maps: &[procfs::MapsEntry]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for (_, path, deleted) in libcuda_mappings(maps) {
-        if !deleted && !out.contains(&path) {
+    for path in maps.iter().filter(|e| !e.deleted && is_libcuda_mapping(e)).filter_map(|e| e.path.clone()) {
+        if !out.contains(&path) {
             out.push(path);
         }
     }
@@ -114,14 +111,14 @@ pub fn libcuda_in_maps(maps: &str) -> Vec<String> {
 }
 
 /// libcuda mappings whose file was deleted or replaced on disk while in use
-/// (a driver upgrade under a running job): (address range, path it had).
-/// The first mapping of each is kept; its /proc/PID/map_files/RANGE link
-/// opens the old inode, which is what the process still runs.
-pub fn deleted_libcuda_in_maps(maps: &str) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    for (range, path, deleted) in libcuda_mappings(maps) {
-        if deleted && !out.iter().any(|(_, p)| *p == path) {
-            out.push((range.to_string(), path));
+/// (a driver upgrade under a running job), the first mapping of each file:
+/// its /proc/PID/map_files link opens the old inode, which is what the
+/// process still runs.
+pub fn deleted_libcuda_in_maps(maps: &[procfs::MapsEntry]) -> Vec<&procfs::MapsEntry> {
+    let mut out: Vec<&procfs::MapsEntry> = Vec::new();
+    for e in maps.iter().filter(|e| e.deleted && is_libcuda_mapping(e)) {
+        if !out.iter().any(|o| o.path == e.path) {
+            out.push(e);
         }
     }
     out
@@ -153,24 +150,17 @@ impl ScanStats {
 pub fn from_processes(skip_pid: u32) -> (Vec<Library>, u64) {
     let mut libs = Vec::new();
     let mut read = 0;
-    let Ok(dir) = fs::read_dir("/proc") else { return (libs, 0) };
-    for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        if pid == skip_pid {
-            continue;
-        }
-        let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else { continue };
+    for pid in procfs::pids().filter(|&p| p != skip_pid) {
+        let Ok(maps) = procfs::read_maps(pid) else { continue };
         read += 1;
         for path in libcuda_in_maps(&maps) {
-            let through_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
-            if let Ok(lib) = stat_library(&through_root, Source::ProcessMaps { pid }) {
+            if let Ok(lib) = stat_library(&procfs::in_root(pid, &path), Source::ProcessMaps { pid }) {
                 libs.push(lib);
             }
         }
-        for (range, _) in deleted_libcuda_in_maps(&maps) {
+        for e in deleted_libcuda_in_maps(&maps) {
             // Needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE; without, the copy is missed.
-            let old_inode = PathBuf::from(format!("/proc/{pid}/map_files/{range}"));
-            if let Ok(lib) = stat_library(&old_inode, Source::DeletedInProcess { pid }) {
+            if let Ok(lib) = stat_library(&procfs::map_files_path(pid, e), Source::DeletedInProcess { pid }) {
                 libs.push(lib);
             }
         }
@@ -203,7 +193,7 @@ mod tests {
             7f40-7f50 r-xp 00000000 fd:01 97 /usr/lib/libcudart.so.12\n\
             7f50-7f60 rw-p 00000000 00:00 0 \n";
         assert_eq!(
-            libcuda_in_maps(maps),
+            libcuda_in_maps(&procfs::parse_maps(maps)),
             vec!["/usr/lib/x86_64-linux-gnu/libcuda.so.535.261.03".to_string(), "/opt/my dir/libcuda.so.1".to_string()]
         );
     }
@@ -214,7 +204,10 @@ mod tests {
             7f10-7f20 r-xp 00010000 fd:01 98 /usr/lib/libcuda.so.535.1 (deleted)\n\
             7f20-7f30 r-xp 00000000 fd:01 99 /usr/lib/libcuda.so.1\n\
             7f30-7f40 r-xp 00000000 fd:01 97 /tmp/x (deleted)\n";
-        assert_eq!(deleted_libcuda_in_maps(maps), vec![("7f00-7f10".to_string(), "/usr/lib/libcuda.so.535.1".to_string())]);
+        let maps = procfs::parse_maps(maps);
+        let found: Vec<(String, Option<&str>)> =
+            deleted_libcuda_in_maps(&maps).iter().map(|e| (e.range_name(), e.path.as_deref())).collect();
+        assert_eq!(found, vec![("7f00-7f10".to_string(), Some("/usr/lib/libcuda.so.535.1"))]);
     }
 
     #[test]

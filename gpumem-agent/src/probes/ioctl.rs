@@ -28,23 +28,12 @@ pub struct IoctlReport {
 }
 
 /// What `--ioctl` asked for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum IoctlMode {
     Auto,
     Kprobes,
     Tracepoints,
     Off,
-}
-
-impl IoctlMode {
-    pub fn parse(s: &str) -> IoctlMode {
-        match s {
-            "kprobes" => IoctlMode::Kprobes,
-            "tracepoints" => IoctlMode::Tracepoints,
-            "off" => IoctlMode::Off,
-            _ => IoctlMode::Auto,
-        }
-    }
 }
 
 /// The tracepoint fallback's cost, measured with `cargo xtask bench-ioctl`.
@@ -67,7 +56,9 @@ pub fn choose(mode: IoctlMode, kprobes: bool, module_loaded: bool, prefix: &str)
         IoctlMode::Off => (IoctlPath::Off, "turned off with --ioctl off".into()),
         IoctlMode::Tracepoints => (IoctlPath::Tracepoints, "syscall tracepoints, filtered in the kernel (--ioctl tracepoints)".into()),
         _ if kprobes_usable => (IoctlPath::Kprobes, "kprobes on nvidia_unlocked_ioctl and uvm_unlocked_ioctl_entry".into()),
-        IoctlMode::Kprobes => (IoctlPath::Tracepoints, format!("{why_not_kprobes}: falling back to syscall tracepoints, filtered in the kernel")),
+        IoctlMode::Kprobes => {
+            (IoctlPath::Tracepoints, format!("{why_not_kprobes}: falling back to syscall tracepoints, filtered in the kernel"))
+        }
         IoctlMode::Auto if prefix != DEFAULT_PREFIX => {
             (IoctlPath::Tracepoints, format!("{why_not_kprobes}: syscall tracepoints for the stand-in device, filtered in the kernel"))
         }

@@ -1,38 +1,42 @@
 //! Loading gpumem's eBPF programs, attaching them to every libcuda copy and
 //! the process tracepoints, and reporting what is attached and why not.
+mod detach;
 pub mod discover;
 pub mod features;
 pub mod ioctl;
+mod maps;
 pub mod symbols;
 pub mod tracefs;
 
 use std::{collections::HashSet, path::Path};
 
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{uprobe::UProbeScope, TracePoint, UProbe},
     Ebpf, EbpfLoader,
 };
-use gpumem_common::{filter, oom_field, stat, APIS};
 pub use discover::{Library, Source};
+use gpumem_common::{filter, oom_field, APIS};
 
 /// The eBPF object built by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gpumem"));
 
 #[derive(Debug, thiserror::Error)]
+// aya's errors are large: boxed, so that every Result here stays small.
 pub enum ProbeError {
     #[error("loading the eBPF object failed: {0}")]
-    Load(#[source] aya::EbpfError),
+    Load(#[source] Box<aya::EbpfError>),
     #[error("eBPF program {program} failed to load: {source}")]
-    Program { program: String, source: aya::programs::ProgramError },
+    Program { program: String, source: Box<aya::programs::ProgramError> },
+    #[error("eBPF program {program}: attaching to {target} failed: {source}")]
+    Attach { program: String, target: String, source: Box<aya::programs::ProgramError> },
     #[error("eBPF map {0} is missing from the object")]
     MissingMap(&'static str),
     #[error("eBPF map {map}: {source}")]
-    Map { map: &'static str, source: aya::maps::MapError },
+    Map { map: &'static str, source: Box<aya::maps::MapError> },
 }
 
 /// Which programs go on the libcuda symbols.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ProbeSet {
     /// gpumem's real probes.
     Full,
@@ -58,8 +62,12 @@ pub struct Options {
 pub enum ProbeStatus {
     Attached,
     /// The library does not export this symbol.
-    NotExported { required: bool },
-    Failed { error: String },
+    NotExported {
+        required: bool,
+    },
+    Failed {
+        error: String,
+    },
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -145,7 +153,7 @@ impl Agent {
         match tracefs::ensure_mounted() {
             Ok(Some(note)) => notes.push(note),
             Ok(None) => {}
-            Err(e) => notes.push(e),
+            Err(e) => notes.push(e.to_string()),
         }
         let fork_offset = match tracefs::field_offset("sched", "sched_process_fork", "child_pid") {
             Ok(off) => off,
@@ -178,13 +186,8 @@ impl Agent {
             .override_global("OOM_OFFSETS", &oom_offsets, true)
             .map_max_entries("EVENTS", options.ringbuf_bytes)
             .load(EBPF_OBJECT)
-            .map_err(ProbeError::Load)?;
-        let (path, why) = ioctl::choose(
-            options.ioctl_mode,
-            features::detect().kprobes,
-            ioctl::nvidia_module_loaded(),
-            &prefix,
-        );
+            .map_err(|e| ProbeError::Load(Box::new(e)))?;
+        let (path, why) = ioctl::choose(options.ioctl_mode, features::detect().kprobes, ioctl::nvidia_module_loaded(), &prefix);
         let ioctl = ioctl::IoctlReport { path, why, prefix, seeded_fds: 0, error: None };
         let mut agent = Agent {
             ebpf,
@@ -207,7 +210,7 @@ impl Agent {
         names.dedup();
         for name in names {
             let prog: &mut UProbe = agent.program(&name)?;
-            prog.load().map_err(|source| ProbeError::Program { program: name.clone(), source })?;
+            prog.load().map_err(|source| ProbeError::Program { program: name.clone(), source: Box::new(source) })?;
         }
         agent.attach_tracepoints(fork_offset != 0, oom_offsets[oom_field::PID] != oom_field::FIELD_ABSENT);
         agent.attach_ioctl();
@@ -220,9 +223,9 @@ impl Agent {
     {
         let prog = self.ebpf.program_mut(name).ok_or_else(|| ProbeError::Program {
             program: name.to_string(),
-            source: aya::programs::ProgramError::UnexpectedProgramType,
+            source: Box::new(aya::programs::ProgramError::UnexpectedProgramType),
         })?;
-        prog.try_into().map_err(|source| ProbeError::Program { program: name.to_string(), source })
+        prog.try_into().map_err(|source| ProbeError::Program { program: name.to_string(), source: Box::new(source) })
     }
 
     fn attach_tracepoints(&mut self, fork_known: bool, oom_known: bool) {
@@ -238,12 +241,7 @@ impl Agent {
             self.notes.push("oom:mark_victim has no pid field here: host OOM kills are not traced".into());
         }
         for (category, name) in wanted {
-            let result = (|| -> Result<(), String> {
-                let prog: &mut TracePoint = self.program(name).map_err(|e| e.to_string())?;
-                prog.load().map_err(|e| format!("load: {e}"))?;
-                prog.attach(category, name).map_err(|e| format!("attach: {e}"))?;
-                Ok(())
-            })();
+            let result = self.attach_tracepoint(category, name);
             let tracepoint = match name {
                 "sched_process_exit" => "sched:sched_process_exit",
                 "sched_process_fork" => "sched:sched_process_fork",
@@ -257,8 +255,20 @@ impl Agent {
                 };
                 self.notes.push(format!("{tracepoint} not attached ({e}): {consequence}"));
             }
-            self.tracepoints.push(TracepointReport { tracepoint, attached: result.is_ok(), error: result.err() });
+            self.tracepoints.push(TracepointReport { tracepoint, attached: result.is_ok(), error: result.err().map(|e| e.to_string()) });
         }
+    }
+
+    /// Loads and attaches the tracepoint program named after the tracepoint.
+    fn attach_tracepoint(&mut self, category: &str, name: &str) -> Result<(), ProbeError> {
+        let prog: &mut TracePoint = self.program(name)?;
+        prog.load().map_err(|source| ProbeError::Program { program: name.to_string(), source: Box::new(source) })?;
+        prog.attach(category, name).map_err(|source| ProbeError::Attach {
+            program: name.to_string(),
+            target: format!("{category}:{name}"),
+            source: Box::new(source),
+        })?;
+        Ok(())
     }
 
     /// Attaches the chosen ioctl path; a kprobe failure falls back to the tracepoints.
@@ -271,7 +281,7 @@ impl Agent {
         }
         if self.ioctl.path == ioctl::IoctlPath::Tracepoints {
             if let Err(e) = self.attach_ioctl_tracepoints() {
-                self.ioctl.error = Some(e.clone());
+                self.ioctl.error = Some(e.to_string());
                 self.notes.push(format!("NVIDIA ioctls are not traced: {e}"));
                 return;
             }
@@ -279,43 +289,31 @@ impl Agent {
         }
     }
 
-    fn attach_ioctl_kprobes(&mut self) -> Result<(), String> {
+    fn attach_ioctl_kprobes(&mut self) -> Result<(), ProbeError> {
         for (prog, func) in [("nv_rm_ioctl", "nvidia_unlocked_ioctl"), ("nv_uvm_ioctl", "uvm_unlocked_ioctl_entry")] {
-            let p: &mut aya::programs::KProbe = self.program(prog).map_err(|e| e.to_string())?;
-            p.load().map_err(|e| format!("{prog}: {e}"))?;
-            p.attach(func, 0).map_err(|e| format!("{func}: {e}"))?;
+            self.attach_kprobe(prog, &[func])?;
         }
-        let p: &mut aya::programs::KProbe = self.program("nv_ioctl_return").map_err(|e| e.to_string())?;
-        p.load().map_err(|e| format!("nv_ioctl_return: {e}"))?;
-        for func in ["nvidia_unlocked_ioctl", "uvm_unlocked_ioctl_entry"] {
-            p.attach(func, 0).map_err(|e| format!("{func} (return): {e}"))?;
+        self.attach_kprobe("nv_ioctl_return", &["nvidia_unlocked_ioctl", "uvm_unlocked_ioctl_entry"])
+    }
+
+    fn attach_kprobe(&mut self, prog: &str, funcs: &[&str]) -> Result<(), ProbeError> {
+        let p: &mut aya::programs::KProbe = self.program(prog)?;
+        p.load().map_err(|source| ProbeError::Program { program: prog.to_string(), source: Box::new(source) })?;
+        for func in funcs {
+            p.attach(*func, 0).map_err(|source| ProbeError::Attach {
+                program: prog.to_string(),
+                target: func.to_string(),
+                source: Box::new(source),
+            })?;
         }
         Ok(())
     }
 
-    fn attach_ioctl_tracepoints(&mut self) -> Result<(), String> {
+    fn attach_ioctl_tracepoints(&mut self) -> Result<(), ProbeError> {
         for name in ["sys_enter_openat", "sys_exit_openat", "sys_enter_close", "sys_enter_ioctl", "sys_exit_ioctl"] {
-            let prog: &mut TracePoint = self.program(name).map_err(|e| e.to_string())?;
-            prog.load().map_err(|e| format!("{name}: {e}"))?;
-            prog.attach("syscalls", name).map_err(|e| format!("syscalls:{name}: {e}"))?;
+            self.attach_tracepoint("syscalls", name)?;
         }
         Ok(())
-    }
-
-    /// Puts NVIDIA descriptors that the open tracepoint did not see (opened
-    /// before we started, inherited, dup'ed) in the kernel's table.
-    pub fn seed_nvidia_fds(&mut self) {
-        if self.ioctl.path != ioctl::IoctlPath::Tracepoints || self.ioctl.error.is_some() {
-            return;
-        }
-        let found = ioctl::scan_fds(&self.ioctl.prefix);
-        let Some(map) = self.ebpf.map_mut("NV_FDS") else { return };
-        let Ok(mut fds) = BpfHashMap::<_, gpumem_common::FdKey, u32>::try_from(map) else { return };
-        for (key, kind) in found {
-            if self.seeded.0.insert((key.tgid, key.fd)) && fds.insert(key, kind, 0).is_ok() {
-                self.ioctl.seeded_fds += 1;
-            }
-        }
     }
 
     /// Whether this library (by inode) has been handled already.
@@ -345,7 +343,7 @@ impl Agent {
                         None => ProbeStatus::NotExported { required: api.required },
                         Some(&offset) => match self.attach_symbol(api.symbol, offset, &lib.path) {
                             Ok(()) => ProbeStatus::Attached,
-                            Err(error) => ProbeStatus::Failed { error },
+                            Err(e) => ProbeStatus::Failed { error: e.to_string() },
                         },
                     };
                     report.probes.push(SymbolReport { symbol: api.symbol, status });
@@ -357,131 +355,20 @@ impl Agent {
         self.libraries.last()
     }
 
-    fn attach_symbol(&mut self, symbol: &str, offset: u64, path: &Path) -> Result<(), String> {
+    fn attach_symbol(&mut self, symbol: &str, offset: u64, path: &Path) -> Result<(), ProbeError> {
         let set = self.options.probe_set;
         for name in [entry_program(symbol, set), return_program(symbol, set)] {
-            let prog: &mut UProbe = self.program(&name).map_err(|e| e.to_string())?;
-            prog.attach(offset, path, UProbeScope::AllProcesses).map_err(|e| format!("{name}: {e}"))?;
+            let prog: &mut UProbe = self.program(&name)?;
+            prog.attach(offset, path, UProbeScope::AllProcesses).map_err(|source| ProbeError::Attach {
+                program: name.clone(),
+                target: format!("{symbol} in {}", path.display()),
+                source: Box::new(source),
+            })?;
         }
         Ok(())
     }
 
-    /// Traces this process (and with `follow`, the children it forks).
-    pub fn add_pid(&mut self, pid: u32, follow: bool) -> Result<(), ProbeError> {
-        let map = self.ebpf.map_mut("FILTER_PIDS").ok_or(ProbeError::MissingMap("FILTER_PIDS"))?;
-        let mut pids: BpfHashMap<_, u32, u32> =
-            BpfHashMap::try_from(map).map_err(|source| ProbeError::Map { map: "FILTER_PIDS", source })?;
-        let value = if follow { filter::FOLLOW_CHILDREN } else { 0 };
-        pids.insert(pid, value, 0).map_err(|source| ProbeError::Map { map: "FILTER_PIDS", source })
-    }
-
-    /// The event ring buffer, handed to the reader once.
-    pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
-        let map = self.ebpf.take_map("EVENTS").ok_or(ProbeError::MissingMap("EVENTS"))?;
-        RingBuf::try_from(map).map_err(|source| ProbeError::Map { map: "EVENTS", source })
-    }
-
-    /// Kernel-side drop counters, summed over CPUs, in `stat` index order.
-    pub fn kernel_stats(&self) -> Result<[u64; stat::COUNT as usize], ProbeError> {
-        let map = self.ebpf.map("STATS").ok_or(ProbeError::MissingMap("STATS"))?;
-        let stats: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(|source| ProbeError::Map { map: "STATS", source })?;
-        let mut out = [0u64; stat::COUNT as usize];
-        for (i, slot) in out.iter_mut().enumerate() {
-            let values = stats.get(&(i as u32), 0).map_err(|source| ProbeError::Map { map: "STATS", source })?;
-            *slot = values.iter().sum();
-        }
-        Ok(out)
-    }
-
-    /// Every loss so far: the kernel's counters, the per-process ones and the
-    /// reader's `malformed` records.
-    pub fn lost_events(&self, malformed: u64) -> Result<crate::events::LostEvents, ProbeError> {
-        let mut lost = crate::events::LostEvents::from_stats(&self.kernel_stats()?, malformed);
-        let map = self.ebpf.map("LOST_BY_PID").ok_or(ProbeError::MissingMap("LOST_BY_PID"))?;
-        let by_pid: aya::maps::PerCpuHashMap<_, u32, u64> =
-            aya::maps::PerCpuHashMap::try_from(map).map_err(|source| ProbeError::Map { map: "LOST_BY_PID", source })?;
-        // An entry removed while iterating ends the walk early; the next read has it.
-        lost.by_pid = by_pid.iter().filter_map(Result::ok).map(|(pid, per_cpu)| (pid, per_cpu.iter().sum())).collect();
-        Ok(lost)
-    }
-
-    /// Removes the saved entries of calls whose thread is gone: a thread
-    /// killed inside the driver never returns, and its entry would hold a
-    /// slot of the in-flight tables (PENDING_MAX) for good. No allocation
-    /// is counted for such a call: only a return says what it did.
-    pub fn sweep_stale_calls(&mut self) {
-        // Value types only need the maps' value sizes: only keys are read.
-        let removed = self.remove_dead_threads::<gpumem_common::PendingKey, [u64; 8]>("PENDING", |k| k.pid_tgid)
-            + self.remove_dead_threads::<u64, [u64; 3]>("IOCTL_PENDING", |&k| k)
-            + self.remove_dead_threads::<u64, u32>("OPEN_PENDING", |&k| k);
-        self.stale_calls_removed += removed as u64;
-    }
-
-    /// Removes the entries of map `name` whose thread (`pid_tgid` of the key)
-    /// no longer exists; how many.
-    fn remove_dead_threads<K: aya::Pod, V: aya::Pod>(&mut self, name: &str, pid_tgid: impl Fn(&K) -> u64) -> usize {
-        let Some(Ok(mut m)) = self.ebpf.map_mut(name).map(BpfHashMap::<_, K, V>::try_from) else { return 0 };
-        let alive = |t: u64| std::path::Path::new(&format!("/proc/{}/task/{}", t >> 32, t as u32)).exists();
-        let stale: Vec<K> = m.keys().filter_map(Result::ok).filter(|k| !alive(pid_tgid(k))).collect();
-        stale.iter().filter(|k| m.remove(k).is_ok()).count()
-    }
-
-    /// Drops the per-process loss counts of processes that are gone and no
-    /// longer in the agent's state, so that the kernel table (LOST_PIDS_MAX)
-    /// does not fill up over a daemon's life.
-    pub fn forget_lost(&mut self, keep: impl Fn(u32) -> bool) {
-        let Some(map) = self.ebpf.map_mut("LOST_BY_PID") else { return };
-        let Ok(mut by_pid) = aya::maps::PerCpuHashMap::<_, u32, u64>::try_from(map) else { return };
-        let gone: Vec<u32> = by_pid.keys().filter_map(Result::ok).filter(|&pid| !keep(pid) && !std::path::Path::new(&format!("/proc/{pid}")).exists()).collect();
-        for pid in gone {
-            let _ = by_pid.remove(&pid);
-        }
-    }
-
     pub fn attached_probe_count(&self) -> usize {
         self.libraries.iter().map(LibraryReport::attached).sum()
-    }
-}
-
-impl Agent {
-    /// Detaches everything without making the caller wait.
-    ///
-    /// The kernel removes perf-event uprobes one at a time, each waiting for
-    /// an RCU grace period (about 0.1 s on this VM: 6 s for 58 probes; aya
-    /// 0.14 has no uprobe_multi links, whose removal is batched). A forked
-    /// child keeps references to the probes until this process has exited,
-    /// so that the slow removal happens in the child, not in our exit.
-    /// Call it from the main thread (the parent-death signal follows the
-    /// thread that forked).
-    pub fn detach_in_background(self) {
-        if self.attached_probe_count() < 8 {
-            drop(self);
-            return;
-        }
-        // SAFETY: the child only calls async-signal-safe functions (setsid,
-        // close, prctl, getppid, pause, _exit).
-        unsafe {
-            let parent = libc::getpid();
-            let pid = libc::fork();
-            if pid == 0 {
-                libc::setsid();
-                // Whoever reads our output sees end-of-file when we exit.
-                for fd in 0..3 {
-                    libc::close(fd);
-                }
-                // Killed once the parent is fully gone (after its fds closed);
-                // our exit then drops the last references.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                if libc::getppid() != parent {
-                    libc::_exit(0);
-                }
-                loop {
-                    libc::pause();
-                }
-            }
-        }
-        // In the parent (and if fork failed): closing our references is
-        // cheap while the child holds its own.
-        drop(self);
     }
 }

@@ -3,9 +3,21 @@ use std::{ffi::CString, fs, path::Path};
 
 pub const TRACEFS: &str = "/sys/kernel/tracing";
 
+#[derive(Debug, thiserror::Error)]
+pub enum TracefsError {
+    #[error("tracefs is mounted on {TRACEFS} but its files are not readable: give gpumem CAP_DAC_READ_SEARCH (or run it as root)")]
+    Unreadable,
+    #[error("tracefs is not mounted and mounting it on {TRACEFS} failed ({0}); mount it with `mount -t tracefs nodev {TRACEFS}`")]
+    Mount(#[source] std::io::Error),
+    #[error("cannot read {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{path} has no field `{field}`")]
+    NoField { path: String, field: String },
+}
+
 /// Makes sure tracefs is mounted, mounting it if needed (root only).
 /// Returns a note saying what was done, or an error explaining why not.
-pub fn ensure_mounted() -> Result<Option<String>, String> {
+pub fn ensure_mounted() -> Result<Option<String>, TracefsError> {
     if Path::new(TRACEFS).join("events").is_dir() {
         return Ok(None);
     }
@@ -14,7 +26,7 @@ pub fn ensure_mounted() -> Result<Option<String>, String> {
     }
     // Mounted but not readable by us: mounting again would not help.
     if is_mounted() {
-        return Err(format!("tracefs is mounted on {TRACEFS} but its files are not readable: give gpumem CAP_DAC_READ_SEARCH (or run it as root)"));
+        return Err(TracefsError::Unreadable);
     }
     let src = CString::new("nodev").expect("no NUL");
     let target = CString::new(TRACEFS).expect("no NUL");
@@ -22,18 +34,15 @@ pub fn ensure_mounted() -> Result<Option<String>, String> {
     // SAFETY: valid NUL-terminated strings, no data argument.
     let rc = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
     if rc != 0 {
-        let err = std::io::Error::last_os_error();
-        return Err(format!(
-            "tracefs is not mounted and mounting it on {TRACEFS} failed ({err}); \
-             mount it with `mount -t tracefs nodev {TRACEFS}`"
-        ));
+        return Err(TracefsError::Mount(std::io::Error::last_os_error()));
     }
     Ok(Some(format!("mounted tracefs on {TRACEFS}")))
 }
 
 /// Whether /proc/self/mounts lists tracefs on TRACEFS.
 fn is_mounted() -> bool {
-    fs::read_to_string("/proc/self/mounts").is_ok_and(|m| m.lines().any(|l| l.split_whitespace().nth(1) == Some(TRACEFS) && l.split_whitespace().nth(2) == Some("tracefs")))
+    fs::read_to_string("/proc/self/mounts")
+        .is_ok_and(|m| m.lines().any(|l| l.split_whitespace().nth(1) == Some(TRACEFS) && l.split_whitespace().nth(2) == Some("tracefs")))
 }
 
 fn events_dir() -> &'static str {
@@ -45,10 +54,10 @@ fn events_dir() -> &'static str {
 }
 
 /// Offset of a field in a tracepoint's record, read from its `format` file.
-pub fn field_offset(category: &str, name: &str, field: &str) -> Result<u32, String> {
+pub fn field_offset(category: &str, name: &str, field: &str) -> Result<u32, TracefsError> {
     let path = format!("{}/{category}/{name}/format", events_dir());
-    let text = fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    parse_field_offset(&text, field).ok_or_else(|| format!("{path} has no field `{field}`"))
+    let text = fs::read_to_string(&path).map_err(|source| TracefsError::Read { path: path.clone(), source })?;
+    parse_field_offset(&text, field).ok_or_else(|| TracefsError::NoField { path, field: field.to_string() })
 }
 
 /// Finds `offset:N;` on the line declaring `field` in a tracepoint format.

@@ -41,13 +41,25 @@ pub struct StackStats {
 
 impl StackStats {
     pub fn mean_bytes(&self) -> f64 {
-        if self.captured == 0 { 0.0 } else { self.bytes_copied as f64 / self.captured as f64 }
+        if self.captured == 0 {
+            0.0
+        } else {
+            self.bytes_copied as f64 / self.captured as f64
+        }
     }
     pub fn mean_unwind_us(&self) -> f64 {
-        if self.captured == 0 { 0.0 } else { self.unwind_ns_total as f64 / self.captured as f64 / 1e3 }
+        if self.captured == 0 {
+            0.0
+        } else {
+            self.unwind_ns_total as f64 / self.captured as f64 / 1e3
+        }
     }
     pub fn mean_depth(&self) -> f64 {
-        if self.captured == 0 { 0.0 } else { self.frames_total as f64 / self.captured as f64 }
+        if self.captured == 0 {
+            0.0
+        } else {
+            self.frames_total as f64 / self.captured as f64
+        }
     }
 }
 
@@ -56,8 +68,9 @@ pub struct Stacks {
     modules: ModuleCache,
     unwinders: HashMap<u32, ProcessUnwinder>,
     table: HashMap<StackId, Vec<RawFrame>>,
-    /// Stacks read from a recording, already symbolized.
-    recorded: HashMap<StackId, Vec<Frame>>,
+    /// Stacks already symbolized: read from a recording, or through a file
+    /// replaced on disk (see `record`).
+    symbolized: HashMap<StackId, Vec<Frame>>,
     symbolizer: symbolize::Symbolizer,
     pub stats: StackStats,
 }
@@ -105,16 +118,24 @@ impl Stacks {
         self.stats.max_depth = self.stats.max_depth.max(frames.len() as u64);
         let mut h = DefaultHasher::new();
         for f in &frames {
-            f.module.hash(&mut h);
+            f.module.path.hash(&mut h);
+            f.module.file.hash(&mut h);
             f.file_offset.hash(&mut h);
         }
         let id = h.finish();
-        if !self.table.contains_key(&id) {
-            if self.table.len() >= MAX_STACKS {
+        if !self.table.contains_key(&id) && !self.symbolized.contains_key(&id) {
+            if self.table.len() + self.symbolized.len() >= MAX_STACKS {
                 self.stats.table_full += 1;
                 return None;
             }
-            self.table.insert(id, frames);
+            if frames.iter().any(|f| f.module.deleted) {
+                // A file replaced on disk opens only while the process lives:
+                // symbolized now rather than when a report asks.
+                let frames = frames.iter().map(|f| self.symbolizer.frame(f)).collect();
+                self.symbolized.insert(id, frames);
+            } else {
+                self.table.insert(id, frames);
+            }
             self.stats.unique += 1;
         }
         Some(id)
@@ -127,12 +148,12 @@ impl Stacks {
 
     /// A stack from a recording, symbolized when it was recorded.
     pub fn insert_symbolized(&mut self, id: StackId, frames: Vec<Frame>) {
-        self.recorded.insert(id, frames);
+        self.symbolized.insert(id, frames);
     }
 
     /// The symbolized frames of a stack, innermost first.
     pub fn frames(&mut self, id: StackId) -> Vec<Frame> {
-        if let Some(frames) = self.recorded.get(&id) {
+        if let Some(frames) = self.symbolized.get(&id) {
             return frames.clone();
         }
         let Some(raw) = self.table.get(&id) else { return Vec::new() };

@@ -41,19 +41,24 @@ impl Frame {
 #[derive(Default)]
 pub struct Symbolizer {
     inner: blazesym::symbolize::Symbolizer,
-    cache: HashMap<(Arc<str>, u64), Frame>,
+    /// By file identity and offset: a path names different files in
+    /// different containers, and a deleted file and its replacement.
+    cache: HashMap<((Arc<str>, u64), u64), Frame>,
 }
 
 impl Symbolizer {
     pub fn frame(&mut self, raw: &RawFrame) -> Frame {
-        let key = (raw.module.clone(), raw.file_offset);
+        let key = (raw.module.file.clone(), raw.file_offset);
         if let Some(f) = self.cache.get(&key) {
             return f.clone();
         }
+        let module = &raw.module;
         let mut frame =
-            Frame { function: None, offset: None, file: None, line: None, module: raw.module.clone(), module_offset: raw.file_offset };
-        // The process may be gone: try its view of the file, then the host path.
-        for path in [&*raw.open_path, &*raw.module] {
+            Frame { function: None, offset: None, file: None, line: None, module: module.path.clone(), module_offset: raw.file_offset };
+        // The process may be gone: try its view of the file, then the host
+        // path — unless the file was replaced, when the host path is another file.
+        let host = (!module.deleted).then_some(&*module.path);
+        for path in std::iter::once(&*module.open_path).chain(host) {
             let src = Source::Elf(Elf::new(path));
             let Ok(mut syms) = self.inner.symbolize(&src, Input::FileOffset(&[raw.file_offset])) else { continue };
             if let Some(Symbolized::Sym(sym)) = syms.pop() {

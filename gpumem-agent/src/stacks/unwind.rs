@@ -8,25 +8,37 @@ use framehop::{
 };
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 
-/// One file mapped in a process.
-#[derive(Clone, Debug)]
-pub struct Mapping {
-    pub range: Range<u64>,
-    pub file_offset: u64,
-    /// Path inside the process's mount namespace.
+use crate::procfs;
+
+/// A file mapped in a process, as its frames refer to it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ModuleRef {
+    /// The path as the process sees it (without " (deleted)").
     pub path: Arc<str>,
+    /// Where the agent opens it: through /proc/PID/root, or for a file
+    /// deleted or replaced on disk since, its /proc/PID/map_files link.
+    pub open_path: Arc<str>,
+    /// Deleted or replaced: the path now names another file (or none), so
+    /// the open path is the only way to it, and only while the process lives.
+    pub deleted: bool,
     /// The file's identity (device as maps shows it, inode): one library
     /// mapped by many processes, in any mount namespace, is loaded once.
     pub file: (Arc<str>, u64),
 }
 
-/// A frame normalised to its file: enough to symbolize after the process is gone.
+/// One file mapping of a process.
+#[derive(Clone, Debug)]
+pub struct Mapping {
+    pub range: Range<u64>,
+    pub file_offset: u64,
+    pub module: Arc<ModuleRef>,
+}
+
+/// A frame normalised to its file: enough to symbolize after the process is
+/// gone (unless the file was deleted: see `ModuleRef::deleted`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RawFrame {
-    /// The module's path as the process sees it.
-    pub module: Arc<str>,
-    /// The module's path as the agent can open it (/proc/PID/root/...).
-    pub open_path: Arc<str>,
+    pub module: Arc<ModuleRef>,
     /// File offset of the call site (return address - 1 for callers).
     pub file_offset: u64,
 }
@@ -67,22 +79,25 @@ fn load_module(path: &str) -> Option<ModuleData> {
     })
 }
 
-/// Parses `/proc/PID/maps` file-backed mappings.
-pub fn parse_maps(text: &str) -> Vec<Mapping> {
+/// The file-backed mappings of `/proc/PID/maps`, for process `pid`.
+pub fn file_mappings(pid: u32, entries: &[procfs::MapsEntry]) -> Vec<Mapping> {
+    let mut modules: HashMap<(&str, u64, bool), Arc<ModuleRef>> = HashMap::new();
     let mut out = Vec::new();
-    for line in text.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.len() < 6 || !fields[5].starts_with('/') {
-            continue;
-        }
-        let Some((start, end)) = fields[0].split_once('-') else { continue };
-        let (Ok(start), Ok(end), Ok(off)) =
-            (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16), u64::from_str_radix(fields[2], 16))
-        else {
-            continue;
-        };
-        let file = (Arc::from(fields[3]), fields[4].parse().unwrap_or(0));
-        out.push(Mapping { range: start..end, file_offset: off, path: Arc::from(fields[5..].join(" ")), file });
+    for e in entries {
+        let (Some(path), Some(open)) = (e.path.as_deref(), procfs::open_path(pid, e)) else { continue };
+        // One reference per file, opened through the first of its mappings.
+        let module = modules
+            .entry((path, e.inode, e.deleted))
+            .or_insert_with(|| {
+                Arc::new(ModuleRef {
+                    path: Arc::from(path),
+                    open_path: Arc::from(open.to_string_lossy().as_ref()),
+                    deleted: e.deleted,
+                    file: (Arc::from(e.dev.as_str()), e.inode),
+                })
+            })
+            .clone();
+        out.push(Mapping { range: e.range.clone(), file_offset: e.offset, module });
     }
     out
 }
@@ -93,7 +108,8 @@ pub struct ProcessUnwinder {
     maps: Vec<Mapping>,
     unwinder: UnwinderX86_64<Arc<[u8]>>,
     cache: CacheX86_64,
-    added: std::collections::HashSet<Arc<str>>,
+    /// Files whose unwind data is added, by identity.
+    added: std::collections::HashSet<(Arc<str>, u64)>,
 }
 
 /// Cache of module unwind data by path (as opened by the agent).
@@ -124,32 +140,28 @@ impl ProcessUnwinder {
 
     /// Re-reads the maps (a library may have been loaded since) and adds new modules.
     pub fn refresh(&mut self, modules: &mut ModuleCache) -> Option<()> {
-        let text = std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).ok()?;
-        self.maps = parse_maps(&text);
+        self.maps = file_mappings(self.pid, &procfs::read_maps(self.pid).ok()?);
         if modules.modules.len() > MAX_MODULES {
             modules.modules.clear();
         }
-        let mut by_path: HashMap<Arc<str>, Vec<&Mapping>> = HashMap::new();
+        let mut by_file: HashMap<(Arc<str>, u64), Vec<&Mapping>> = HashMap::new();
         for m in &self.maps {
-            by_path.entry(m.path.clone()).or_default().push(m);
+            by_file.entry(m.module.file.clone()).or_default().push(m);
         }
-        for (path, maps) in by_path {
-            if self.added.contains(&path) {
+        for (file, maps) in by_file {
+            if self.added.contains(&file) {
                 continue;
             }
-            let open_path = format!("/proc/{}/root{}", self.pid, path);
-            let data = modules
-                .modules
-                .entry(maps[0].file.clone())
-                .or_insert_with(|| load_module(&open_path).map(Arc::new))
-                .clone();
-            self.added.insert(path.clone());
+            let module = &maps[0].module;
+            let data = modules.modules.entry(file.clone()).or_insert_with(|| load_module(&module.open_path).map(Arc::new)).clone();
+            self.added.insert(file);
             let Some(data) = data else { continue };
             let start = maps.iter().map(|m| m.range.start).min().expect("non-empty");
             let end = maps.iter().map(|m| m.range.end).max().expect("non-empty");
             // Load bias: where the segment holding the lowest mapped offset landed.
             let first = maps.iter().min_by_key(|m| m.file_offset).expect("non-empty");
-            let Some((seg_off, seg_vaddr)) = data.loads.iter().find(|(r, _)| r.contains(&first.file_offset) || r.start == first.file_offset)
+            let Some((seg_off, seg_vaddr)) =
+                data.loads.iter().find(|(r, _)| r.contains(&first.file_offset) || r.start == first.file_offset)
             else {
                 continue;
             };
@@ -163,7 +175,7 @@ impl ProcessUnwinder {
                 debug_frame: data.debug_frame.clone(),
                 ..Default::default()
             };
-            self.unwinder.add_module(Module::new(path.to_string(), start..end, bias, info));
+            self.unwinder.add_module(Module::new(module.path.to_string(), start..end, bias, info));
         }
         Some(())
     }
@@ -196,11 +208,7 @@ impl ProcessUnwinder {
         }
         for a in addrs {
             match self.mapping(a) {
-                Some(m) => frames.push(RawFrame {
-                    module: m.path.clone(),
-                    open_path: Arc::from(format!("/proc/{}/root{}", self.pid, m.path)),
-                    file_offset: a - m.range.start + m.file_offset,
-                }),
+                Some(m) => frames.push(RawFrame { module: m.module.clone(), file_offset: a - m.range.start + m.file_offset }),
                 None => {
                     unknown = true;
                     break;
@@ -216,18 +224,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn maps_parsing() {
-        let m = parse_maps(
-            "55d0-55e0 r--p 00000000 fd:01 12 /usr/bin/python3.11\n\
-             55e0-55f0 r-xp 00010000 fd:01 12 /usr/bin/python3.11\n\
-             7f00-7f10 rw-p 00000000 00:00 0 \n\
-             7f10-7f20 r-xp 00002000 fd:01 13 /opt/lib dir/libx.so\n\
-             7ffc-7ffd rw-p 00000000 00:00 0 [stack]\n",
+    fn file_mappings_share_one_module_per_file_and_open_deleted_ones_by_map_files() {
+        let m = file_mappings(
+            7,
+            &procfs::parse_maps(
+                "55d0-55e0 r--p 00000000 fd:01 12 /usr/bin/python3.11\n\
+                 55e0-55f0 r-xp 00010000 fd:01 12 /usr/bin/python3.11\n\
+                 7f00-7f10 rw-p 00000000 00:00 0 \n\
+                 7f10-7f20 r-xp 00002000 fd:01 13 /opt/lib dir/libx.so\n\
+                 7f20-7f30 r-xp 00000000 fd:01 14 /opt/lib dir/libx.so (deleted)\n\
+                 7ffc-7ffd rw-p 00000000 00:00 0 [stack]\n",
+            ),
         );
-        assert_eq!(m.len(), 3);
-        assert_eq!(m[1].range, 0x55e0..0x55f0);
-        assert_eq!(m[1].file_offset, 0x10000);
-        assert_eq!(&*m[2].path, "/opt/lib dir/libx.so");
+        assert_eq!(m.len(), 4);
+        assert_eq!((m[1].range.clone(), m[1].file_offset), (0x55e0..0x55f0, 0x10000));
+        assert!(Arc::ptr_eq(&m[0].module, &m[1].module), "one module per file");
+        assert_eq!(&*m[2].module.path, "/opt/lib dir/libx.so");
+        assert_eq!(&*m[2].module.open_path, "/proc/7/root/opt/lib dir/libx.so");
+        // The same path, replaced on disk: another file, opened by its old inode.
+        assert_eq!((&*m[3].module.path, m[3].module.deleted), ("/opt/lib dir/libx.so", true));
+        assert_eq!(&*m[3].module.open_path, "/proc/7/map_files/7f20-7f30");
+        assert_ne!(m[2].module.file, m[3].module.file);
     }
 
     #[test]
@@ -264,6 +281,6 @@ mod tests {
         let mut u = ProcessUnwinder::new(std::process::id(), &mut cache).expect("own maps");
         let (frames, _) = u.unwind(ip + 1, sp, bp, &stack, 64);
         assert!(frames.len() >= 3, "{frames:?}");
-        assert!(frames[0].module.contains("gpumem"), "{frames:?}");
+        assert!(frames[0].module.path.contains("gpumem"), "{frames:?}");
     }
 }

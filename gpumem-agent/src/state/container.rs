@@ -7,6 +7,8 @@
 //!   `crio-<64-hex>.scope`, `docker-<64-hex>.scope`, `libpod-<64-hex>.scope` (podman)
 use serde::Serialize;
 
+use crate::procfs;
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ContainerInfo {
     /// Container id (64 hex digits).
@@ -138,11 +140,14 @@ pub fn parse_path(path: &str) -> ContainerInfo {
 /// Container info from `/proc/PID/cgroup` text: the first line (v2 `0::`
 /// first, then v1 controllers) whose path names a container or pod.
 pub fn parse_cgroup_file(text: &str) -> ContainerInfo {
-    let mut lines: Vec<&str> = text.lines().collect();
-    lines.sort_by_key(|l| !l.starts_with("0::"));
+    from_cgroups(&procfs::parse_cgroup(text))
+}
+
+fn from_cgroups(lines: &[procfs::CgroupLine]) -> ContainerInfo {
+    let mut lines: Vec<&procfs::CgroupLine> = lines.iter().collect();
+    lines.sort_by_key(|l| !l.is_v2());
     for line in lines {
-        let Some(path) = line.splitn(3, ':').nth(2) else { continue };
-        let info = parse_path(path);
+        let info = parse_path(&line.path);
         if info.container.is_some() || info.pod_uid.is_some() {
             return info;
         }
@@ -150,24 +155,18 @@ pub fn parse_cgroup_file(text: &str) -> ContainerInfo {
     ContainerInfo::default()
 }
 
-/// The innermost pid from `/proc/PID/status`'s `NSpid:` line.
-pub fn parse_ns_pid(status: &str) -> Option<u32> {
-    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
-    line.split_whitespace().last()?.parse().ok()
-}
-
 /// Looks a live process up in /proc. None when it is already gone (or a
 /// zombie, whose cgroup and namespaces are no longer shown): the caller may
 /// try again on its next event.
 pub fn lookup(pid: u32) -> Option<ContainerInfo> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    if status.lines().any(|l| l.starts_with("State:") && (l.contains("zombie") || l.contains("dead"))) {
+    let status = procfs::read_status(pid).ok()?;
+    if status.gone() {
         return None;
     }
-    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let mut info = parse_cgroup_file(&cgroups);
+    let cgroups = procfs::read_cgroup(pid).ok()?;
+    let mut info = from_cgroups(&cgroups);
     info.memory_limit_file = memory_cgroup(&cgroups);
-    info.ns_pid = parse_ns_pid(&status).filter(|&p| p != 0);
+    info.ns_pid = status.ns_pid().filter(|&p| p != 0);
     if info.pod_uid.is_some() {
         (info.pod_name, info.namespace) = pod_identity(std::path::Path::new(&format!("/proc/{pid}/root")));
     }
@@ -188,25 +187,25 @@ pub fn pod_identity(root: &std::path::Path) -> (Option<String>, Option<String>) 
     };
     // /var/run is usually an absolute symlink to /run, which through
     // /proc/PID/root would resolve in *our* root: look at /run first.
-    let namespace = read("run/secrets/kubernetes.io/serviceaccount/namespace").or_else(|| read("var/run/secrets/kubernetes.io/serviceaccount/namespace"));
+    let namespace = read("run/secrets/kubernetes.io/serviceaccount/namespace")
+        .or_else(|| read("var/run/secrets/kubernetes.io/serviceaccount/namespace"));
     (read("etc/hostname"), namespace)
 }
 
-/// The memory cgroup of a process (path, limit file), from /proc/PID/cgroup's text.
-fn memory_cgroup(text: &str) -> Option<(String, String)> {
-    for line in text.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        let limit_file = if controllers.split(',').any(|c| c == "memory") {
+/// The memory cgroup of a process (path, limit file), from its cgroup lines.
+fn memory_cgroup(lines: &[procfs::CgroupLine]) -> Option<(String, String)> {
+    for line in lines {
+        let path = &line.path;
+        let limit_file = if line.has_controller("memory") {
             format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
-        } else if controllers.is_empty() {
+        } else if line.controllers.is_empty() {
             let v2 = if std::path::Path::new("/sys/fs/cgroup/unified").is_dir() { "/sys/fs/cgroup/unified" } else { "/sys/fs/cgroup" };
             format!("{v2}{path}/memory.max")
         } else {
             continue;
         };
         if path != "/" && std::path::Path::new(&limit_file).exists() {
-            return Some((path.to_string(), limit_file));
+            return Some((path.clone(), limit_file));
         }
     }
     None
@@ -221,8 +220,7 @@ pub fn limited(cgroup: &(String, String)) -> Option<String> {
 /// The memory cgroup of a process, if it has a memory limit: an OOM kill
 /// inside it is a memory-cgroup kill rather than a host-wide one.
 pub fn limited_memory_cgroup(pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    limited(&memory_cgroup(&text)?)
+    limited(&memory_cgroup(&procfs::read_cgroup(pid).ok()?)?)
 }
 
 /// `max` (v2) or a page-rounded i64::MAX (v1) mean no limit.
@@ -283,10 +281,8 @@ mod tests {
     #[test]
     fn systemd_kubernetes_runtimes() {
         for (prefix, runtime) in [("cri-containerd", "containerd"), ("crio", "cri-o"), ("docker", "docker")] {
-            let path = format!(
-                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/{prefix}-{ID}.scope",
-                uid_underscored()
-            );
+            let path =
+                format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/{prefix}-{ID}.scope", uid_underscored());
             let i = parse_path(&path);
             assert_eq!(i.pod_uid.as_deref(), Some(UID), "{path}");
             assert_eq!(i.container.as_deref(), Some(ID), "{path}");
@@ -327,16 +323,12 @@ mod tests {
         let v1 = format!("12:pids:/\n4:memory:/kubepods/burstable/pod{UID}/{ID}\n0::/\n");
         let i = parse_cgroup_file(&v1);
         assert_eq!((i.pod_uid.as_deref(), i.container.as_deref()), (Some(UID), Some(ID)));
-        let v2 = format!("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{ID}.scope\n", uid_underscored());
+        let v2 = format!(
+            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{ID}.scope\n",
+            uid_underscored()
+        );
         let i = parse_cgroup_file(&v2);
         assert_eq!((i.pod_uid.as_deref(), i.container.as_deref(), i.qos), (Some(UID), Some(ID), Some("besteffort")));
         assert_eq!(parse_cgroup_file("0::/\n4:memory:/\n"), ContainerInfo::default());
-    }
-
-    #[test]
-    fn ns_pid() {
-        assert_eq!(parse_ns_pid("Name:\tx\nNSpid:\t4242\t17\n"), Some(17));
-        assert_eq!(parse_ns_pid("Name:\tx\nNSpid:\t4242\n"), Some(4242));
-        assert_eq!(parse_ns_pid("Name:\tx\n"), None);
     }
 }

@@ -1,17 +1,23 @@
-//! Live allocation state per process and device, built from decoded events.
+//! Live allocation state per process and device, built from typed events.
 //!
 //! Failed calls are counted and change nothing. Everything held is bounded by
 //! `Limits`; what does not fit is counted in `Overflow`, never dropped silently.
+//! Each concern is a file of methods on `Process`: alloc.rs, vmm.rs, ctx.rs,
+//! ioctl.rs; this file decides which applies.
+mod alloc;
 pub mod container;
+mod ctx;
 mod ioctl;
 pub mod process;
+mod vmm;
 
 use std::collections::BTreeMap;
 
-use gpumem_common::{api_info, ApiClass, Event, DEVICE_UNKNOWN};
-pub use process::{Allocation, Memory, Process, VmmHandle};
+use gpumem_common::{api_info, cu_result, ApiClass, ApiInfo, Event, DEVICE_UNKNOWN};
+use rustc_hash::FxHashMap;
 
-use process::{Mapping, PrimaryCtx};
+use crate::{events::Kind, stacks::StackId};
+pub use process::{Allocation, Failure, Memory, Process, VmmHandle};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -37,7 +43,7 @@ pub struct Overflow {
 }
 
 /// Memory released implicitly on one device (context destroyed, process exit).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Release {
     pub device: i32,
     pub bytes: u64,
@@ -73,8 +79,8 @@ pub const OOM_TOP_HOLDERS: usize = 5;
 pub struct OomKill {
     /// The victim's GPU memory per device at that moment.
     pub holdings: Vec<Release>,
-    /// The limited memory cgroup the kill happened in (filled by the caller,
-    /// which can read /proc); None for a host-wide kill or when unknown.
+    /// The limited memory cgroup the kill happened in (filled by the
+    /// pipeline's lookups); None for a host-wide kill or when unknown.
     pub memcg: Option<String>,
 }
 
@@ -117,7 +123,7 @@ pub struct Applied {
     pub released: Vec<Release>,
     /// A free/release of something not in the table (predates the trace).
     pub untracked: bool,
-    /// Not recorded: a table was full.
+    /// Not recorded: a table was full, or the event could not be believed.
     pub dropped: bool,
     /// An explicit free of a tracked allocation or handle: how long it lived.
     pub lifetime_ns: Option<u64>,
@@ -131,12 +137,18 @@ pub struct State {
     entries: usize,
     pub events: u64,
     pub oom: OomCounters,
-    /// New processes seen on the pid of one that had exited (see apply_with_stack).
+    /// New processes seen on the pid of one that had exited (see `process_for`).
     pub pid_reuses: u64,
     /// Calls of a process read after its exit (begun before it): not applied.
     pub late_events: u64,
     /// Successful calls with a size no GPU could hold: not applied.
     pub implausible_events: u64,
+    /// Events of an id this agent does not know: not applied.
+    pub unknown_events: u64,
+    /// The one GPU NVML lists each process on (see `assume_devices`).
+    device_hints: FxHashMap<u32, i32>,
+    /// Processes forgotten (evicted or aged out) since the last `take_forgotten`.
+    forgotten: Vec<u32>,
 }
 
 impl State {
@@ -144,19 +156,25 @@ impl State {
         State { limits, ..Default::default() }
     }
 
-    #[cfg(test)]
+    /// Table entries held across all processes.
     pub fn live_entries(&self) -> usize {
         self.entries
     }
 
-    /// Applies an event without a stack (tests; the agent always passes what it has).
+    /// Applies an event, decoding its kind (tests; the pipeline decodes once).
     #[cfg(test)]
     pub fn apply(&mut self, ev: &Event) -> Applied {
-        self.apply_with_stack(ev, None)
+        self.apply_kind(ev, &Kind::of(ev), None)
     }
 
-    /// Applies an event whose caller's stack was unwound to `stack`.
-    pub fn apply_with_stack(&mut self, ev: &Event, stack: Option<crate::stacks::StackId>) -> Applied {
+    /// The same, with the stack it was unwound to (tests).
+    #[cfg(test)]
+    pub fn apply_with_stack(&mut self, ev: &Event, stack: Option<StackId>) -> Applied {
+        self.apply_kind(ev, &Kind::of(ev), stack)
+    }
+
+    /// Applies an event of a known kind whose caller's stack was unwound to `stack`.
+    pub fn apply_kind(&mut self, ev: &Event, kind: &Kind, stack: Option<StackId>) -> Applied {
         self.events += 1;
         // A device ordinal no GPU can have (read from a process's arguments)
         // is unknown, everywhere it is stored.
@@ -174,102 +192,146 @@ impl State {
             self.implausible_events += 1;
             return Applied { device: ev.device, dropped: true, ..Default::default() };
         }
-        if ev.api == gpumem_common::api::OOM_KILL {
+        match kind {
             // The victim need not be a CUDA process: do not create one for it.
-            self.oom.host_oom_kills += 1;
-            let holdings = self.processes.get(&ev.pid).map(holdings).unwrap_or_default();
-            return Applied { device: DEVICE_UNKNOWN, oom_kill: Some(Box::new(OomKill { holdings, memcg: None })), ..Default::default() };
-        }
-        if !self.processes.contains_key(&ev.pid) {
-            if self.processes.len() >= self.limits.max_processes && !self.evict_exited() {
-                self.overflow.process_events_dropped += 1;
-                return Applied { device: ev.device, size: ev.size, dropped: true, ..Default::default() };
+            Kind::OomKill(_) => return self.oom_kill(ev.pid),
+            Kind::Unknown => {
+                self.unknown_events += 1;
+                return Applied { device: ev.device, dropped: true, ..Default::default() };
             }
-            self.processes.insert(ev.pid, Process::new(ev.pid));
+            _ => {}
         }
-        let room = self.entries < self.limits.max_entries;
-        let mut proc = self.processes.get_mut(&ev.pid).expect("inserted above");
-        // A call that began after the exit of the process we knew by this pid
-        // is a new process's (the kernel reused the pid): start it afresh, so
-        // that nothing of the old one (statistics, contexts, container) carries over.
-        if proc.exited && ev.api != gpumem_common::api::PROCESS_EXIT {
-            if ev.ts_ns.saturating_sub(ev.latency_ns) <= proc.exited_ns {
-                // A call the dead process began before its exit, read after it:
-                // the driver freed everything at exit, there is nothing to apply.
-                self.late_events += 1;
-                return Applied { device: ev.device, ..Default::default() };
-            }
-            self.pid_reuses += 1;
-            self.processes.insert(ev.pid, Process::new(ev.pid));
-            proc = self.processes.get_mut(&ev.pid).expect("inserted above");
-        }
-        // The main thread's comm is the process's name; compare bytes first so
-        // that the common case (unchanged) allocates nothing.
-        let comm = ev.comm_bytes();
-        if (proc.comm.is_empty() || ev.tid == ev.pid) && !comm.is_empty() && proc.comm.as_bytes() != comm {
-            proc.comm = String::from_utf8_lossy(comm).into_owned();
-        }
-        if ev.api == gpumem_common::api::PROCESS_EXIT {
-            let before = proc.entries();
-            let released = release_all(proc);
-            proc.exited = true;
-            proc.exited_ns = ev.ts_ns;
-            proc.held_at_exit_bytes = released.iter().map(|r| r.bytes).sum();
-            self.entries -= before;
-            return Applied { device: DEVICE_UNKNOWN, size: released.iter().map(|r| r.bytes).sum(), released, ..Default::default() };
-        }
-        if gpumem_common::api::is_ioctl(ev.api) {
-            let stats = proc.apis.entry(ev.api).or_default();
-            stats.calls += 1;
-            if ev.result != 0 {
-                stats.failures += 1;
-                *stats.failures_by_result.entry(ev.result).or_default() += 1;
-                return Applied { device: DEVICE_UNKNOWN, size: ev.size, ..Default::default() };
-            }
-            return ioctl::apply(proc, ev);
-        }
-        let Some(info) = api_info(ev.api) else {
-            return Applied { device: ev.device, ..Default::default() };
+        let Some(proc) = self.process_for(ev) else {
+            return Applied { device: ev.device, size: ev.size, dropped: true, ..Default::default() };
         };
-        let stats = proc.apis.entry(ev.api).or_default();
-        stats.calls += 1;
-        if ev.result != 0 {
-            stats.failures += 1;
-            *stats.failures_by_result.entry(ev.result).or_default() += 1;
-            proc.last_failure = Some((ev.api, ev.result, ev.ts_ns));
-            let device = if ev.device != DEVICE_UNKNOWN { ev.device } else { proc.current_device(ev.tid) };
-            let mut applied = Applied { device, size: ev.size, ..Default::default() };
-            if ev.result == gpumem_common::cu_result::OUT_OF_MEMORY && matches!(info.class, ApiClass::DeviceAlloc | ApiClass::VmmCreate) {
-                let reported_free = proc.reported_free.get(&device).map(|&(free, _)| free);
-                let fragmentation = reported_free.is_some_and(|free| free >= ev.size);
-                self.oom.cuda_ooms += 1;
-                if fragmentation {
-                    self.oom.fragmentation_ooms += 1;
-                }
-                let holders = self.top_holders(device, OOM_TOP_HOLDERS);
-                applied.cuda_oom = Some(Box::new(CudaOom { device, requested: ev.size, reported_free, fragmentation, holders }));
-            }
-            return applied;
+        if proc.exited && *kind != Kind::Exit {
+            // A call the dead process began before its exit, read after it:
+            // the driver freed everything at exit, there is nothing to apply.
+            self.late_events += 1;
+            return Applied { device: ev.device, ..Default::default() };
         }
-        let before = proc.entries();
-        let applied = apply_success(proc, info.class, ev, room, stack);
-        self.entries = self.entries + proc.entries() - before;
-        if applied.dropped {
-            self.overflow.entries_dropped += 1;
+        note_comm(proc, ev);
+        match kind {
+            Kind::Exit => self.exit(ev),
+            Kind::Rm(call) => ioctl_call(proc, ev, |p, out| p.apply_rm(call, out)),
+            Kind::Uvm(call) => ioctl_call(proc, ev, |p, out| p.apply_uvm(call, out)),
+            Kind::Cuda(info) if ev.result != 0 => self.failed_call(info, ev),
+            Kind::Cuda(info) => self.successful_call(info, ev, stack),
+            Kind::OomKill(_) | Kind::Unknown => unreachable!("returned above"),
+        }
+    }
+
+    /// The process an event belongs to, created if new. None: the process
+    /// table is full of live processes. A call that began after the exit of
+    /// the process we knew by this pid is a new process's (the kernel reused
+    /// the pid): it starts afresh, so that nothing of the old one carries
+    /// over; a call that began before it is returned with the exited process.
+    fn process_for(&mut self, ev: &Event) -> Option<&mut Process> {
+        let reused = match self.processes.get(&ev.pid) {
+            Some(p) => p.exited && ev.api != gpumem_common::api::PROCESS_EXIT && ev.ts_ns.saturating_sub(ev.latency_ns) > p.exited_ns,
+            None => {
+                if self.processes.len() >= self.limits.max_processes && !self.evict_exited() {
+                    self.overflow.process_events_dropped += 1;
+                    return None;
+                }
+                true
+            }
+        };
+        if reused {
+            if self.processes.contains_key(&ev.pid) {
+                self.pid_reuses += 1;
+            }
+            let mut p = Process::new(ev.pid);
+            p.assumed_device = self.device_hints.get(&ev.pid).copied();
+            self.processes.insert(ev.pid, p);
+        }
+        self.processes.get_mut(&ev.pid)
+    }
+
+    fn exit(&mut self, ev: &Event) -> Applied {
+        let p = self.processes.get_mut(&ev.pid).expect("present");
+        let before = p.entries();
+        let released = p.holdings();
+        // Everything the driver frees at exit, in one statement.
+        p.held = Default::default();
+        p.exited = true;
+        p.exited_ns = ev.ts_ns;
+        p.held_at_exit_bytes = released.iter().map(|r| r.bytes).sum();
+        self.entries -= before;
+        Applied { device: DEVICE_UNKNOWN, size: p.held_at_exit_bytes, released, ..Default::default() }
+    }
+
+    fn failed_call(&mut self, info: &ApiInfo, ev: &Event) -> Applied {
+        let p = self.processes.get_mut(&ev.pid).expect("present");
+        p.count_call(ev.api, ev.result);
+        p.last_failure = Some(Failure { api: ev.api, result: ev.result, ts_ns: ev.ts_ns });
+        let device = if ev.device != DEVICE_UNKNOWN { ev.device } else { p.current_device(ev.tid) };
+        let mut applied = Applied { device, size: ev.size, ..Default::default() };
+        if ev.result == cu_result::OUT_OF_MEMORY && matches!(info.class, ApiClass::DeviceAlloc | ApiClass::VmmCreate) {
+            let reported_free = p.held.reported_free.get(&device).map(|&(free, _)| free);
+            let fragmentation = reported_free.is_some_and(|free| free >= ev.size);
+            self.oom.cuda_ooms += 1;
+            self.oom.fragmentation_ooms += fragmentation as u64;
+            let holders = self.top_holders(device, OOM_TOP_HOLDERS);
+            applied.cuda_oom = Some(Box::new(CudaOom { device, requested: ev.size, reported_free, fragmentation, holders }));
         }
         applied
     }
 
+    fn successful_call(&mut self, info: &ApiInfo, ev: &Event, stack: Option<StackId>) -> Applied {
+        let room = self.entries < self.limits.max_entries;
+        let p = self.processes.get_mut(&ev.pid).expect("present");
+        p.count_call(ev.api, 0);
+        let before = p.entries();
+        let mut out = Applied { device: ev.device, size: ev.size, ..Default::default() };
+        match info.class {
+            ApiClass::Init | ApiClass::ProcessExit => {}
+            ApiClass::DeviceAlloc | ApiClass::HostAlloc => p.apply_alloc(info.class, ev, room, stack, &mut out),
+            ApiClass::DeviceFree | ApiClass::HostFree => p.apply_free(info.class, ev, &mut out),
+            ApiClass::VmmCreate | ApiClass::VmmRelease | ApiClass::VmmMap | ApiClass::VmmUnmap | ApiClass::VaReserve | ApiClass::VaFree => {
+                p.apply_vmm(info.class, ev, room, stack, &mut out)
+            }
+            ApiClass::CtxRetainPrimary
+            | ApiClass::CtxReleasePrimary
+            | ApiClass::CtxResetPrimary
+            | ApiClass::CtxCreate
+            | ApiClass::CtxSetCurrent
+            | ApiClass::CtxPush
+            | ApiClass::CtxPop
+            | ApiClass::CtxDestroy
+            | ApiClass::MemGetInfo => p.apply_ctx(info.class, ev, &mut out),
+        }
+        self.entries = self.entries + p.entries() - before;
+        if out.dropped {
+            self.overflow.entries_dropped += 1;
+        }
+        out
+    }
+
+    /// A host OOM kill: the victim's holdings at that moment.
+    fn oom_kill(&mut self, victim: u32) -> Applied {
+        self.oom.host_oom_kills += 1;
+        let holdings = self.processes.get(&victim).map(Process::holdings).unwrap_or_default();
+        Applied { device: DEVICE_UNKNOWN, oom_kill: Some(Box::new(OomKill { holdings, memcg: None })), ..Default::default() }
+    }
+
     /// A process whose calls run in a context the agent never saw created
     /// (made before it started) has its memory on an unknown device. Where
-    /// NVML lists the process on exactly one GPU, that is the device.
+    /// NVML lists the process on exactly one GPU, that is the device: for
+    /// the processes known now, and for those first seen later.
     pub fn assume_devices(&mut self, gpus: &[crate::nvml::GpuSample]) {
+        let mut on: FxHashMap<u32, Option<i32>> = FxHashMap::default();
+        for g in gpus {
+            for &(pid, _) in g.processes.iter().flatten() {
+                // A process on two GPUs has no single device to assume.
+                on.entry(pid).and_modify(|d| *d = d.filter(|&d| d == g.index as i32)).or_insert(Some(g.index as i32));
+            }
+        }
+        self.device_hints = on.into_iter().filter_map(|(pid, d)| Some((pid, d?))).collect();
         for p in self.processes.values_mut().filter(|p| !p.exited && p.assumed_device.is_none()) {
-            let mut on = gpus.iter().filter(|g| g.processes.iter().flatten().any(|&(pid, _)| pid == p.pid));
-            if let (Some(g), None) = (on.next(), on.next()) {
-                let needs = p.devices.contains_key(&DEVICE_UNKNOWN) || p.ctx_device.is_empty();
-                if needs {
-                    p.assume_device(g.index as i32);
+            if let Some(&device) = self.device_hints.get(&p.pid) {
+                if p.held.devices.contains_key(&DEVICE_UNKNOWN) || p.held.contexts.device_of.is_empty() {
+                    p.assume_device(device);
                 }
             }
         }
@@ -291,7 +353,7 @@ impl State {
             .processes
             .values()
             .filter_map(|p| {
-                let t = p.devices.get(&device)?;
+                let t = p.held.devices.get(&device)?;
                 (t.live_allocs > 0).then(|| Holder { pid: p.pid, comm: p.comm.clone(), bytes: t.live_bytes, allocs: t.live_allocs })
             })
             .collect();
@@ -301,26 +363,39 @@ impl State {
     }
 
     /// Forgets processes that exited before `cutoff_ns` (CLOCK_MONOTONIC), so
-    /// that a long-running agent does not keep every pid it ever saw.
-    /// Returns their pids.
+    /// that a long-running agent does not keep every pid it ever saw. Their
+    /// pids are also handed out by `take_forgotten`.
     pub fn forget_exited_before(&mut self, cutoff_ns: u64) -> Vec<u32> {
         let gone: Vec<u32> = self.processes.values().filter(|p| p.exited && p.exited_ns < cutoff_ns).map(|p| p.pid).collect();
-        for pid in &gone {
-            if let Some(p) = self.processes.remove(pid) {
-                self.entries -= p.entries();
-            }
+        for &pid in &gone {
+            self.forget(pid);
         }
         gone
     }
 
+    /// The processes forgotten since the last call (aged out or evicted), so
+    /// that whatever else is kept per process can go too.
+    pub fn take_forgotten(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.forgotten)
+    }
+
+    /// Whether a process was forgotten since the last `take_forgotten`.
+    pub fn has_forgotten(&self) -> bool {
+        !self.forgotten.is_empty()
+    }
+
+    fn forget(&mut self, pid: u32) {
+        if let Some(p) = self.processes.remove(&pid) {
+            self.entries -= p.entries();
+            self.forgotten.push(pid);
+        }
+    }
+
     /// Makes room by forgetting the oldest exited process. False if none.
     fn evict_exited(&mut self) -> bool {
-        let victim = self.processes.iter().find(|(_, p)| p.exited).map(|(&pid, _)| pid);
-        match victim {
+        match self.processes.iter().find(|(_, p)| p.exited).map(|(&pid, _)| pid) {
             Some(pid) => {
-                if let Some(p) = self.processes.remove(&pid) {
-                    self.entries -= p.entries();
-                }
+                self.forget(pid);
                 true
             }
             None => false,
@@ -328,300 +403,23 @@ impl State {
     }
 }
 
-fn apply_success(p: &mut Process, class: ApiClass, ev: &Event, room: bool, stack: Option<crate::stacks::StackId>) -> Applied {
-    let mut out = Applied { device: ev.device, size: ev.size, ..Default::default() };
-    match class {
-        ApiClass::Init => {}
-        ApiClass::DeviceAlloc | ApiClass::HostAlloc => {
-            let memory = if class == ApiClass::HostAlloc { Memory::HostPinned } else { Memory::Device };
-            let device = if memory == Memory::HostPinned { DEVICE_UNKNOWN } else { p.current_device(ev.tid) };
-            out.device = device;
-            if !room {
-                out.dropped = true;
-                return out;
-            }
-            let ctx = p.current_ctx(ev.tid);
-            let alloc = Allocation::new(ev.size, device, memory, p.ctx_index(ctx), ev.ts_ns, stack);
-            // A pointer handed out twice: its free is late (another thread's,
-            // not yet seen; see below) or was missed. Replace it, and remember
-            // that a late free of this address may still come.
-            if let Some(old) = p.allocs.insert(ev.addr, alloc) {
-                credit_free(p, &old);
-                p.note_displaced(ev.addr);
-            }
-            match memory {
-                Memory::Device => {
-                    let t = p.totals_mut(device);
-                    t.live_bytes += ev.size;
-                    t.live_allocs += 1;
-                }
-                Memory::HostPinned => {
-                    p.host_pinned_bytes += ev.size;
-                    p.host_pinned_allocs += 1;
-                }
-            }
-        }
-        // Events are ordered by their return. When one thread frees an address
-        // and another gets it back from the allocator, the second thread's
-        // allocation can return (and be seen) before the first thread's free.
-        // A free that started before the live allocation at its address
-        // returned cannot be freeing it: it freed the one displaced earlier
-        // (already credited when the new allocation replaced it).
-        ApiClass::DeviceFree | ApiClass::HostFree
-            if p.allocs.get(&ev.addr).is_some_and(|cur| ev.ts_ns.saturating_sub(ev.latency_ns) < cur.ts_ns) =>
-        {
-            out.device = p.allocs[&ev.addr].device();
-            out.size = 0;
-            p.reordered_frees += 1;
-            p.take_displaced(ev.addr);
-        }
-        ApiClass::DeviceFree | ApiClass::HostFree => match p.allocs.remove(&ev.addr) {
-            Some(old) => {
-                out.device = old.device();
-                out.size = old.size;
-                out.lifetime_ns = Some(ev.ts_ns.saturating_sub(old.ts_ns));
-                credit_free(p, &old);
-            }
-            None => {
-                out.device = if class == ApiClass::HostFree { DEVICE_UNKNOWN } else { p.current_device(ev.tid) };
-                // The same, later still: the second thread has freed the
-                // address too before the first thread's free is seen.
-                if p.take_displaced(ev.addr) {
-                    out.size = 0;
-                    p.reordered_frees += 1;
-                } else {
-                    out.untracked = true;
-                    p.untracked_frees += 1;
-                }
-            }
-        },
-        ApiClass::VmmCreate => {
-            let device = if ev.device != DEVICE_UNKNOWN { ev.device } else { p.current_device(ev.tid) };
-            out.device = device;
-            if !room {
-                out.dropped = true;
-                return out;
-            }
-            let h = VmmHandle { size: ev.size, device, mappings: 0, released: false, ts_ns: ev.ts_ns, stack };
-            if let Some(old) = p.vmm_handles.insert(ev.handle, h) {
-                uncount_handle(p, &old);
-            }
-            let t = p.totals_mut(device);
-            t.live_bytes += ev.size;
-            t.live_allocs += 1;
-            t.vmm_physical_bytes += ev.size;
-            t.vmm_handles += 1;
-        }
-        ApiClass::VmmRelease => match p.vmm_handles.get_mut(&ev.handle) {
-            Some(h) => {
-                out.device = h.device;
-                out.size = h.size;
-                h.released = true;
-                out.lifetime_ns = Some(ev.ts_ns.saturating_sub(h.ts_ns));
-                // Physical memory goes only once no mapping refers to it.
-                if h.mappings == 0 {
-                    let h = p.vmm_handles.remove(&ev.handle).expect("present");
-                    out.released.push(Release { device: h.device, bytes: h.size, allocs: 1 });
-                    uncount_handle(p, &h);
-                }
-            }
-            None => out.untracked = true,
-        },
-        ApiClass::VmmMap => {
-            if let Some(h) = p.vmm_handles.get_mut(&ev.handle) {
-                h.mappings += 1;
-                out.device = h.device;
-            } else {
-                out.untracked = true;
-            }
-            if room {
-                p.mappings.insert(ev.addr, Mapping { size: ev.size, handle: ev.handle });
-            } else {
-                out.dropped = true;
-            }
-        }
-        ApiClass::VmmUnmap => {
-            // Unmap covers [addr, addr+size): every mapping starting inside it.
-            let end = ev.addr.saturating_add(ev.size);
-            let starts: Vec<u64> = p.mappings.range(ev.addr..end).map(|(&a, _)| a).collect();
-            if starts.is_empty() {
-                out.untracked = true;
-            }
-            for start in starts {
-                let m = p.mappings.remove(&start).expect("present");
-                if let Some(h) = p.vmm_handles.get_mut(&m.handle) {
-                    h.mappings = h.mappings.saturating_sub(1);
-                    out.device = h.device;
-                    if h.released && h.mappings == 0 {
-                        let h = p.vmm_handles.remove(&m.handle).expect("present");
-                        out.released.push(Release { device: h.device, bytes: h.size, allocs: 1 });
-                        uncount_handle(p, &h);
-                    }
-                }
-            }
-        }
-        ApiClass::VaReserve => {
-            let device = p.current_device(ev.tid);
-            out.device = device;
-            if !room {
-                out.dropped = true;
-                return out;
-            }
-            if let Some((old, dev)) = p.reservations.insert(ev.addr, (ev.size, device)) {
-                p.totals_mut(dev).reserved_bytes -= old;
-            }
-            p.totals_mut(device).reserved_bytes += ev.size;
-        }
-        ApiClass::VaFree => match p.reservations.remove(&ev.addr) {
-            Some((size, dev)) => {
-                out.device = dev;
-                out.size = size;
-                p.totals_mut(dev).reserved_bytes -= size;
-            }
-            None => out.untracked = true,
-        },
-        ApiClass::CtxRetainPrimary => {
-            p.ctx_device.insert(ev.handle, ev.device);
-            let prim = p.primary.entry(ev.device).or_insert(PrimaryCtx { ctx: ev.handle, refs: 0 });
-            prim.ctx = ev.handle;
-            prim.refs += 1;
-            p.last_ctx = Some(ev.handle);
-        }
-        ApiClass::CtxReleasePrimary => {
-            if let Some(prim) = p.primary.get_mut(&ev.device) {
-                // Only a release that we saw drop the count to zero destroys it:
-                // retains made before the trace are unknown.
-                if prim.refs > 0 {
-                    prim.refs -= 1;
-                    if prim.refs == 0 {
-                        let ctx = prim.ctx;
-                        out.released = release_ctx(p, ctx);
-                    }
-                }
-            }
-        }
-        ApiClass::CtxResetPrimary => {
-            if let Some(prim) = p.primary.get_mut(&ev.device) {
-                prim.refs = 0;
-                let ctx = prim.ctx;
-                out.released = release_ctx(p, ctx);
-            }
-        }
-        ApiClass::CtxCreate => {
-            // cuCtxCreate makes the new context current on the calling thread.
-            p.ctx_device.insert(ev.handle, ev.device);
-            p.thread_ctx.entry(ev.tid).or_default().push(ev.handle);
-            p.last_ctx = Some(ev.handle);
-        }
-        ApiClass::CtxSetCurrent => {
-            let stack = p.thread_ctx.entry(ev.tid).or_default();
-            stack.pop();
-            if ev.handle != 0 {
-                stack.push(ev.handle);
-            }
-            out.device = p.ctx_device.get(&ev.handle).copied().unwrap_or(DEVICE_UNKNOWN);
-        }
-        ApiClass::CtxPush => {
-            p.thread_ctx.entry(ev.tid).or_default().push(ev.handle);
-            out.device = p.ctx_device.get(&ev.handle).copied().unwrap_or(DEVICE_UNKNOWN);
-        }
-        ApiClass::CtxPop => {
-            if let Some(stack) = p.thread_ctx.get_mut(&ev.tid) {
-                stack.pop();
-            }
-            out.device = p.ctx_device.get(&ev.handle).copied().unwrap_or(DEVICE_UNKNOWN);
-        }
-        ApiClass::CtxDestroy => {
-            out.device = p.ctx_device.get(&ev.handle).copied().unwrap_or(DEVICE_UNKNOWN);
-            out.released = release_ctx(p, ev.handle);
-            out.size = out.released.iter().map(|r| r.bytes).sum();
-            p.ctx_device.remove(&ev.handle);
-            for stack in p.thread_ctx.values_mut() {
-                stack.retain(|&c| c != ev.handle);
-            }
-            if p.last_ctx == Some(ev.handle) {
-                p.last_ctx = None;
-            }
-            p.primary.retain(|_, prim| prim.ctx != ev.handle);
-        }
-        ApiClass::MemGetInfo => {
-            let device = p.current_device(ev.tid);
-            out.device = device;
-            p.reported_free.insert(device, (ev.size, ev.aux));
-        }
-        ApiClass::ProcessExit => {}
+/// The main thread's comm is the process's name; compare bytes first so
+/// that the common case (unchanged) allocates nothing.
+fn note_comm(p: &mut Process, ev: &Event) {
+    let comm = ev.comm_bytes();
+    if (p.comm.is_empty() || ev.tid == ev.pid) && !comm.is_empty() && p.comm.as_bytes() != comm {
+        p.comm = String::from_utf8_lossy(comm).into_owned();
+    }
+}
+
+/// An ioctl: counted; applied when the RM status says it succeeded.
+fn ioctl_call(p: &mut Process, ev: &Event, apply: impl FnOnce(&mut Process, &mut Applied)) -> Applied {
+    p.count_call(ev.api, ev.result);
+    let mut out = Applied { device: DEVICE_UNKNOWN, size: ev.size, ..Default::default() };
+    if ev.result == 0 {
+        apply(p, &mut out);
     }
     out
-}
-
-/// A process's live device memory per device.
-fn holdings(p: &Process) -> Vec<Release> {
-    p.devices
-        .iter()
-        .filter(|(_, t)| t.live_allocs > 0)
-        .map(|(&device, t)| Release { device, bytes: t.live_bytes, allocs: t.live_allocs })
-        .collect()
-}
-
-fn credit_free(p: &mut Process, a: &Allocation) {
-    match a.memory {
-        Memory::Device => {
-            let t = p.totals_mut(a.device());
-            t.live_bytes -= a.size;
-            t.live_allocs -= 1;
-        }
-        Memory::HostPinned => {
-            p.host_pinned_bytes -= a.size;
-            p.host_pinned_allocs -= 1;
-        }
-    }
-}
-
-fn uncount_handle(p: &mut Process, h: &VmmHandle) {
-    let t = p.totals_mut(h.device);
-    t.live_bytes -= h.size;
-    t.live_allocs -= 1;
-    t.vmm_physical_bytes -= h.size;
-    t.vmm_handles -= 1;
-}
-
-/// Frees every device allocation made in `ctx` (destroying a context frees
-/// its memory). VMM handles are not bound to a context and stay.
-fn release_ctx(p: &mut Process, ctx: u64) -> Vec<Release> {
-    let Some(ctx) = p.ctx_ids.iter().position(|&c| c == ctx).map(|i| i as u32) else { return Vec::new() };
-    let addrs: Vec<u64> = p.allocs.iter().filter(|(_, a)| a.ctx == ctx && a.memory == Memory::Device).map(|(&k, _)| k).collect();
-    let mut by_dev: BTreeMap<i32, Release> = BTreeMap::new();
-    for addr in addrs {
-        let a = p.allocs.remove(&addr).expect("present");
-        let r = by_dev.entry(a.device()).or_insert(Release { device: a.device(), bytes: 0, allocs: 0 });
-        r.bytes += a.size;
-        r.allocs += 1;
-        credit_free(p, &a);
-    }
-    by_dev.into_values().collect()
-}
-
-/// Process exit: the driver frees everything the process held.
-fn release_all(p: &mut Process) -> Vec<Release> {
-    let released = holdings(p);
-    p.allocs.clear();
-    p.vmm_handles.clear();
-    p.mappings.clear();
-    p.reservations.clear();
-    p.devices.clear();
-    p.host_pinned_bytes = 0;
-    p.host_pinned_allocs = 0;
-    p.thread_ctx.clear();
-    p.ctx_device.clear();
-    p.primary.clear();
-    p.last_ctx = None;
-    p.reported_free.clear();
-    p.rm_objects.clear();
-    p.rm_memory_bytes = 0;
-    p.rm_memory_objects = 0;
-    p.uvm_mappings.clear();
-    p.uvm_mapped_bytes = 0;
-    released
 }
 
 #[cfg(test)]

@@ -1,12 +1,17 @@
-//! One traced process: its live allocations, VMM handles, contexts and call
-//! statistics.
-use std::{collections::BTreeMap, num::NonZeroU64};
+//! One traced process: what it holds (reset in one statement when it exits),
+//! its call statistics and who it is.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    num::NonZeroU64,
+};
 
 // Per-process tables are keyed by driver addresses, handles and tids the agent
 // chooses nothing about; FxHash is several times cheaper than SipHash there and
 // the agent's own input is not attacker-controlled hash flooding material
 // beyond what the per-process entry caps already bound.
 pub use rustc_hash::FxHashMap as HashMap;
+
+use crate::stacks::StackId;
 
 /// Where an allocation lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,7 +30,7 @@ pub struct Allocation {
     pub ts_ns: u64,
     /// The caller's stack id, when it was captured and unwound (ids are hashes; 0 is mapped to 1).
     stack: Option<NonZeroU64>,
-    /// Context current when it was made (an index into `Process::ctx_ids`); destroyed with it.
+    /// Context current when it was made (an index into `Contexts::ids`); destroyed with it.
     pub ctx: u32,
     /// CUdevice ordinal (DEVICE_UNKNOWN is -1); ordinals fit in 16 bits.
     device: i16,
@@ -33,7 +38,7 @@ pub struct Allocation {
 }
 
 impl Allocation {
-    pub fn new(size: u64, device: i32, memory: Memory, ctx: u32, ts_ns: u64, stack: Option<crate::stacks::StackId>) -> Self {
+    pub fn new(size: u64, device: i32, memory: Memory, ctx: u32, ts_ns: u64, stack: Option<StackId>) -> Self {
         let stack = stack.map(|s| NonZeroU64::new(s).unwrap_or(NonZeroU64::MIN));
         Allocation { size, ts_ns, stack, ctx, device: pack_device(device), memory }
     }
@@ -43,7 +48,7 @@ impl Allocation {
     pub fn set_device(&mut self, device: i32) {
         self.device = pack_device(device);
     }
-    pub fn stack(&self) -> Option<crate::stacks::StackId> {
+    pub fn stack(&self) -> Option<StackId> {
         self.stack.map(NonZeroU64::get)
     }
 }
@@ -62,7 +67,7 @@ pub struct VmmHandle {
     pub mappings: u32,
     pub released: bool,
     pub ts_ns: u64,
-    pub stack: Option<crate::stacks::StackId>,
+    pub stack: Option<StackId>,
 }
 
 #[derive(Clone, Debug)]
@@ -84,12 +89,32 @@ pub struct DeviceTotals {
     pub reserved_bytes: u64,
 }
 
+impl DeviceTotals {
+    /// Adds what `other` holds (memory moved from an unknown device to a known one).
+    pub fn absorb(&mut self, other: &DeviceTotals) {
+        self.live_bytes += other.live_bytes;
+        self.live_allocs += other.live_allocs;
+        self.vmm_physical_bytes += other.vmm_physical_bytes;
+        self.vmm_handles += other.vmm_handles;
+        self.reserved_bytes += other.reserved_bytes;
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct ApiStats {
     pub calls: u64,
     pub failures: u64,
-    /// Count per nonzero CUresult.
+    /// Count per nonzero CUresult (or RM status).
     pub failures_by_result: BTreeMap<u32, u64>,
+}
+
+/// The last failed call of a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub api: u32,
+    pub result: u32,
+    /// CLOCK_MONOTONIC ns.
+    pub ts_ns: u64,
 }
 
 /// An object allocated with RM_ALLOC: its parent (freeing a parent frees its
@@ -107,46 +132,25 @@ pub struct PrimaryCtx {
     pub refs: u32,
 }
 
+/// Contexts the process created or retained, and which is current where.
 #[derive(Clone, Debug, Default)]
-pub struct Process {
-    pub pid: u32,
-    pub comm: String,
-    pub exited: bool,
-    /// CLOCK_MONOTONIC time of the exit event, when exited.
-    pub exited_ns: u64,
-    pub allocs: HashMap<u64, Allocation>,
-    pub vmm_handles: HashMap<u64, VmmHandle>,
-    pub mappings: BTreeMap<u64, Mapping>,
-    /// Reserved VA ranges: start → (size, device).
-    pub reservations: BTreeMap<u64, (u64, i32)>,
-    pub devices: BTreeMap<i32, DeviceTotals>,
-    pub host_pinned_bytes: u64,
-    pub host_pinned_allocs: u64,
-    pub ctx_device: HashMap<u64, i32>,
+pub struct Contexts {
+    /// Context handle → device.
+    pub device_of: HashMap<u64, i32>,
     pub primary: HashMap<i32, PrimaryCtx>,
     /// Per thread context stack; the last entry is current.
-    pub thread_ctx: HashMap<u32, Vec<u64>>,
+    pub per_thread: HashMap<u32, Vec<u64>>,
     /// The last context created or retained: the device guess for threads
     /// whose current context predates the trace.
-    pub last_ctx: Option<u64>,
+    pub last: Option<u64>,
     /// Context handles allocations were made in, interned (Allocation::ctx is an index).
-    pub ctx_ids: Vec<u64>,
-    /// The one GPU NVML lists the process on, for calls in a context made
-    /// before the agent started (see State::assume_devices).
-    pub assumed_device: Option<i32>,
-    pub apis: BTreeMap<u32, ApiStats>,
-    /// Frees of pointers allocated before tracing began (or not seen).
-    pub untracked_frees: u64,
-    /// Frees seen after a reuse of their address by another thread (see apply).
-    pub reordered_frees: u64,
-    /// Addresses whose allocation was replaced by a newer one before its free
-    /// was seen (address → frees still expected). Transient: a late free
-    /// takes its entry; bounded by DISPLACED_MAX against missed frees.
-    pub displaced: HashMap<u64, u32>,
-    /// Device bytes still held when the process exited (freed by the driver,
-    /// never by the program: a leak hint).
-    pub held_at_exit_bytes: u64,
-    /// RM objects alive, allocated through the driver's ioctls: handle → object.
+    pub ids: Vec<u64>,
+}
+
+/// Memory and objects made through the driver's ioctls.
+#[derive(Clone, Debug, Default)]
+pub struct DriverObjects {
+    /// RM objects alive: handle → object.
     pub rm_objects: HashMap<u32, RmObject>,
     /// Bytes of live RM video-memory objects (class 0x40).
     pub rm_memory_bytes: u64,
@@ -154,10 +158,66 @@ pub struct Process {
     /// UVM external mappings: base → length.
     pub uvm_mappings: BTreeMap<u64, u64>,
     pub uvm_mapped_bytes: u64,
+}
+
+/// Pinned host memory held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pinned {
+    pub bytes: u64,
+    pub allocs: u64,
+}
+
+/// Everything a process holds that the driver frees when it exits: reset
+/// as a whole (`std::mem::take`), so that no table is forgotten.
+#[derive(Clone, Debug, Default)]
+pub struct Held {
+    pub allocs: HashMap<u64, Allocation>,
+    /// Addresses whose allocation was replaced by a newer one before its free
+    /// was seen (address → frees still expected). Transient: a late free
+    /// takes its entry; bounded by DISPLACED_MAX against missed frees.
+    pub displaced: HashMap<u64, u32>,
+    pub vmm_handles: HashMap<u64, VmmHandle>,
+    pub mappings: BTreeMap<u64, Mapping>,
+    /// Reserved VA ranges: start → (size, device).
+    pub reservations: BTreeMap<u64, (u64, i32)>,
+    pub devices: BTreeMap<i32, DeviceTotals>,
+    pub pinned: Pinned,
+    pub contexts: Contexts,
     /// Last (free, total) bytes the process's own cuMemGetInfo_v2 reported, per device.
     pub reported_free: HashMap<i32, (u64, u64)>,
-    /// The last failed call: (API, CUresult, CLOCK_MONOTONIC ns).
-    pub last_failure: Option<(u32, u32, u64)>,
+    pub driver: DriverObjects,
+}
+
+impl Held {
+    /// Table entries held (for the global bound).
+    pub fn entries(&self) -> usize {
+        self.allocs.len() + self.vmm_handles.len() + self.mappings.len() + self.reservations.len()
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Process {
+    pub pid: u32,
+    pub comm: String,
+    pub exited: bool,
+    /// CLOCK_MONOTONIC time of the exit event, when exited.
+    pub exited_ns: u64,
+    pub held: Held,
+    /// Devices the process has held memory (or address space) on since it
+    /// was first seen: its figures there read 0 once freed, until it is forgotten.
+    pub devices_seen: BTreeSet<i32>,
+    /// The one GPU NVML lists the process on, for calls in a context made
+    /// before the agent started (see State::assume_devices).
+    pub assumed_device: Option<i32>,
+    pub apis: BTreeMap<u32, ApiStats>,
+    /// Frees of pointers allocated before tracing began (or not seen).
+    pub untracked_frees: u64,
+    /// Frees seen after a reuse of their address by another thread (see alloc.rs).
+    pub reordered_frees: u64,
+    /// Device bytes still held when the process exited (freed by the driver,
+    /// never by the program: a leak hint).
+    pub held_at_exit_bytes: u64,
+    pub last_failure: Option<Failure>,
     /// Events of this process lost in the kernel (ring buffer or call table
     /// full): its figures may be wrong, and are shown as uncertain.
     pub events_lost: u64,
@@ -165,7 +225,7 @@ pub struct Process {
     pub container: Option<super::container::ContainerInfo>,
 }
 
-/// Most displaced addresses remembered per process (see `Process::displaced`).
+/// Most displaced addresses remembered per process (see `Held::displaced`).
 const DISPLACED_MAX: usize = 4096;
 
 impl Process {
@@ -173,79 +233,87 @@ impl Process {
         Process { pid, ..Default::default() }
     }
 
+    /// The totals of one device, created (and remembered as seen) if new.
     pub fn totals_mut(&mut self, device: i32) -> &mut DeviceTotals {
-        self.devices.entry(device).or_default()
+        if !self.devices_seen.contains(&device) {
+            self.devices_seen.insert(device);
+        }
+        self.held.devices.entry(device).or_default()
     }
 
-    /// Device of the calling thread's current context, if known.
-    pub fn current_device(&self, tid: u32) -> i32 {
-        let ctx = self.thread_ctx.get(&tid).and_then(|s| s.last().copied()).or(self.last_ctx);
-        ctx.and_then(|c| self.ctx_device.get(&c).copied()).or(self.assumed_device).unwrap_or(gpumem_common::DEVICE_UNKNOWN)
+    /// Live totals on one device (zero where nothing is held).
+    pub fn totals(&self, device: i32) -> DeviceTotals {
+        self.held.devices.get(&device).cloned().unwrap_or_default()
     }
 
-    pub fn current_ctx(&self, tid: u32) -> u64 {
-        self.thread_ctx.get(&tid).and_then(|s| s.last().copied()).or(self.last_ctx).unwrap_or(0)
+    /// Counts one call, and a failure with its result.
+    pub fn count_call(&mut self, api: u32, result: u32) -> &mut ApiStats {
+        let stats = self.apis.entry(api).or_default();
+        stats.calls += 1;
+        if result != 0 {
+            stats.failures += 1;
+            *stats.failures_by_result.entry(result).or_default() += 1;
+        }
+        stats
     }
 
-    /// The index of a context handle in `ctx_ids`, added if new. A process has a
-    /// few contexts, so a scan is cheaper than a map.
-    pub fn ctx_index(&mut self, ctx: u64) -> u32 {
-        match self.ctx_ids.iter().position(|&c| c == ctx) {
-            Some(i) => i as u32,
-            None => {
-                self.ctx_ids.push(ctx);
-                (self.ctx_ids.len() - 1) as u32
-            }
-        }
+    /// Table entries this process holds (for the global bound).
+    pub fn entries(&self) -> usize {
+        self.held.entries()
     }
 
-    /// Moves what is held on an unknown device to `device`, and sends later
-    /// calls whose context is unknown there too.
-    pub fn assume_device(&mut self, device: i32) {
-        self.assumed_device = Some(device);
-        let Some(unknown) = self.devices.remove(&gpumem_common::DEVICE_UNKNOWN) else { return };
-        let t = self.totals_mut(device);
-        t.live_bytes += unknown.live_bytes;
-        t.live_allocs += unknown.live_allocs;
-        t.vmm_physical_bytes += unknown.vmm_physical_bytes;
-        t.vmm_handles += unknown.vmm_handles;
-        t.reserved_bytes += unknown.reserved_bytes;
-        for a in self.allocs.values_mut().filter(|a| a.memory == Memory::Device && a.device() == gpumem_common::DEVICE_UNKNOWN) {
-            a.set_device(device);
-        }
-        for h in self.vmm_handles.values_mut().filter(|h| h.device == gpumem_common::DEVICE_UNKNOWN) {
-            h.device = device;
-        }
-        for r in self.reservations.values_mut().filter(|r| r.1 == gpumem_common::DEVICE_UNKNOWN) {
-            r.1 = device;
-        }
+    /// A process's live device memory per device.
+    pub fn holdings(&self) -> Vec<super::Release> {
+        self.held
+            .devices
+            .iter()
+            .filter(|(_, t)| t.live_allocs > 0)
+            .map(|(&device, t)| super::Release { device, bytes: t.live_bytes, allocs: t.live_allocs })
+            .collect()
     }
 
     pub fn note_displaced(&mut self, addr: u64) {
-        if self.displaced.len() >= DISPLACED_MAX {
+        let displaced = &mut self.held.displaced;
+        if displaced.len() >= DISPLACED_MAX {
             // Only missed frees (lost events) accumulate here: forget them.
-            self.displaced.clear();
+            displaced.clear();
         }
-        *self.displaced.entry(addr).or_default() += 1;
+        *displaced.entry(addr).or_default() += 1;
     }
 
     /// Whether a late free of `addr` was expected (and now is not).
     pub fn take_displaced(&mut self, addr: u64) -> bool {
-        match self.displaced.get_mut(&addr) {
+        let displaced = &mut self.held.displaced;
+        match displaced.get_mut(&addr) {
             Some(n) if *n > 1 => {
                 *n -= 1;
                 true
             }
             Some(_) => {
-                self.displaced.remove(&addr);
+                displaced.remove(&addr);
                 true
             }
             None => false,
         }
     }
 
-    /// Number of table entries this process holds (for the global bound).
-    pub fn entries(&self) -> usize {
-        self.allocs.len() + self.vmm_handles.len() + self.mappings.len() + self.reservations.len()
+    /// Moves what is held on an unknown device to `device`, and sends later
+    /// calls whose context is unknown there too.
+    pub fn assume_device(&mut self, device: i32) {
+        use gpumem_common::DEVICE_UNKNOWN;
+        self.assumed_device = Some(device);
+        self.devices_seen.remove(&DEVICE_UNKNOWN);
+        let Some(unknown) = self.held.devices.remove(&DEVICE_UNKNOWN) else { return };
+        self.totals_mut(device).absorb(&unknown);
+        let held = &mut self.held;
+        for a in held.allocs.values_mut().filter(|a| a.memory == Memory::Device && a.device() == DEVICE_UNKNOWN) {
+            a.set_device(device);
+        }
+        for h in held.vmm_handles.values_mut().filter(|h| h.device == DEVICE_UNKNOWN) {
+            h.device = device;
+        }
+        for r in held.reservations.values_mut().filter(|r| r.1 == DEVICE_UNKNOWN) {
+            r.1 = device;
+        }
     }
 }

@@ -22,7 +22,7 @@ fn set_current(ctx: u64) -> Event {
 }
 
 fn totals(s: &State, pid: u32, dev: i32) -> DeviceTotals {
-    s.processes[&pid].devices.get(&dev).cloned().unwrap_or_default()
+    s.processes[&pid].totals(dev)
 }
 
 fn state() -> State {
@@ -159,8 +159,8 @@ fn exit_releases_everything() {
     let p = &s.processes[&100];
     assert!(p.exited);
     assert_eq!(p.held_at_exit_bytes, 3 * MIB);
-    assert!(p.devices.is_empty());
-    assert_eq!(p.host_pinned_bytes, 0);
+    assert!(p.held.devices.is_empty());
+    assert_eq!(p.held.pinned.bytes, 0);
     assert_eq!(s.live_entries(), 0);
 }
 
@@ -168,11 +168,11 @@ fn exit_releases_everything() {
 fn host_pinned_memory_is_not_device_memory() {
     let mut s = state();
     s.apply(&Event { addr: 0x9, size: 4096, ..ev(api::CU_MEM_ALLOC_HOST_V2) });
-    assert_eq!(s.processes[&100].host_pinned_bytes, 4096);
+    assert_eq!(s.processes[&100].held.pinned.bytes, 4096);
     assert_eq!(totals(&s, 100, 0).live_bytes, 0);
     let a = s.apply(&Event { addr: 0x9, ..ev(api::CU_MEM_FREE_HOST) });
     assert_eq!(a.size, 4096);
-    assert_eq!(s.processes[&100].host_pinned_bytes, 0);
+    assert_eq!(s.processes[&100].held.pinned.bytes, 0);
 }
 
 #[test]
@@ -313,7 +313,7 @@ fn free_seen_after_the_reusing_thread_freed_the_address_too() {
     assert_eq!(a.size, 0);
     let p = &s.processes[&100];
     assert_eq!((p.untracked_frees, p.reordered_frees), (0, 1));
-    assert!(p.displaced.is_empty());
+    assert!(p.held.displaced.is_empty());
     assert_eq!(totals(&s, 100, 0).live_allocs, 0);
     // A free of a pointer never seen is still untracked.
     assert!(s.apply(&Event { tid: 101, ts_ns: 70, ..free(0x9000) }).untracked);
@@ -328,7 +328,7 @@ fn a_reused_pid_starts_a_new_process() {
     // A call that started before the exit was seen is the old process's.
     let a = s.apply(&Event { ts_ns: 25, latency_ns: 10, ..alloc(0x2000, MIB) });
     assert_eq!((a.size, s.pid_reuses, s.late_events), (0, 0, 1));
-    assert!(s.processes[&100].allocs.is_empty(), "a dead process holds nothing");
+    assert!(s.processes[&100].held.allocs.is_empty(), "a dead process holds nothing");
     // One that started after it is a new process on the same pid: fresh state.
     s.apply(&Event { ts_ns: 40, latency_ns: 5, comm: *b"other\0\0\0\0\0\0\0\0\0\0\0", ..retain(0xd0, 1) });
     assert_eq!(s.pid_reuses, 1);

@@ -1,18 +1,13 @@
 //! What `gpumem top` shows: per GPU a header, then one row per process and
-//! GPU. Built from state, the growth detector and NVML; drawn by the terminal
-//! UI (commands/top.rs) or written as text (`--once`).
-use std::{
-    collections::BTreeMap,
-    io::{self, Write},
-};
+//! GPU, from the analysis view; drawn by the terminal UI (tui.rs) or written
+//! as text (`--once`).
+use std::io::{self, Write};
 
 use gpumem_common::DEVICE_UNKNOWN;
 
-use super::names::{api_name, bytes, printable, result_name, short_id};
 use crate::{
-    analysis::{health::Health, leaks::GrowthTracker},
-    nvml::GpuSample,
-    state::State,
+    analysis::view::View,
+    export::names::{api_name, bytes, printable, result_name},
 };
 
 /// Samples in a row's trend line.
@@ -75,14 +70,25 @@ impl SortKey {
     }
 }
 
+/// How much the agent keeps, now and at most since it started: a table
+/// that only grows under process churn would show here.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Kept {
+    pub processes: usize,
+    pub exited: usize,
+    pub growth_series: usize,
+    pub peak_processes: usize,
+    pub peak_growth_series: usize,
+}
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     pub gpus: Vec<GpuHeader>,
     pub rows: Vec<Row>,
     pub events: u64,
     pub lost: u64,
+    pub kept: Kept,
 }
-
 
 /// `▁▂▃▅▇` from a series, scaled between its own minimum and maximum.
 pub fn sparkline(values: &[u64]) -> String {
@@ -94,75 +100,48 @@ pub fn sparkline(values: &[u64]) -> String {
         .collect()
 }
 
-pub fn build(state: &State, growth: &mut GrowthTracker, gpus: &[GpuSample], health: &BTreeMap<u32, Health>, lost: u64) -> Snapshot {
-    let mut rows = Vec::new();
-    let mut traced: BTreeMap<i32, u64> = BTreeMap::new();
-    for p in state.processes.values().filter(|p| !p.exited) {
-        let workload = match &p.container {
-            Some(c) => match (&c.namespace, &c.pod_name, &c.pod_uid, &c.container) {
-                (Some(ns), Some(name), _, _) => format!("{ns}/{name}"),
-                (None, Some(name), _, _) => name.clone(),
-                (_, None, Some(uid), _) => uid.clone(),
-                (_, _, _, Some(id)) => short_id(id).to_string(),
-                _ => "-".to_string(),
-            },
-            None => "-".to_string(),
-        };
-        let last_failure = p.last_failure.map(|(api, result, _)| {
-            format!("{} {}", api_name(api), result_name(result).map_or(result.to_string(), |n| n.trim_start_matches("CUDA_ERROR_").to_string()))
-        });
-        for (&device, t) in &p.devices {
-            *traced.entry(device).or_default() += t.live_bytes;
-            let verdict = growth.verdict(p.pid, device);
-            let (rate, leaking, why) = match &verdict {
-                Some(v) => (v.rate_bytes_per_s, v.leaking, if v.leaking { "LEAK".to_string() } else { v.reason.to_string() }),
-                None => (0.0, false, "-".to_string()),
-            };
-            rows.push(Row {
-                pid: p.pid,
-                comm: printable(&p.comm),
-                workload: printable(&workload),
-                device,
-                live_bytes: t.live_bytes,
-                allocs: t.live_allocs,
-                growth_bytes_per_s: rate,
-                trend: growth.recent(p.pid, device, TREND_LEN),
-                verdict: why,
-                leaking,
-                last_failure: last_failure.clone(),
-            });
-        }
-    }
-    let mut headers: Vec<GpuHeader> = gpus
+/// The snapshot of a view (live processes only).
+pub fn build(view: &View, events: u64, lost: u64, kept: Kept) -> Snapshot {
+    let rows = view
+        .rows
         .iter()
-        .map(|g| GpuHeader {
-            index: g.index as i32,
-            name: printable(&g.name),
-            uuid: g.uuid.clone(),
-            nvml: g.memory.as_ref().map(|m| (m.used, m.total)),
-            traced_bytes: traced.get(&(g.index as i32)).copied().unwrap_or(0),
-            temp_c: g.gpu_temp_c,
-            memory_temp_c: g.memory_temp_c,
-            health: health.get(&g.index).map(|h| h.score),
+        .filter(|r| !r.exited)
+        .map(|r| Row {
+            pid: r.pid,
+            comm: printable(&r.comm),
+            workload: printable(&r.workload.name()),
+            device: r.device,
+            live_bytes: r.totals.live_bytes,
+            allocs: r.totals.live_allocs,
+            growth_bytes_per_s: r.growth_bytes_per_s(),
+            trend: r.trend.clone(),
+            verdict: match &r.growth {
+                Some(v) if v.leaking => "LEAK".to_string(),
+                Some(v) => v.reason.to_string(),
+                None => "-".to_string(),
+            },
+            leaking: r.leaking(),
+            last_failure: r.last_failure.map(|f| {
+                let result = result_name(f.result).map_or(f.result.to_string(), |n| n.trim_start_matches("CUDA_ERROR_").to_string());
+                format!("{} {result}", api_name(f.api))
+            }),
         })
         .collect();
-    // GPUs traced but not known to NVML (no NVML, or CUDA_VISIBLE_DEVICES).
-    for (&device, &b) in &traced {
-        if !headers.iter().any(|h| h.index == device) {
-            headers.push(GpuHeader {
-                index: device,
-                name: String::new(),
-                uuid: String::new(),
-                nvml: None,
-                traced_bytes: b,
-                temp_c: None,
-                memory_temp_c: None,
-                health: None,
-            });
-        }
-    }
-    headers.sort_by_key(|h| h.index);
-    let mut s = Snapshot { gpus: headers, rows, events: state.events, lost };
+    let gpus = view
+        .gpus
+        .iter()
+        .map(|g| GpuHeader {
+            index: g.index,
+            name: g.nvml.as_ref().map_or(String::new(), |n| printable(&n.name)),
+            uuid: g.nvml.as_ref().map_or(String::new(), |n| n.uuid.clone()),
+            nvml: g.nvml.as_ref().and_then(|n| n.memory.as_ref()).map(|m| (m.used, m.total)),
+            traced_bytes: g.traced_bytes,
+            temp_c: g.nvml.as_ref().and_then(|n| n.gpu_temp_c),
+            memory_temp_c: g.nvml.as_ref().and_then(|n| n.memory_temp_c),
+            health: g.health.as_ref().map(|h| h.score),
+        })
+        .collect();
+    let mut s = Snapshot { gpus, rows, events, lost, kept };
     s.sort(SortKey::Bytes);
     s
 }
@@ -199,12 +178,21 @@ impl Snapshot {
         for r in &self.rows {
             writeln!(out, "{}", row_line(r))?;
         }
-        Ok(())
+        let k = &self.kept;
+        writeln!(
+            out,
+            "kept: {} process(es) ({} exited, peak {}), {} growth series (peak {})",
+            k.processes, k.exited, k.peak_processes, k.growth_series, k.peak_growth_series
+        )
     }
 }
 
 pub fn device_name(d: i32) -> String {
-    if d == DEVICE_UNKNOWN { "?".into() } else { d.to_string() }
+    if d == DEVICE_UNKNOWN {
+        "?".into()
+    } else {
+        d.to_string()
+    }
 }
 
 pub fn gpu_line(g: &GpuHeader) -> String {
@@ -254,7 +242,10 @@ mod tests {
     use gpumem_common::{api, Event};
 
     use super::*;
-    use crate::state::{testing::ev, Limits};
+    use crate::{
+        analysis::{health::GpuWatch, leaks::GrowthTracker, view::ViewOptions},
+        state::{testing::ev, Limits, State},
+    };
 
     #[test]
     fn rows_per_process_and_gpu_sorted_and_filtered() {
@@ -267,8 +258,12 @@ mod tests {
         }
         s.apply(&Event { pid: 10, tid: 10, result: 2, size: 1 << 30, ..ev(api::CU_MEM_ALLOC_V2) });
         let mut g = GrowthTracker::default();
-        let mut snap = build(&s, &mut g, &[], &BTreeMap::new(), 0);
-        assert_eq!(snap.rows.iter().map(|r| (r.pid, r.device, r.live_bytes >> 20)).collect::<Vec<_>>(), [(11, 1, 9), (10, 0, 5), (11, 0, 1)]);
+        let view = View::build(&s, &mut g, &GpuWatch::default(), &ViewOptions::default());
+        let mut snap = build(&view, s.events, 0, Kept::default());
+        assert_eq!(
+            snap.rows.iter().map(|r| (r.pid, r.device, r.live_bytes >> 20)).collect::<Vec<_>>(),
+            [(11, 1, 9), (10, 0, 5), (11, 0, 1)]
+        );
         assert_eq!(snap.gpus.iter().map(|g| (g.index, g.traced_bytes >> 20)).collect::<Vec<_>>(), [(0, 6), (1, 9)]);
         assert_eq!(snap.rows[1].last_failure.as_deref(), Some("cuMemAlloc_v2 OUT_OF_MEMORY"));
         snap.sort(SortKey::Pid);

@@ -1,0 +1,72 @@
+//! /metrics rendered for a synthetic host: every process holding memory on
+//! every GPU, no cap; its size and the median render time.
+use std::time::Instant;
+
+use anyhow::Result;
+use gpumem_agent::{
+    analysis::view::ViewOptions,
+    clock::monotonic_ns,
+    export::prometheus::{self, Scrape},
+    nvml::{GpuSample, MemoryInfo},
+    pipeline::{Lookups, Options, Pipeline, Stack},
+    selfstat::AgentStatus,
+};
+use gpumem_common::{api, Event};
+
+use super::COMM;
+
+pub fn run(processes: u32, gpus: u32, rounds: u32) -> Result<()> {
+    let mut p = Pipeline::new(Options::default(), Lookups::recorded());
+    let readings: Vec<GpuSample> = (0..gpus)
+        .map(|i| GpuSample {
+            index: i,
+            uuid: format!("GPU-{i:08x}-0000-0000-0000-000000000000"),
+            pci_bus_id: format!("00000000:{:02X}:00.0", 0x10 + i),
+            name: "NVIDIA H200".into(),
+            memory: Some(MemoryInfo { total: 141 << 30, used: 1 << 30, free: 140 << 30, reserved: 0 }),
+            gpu_temp_c: Some(40),
+            memory_temp_c: Some(45),
+            ..Default::default()
+        })
+        .collect();
+    p.gpus.reading(readings, 0.0);
+    for pid in 1..=processes {
+        let at = |e: Event| Event { pid, tid: pid, comm: COMM, ts_ns: 1, latency_ns: 5_000, ..e };
+        for dev in 0..gpus as i32 {
+            let ctx = 0x100 + dev as u64;
+            p.apply(&at(Event { handle: ctx, device: dev, ..Event::empty(api::CU_DEVICE_PRIMARY_CTX_RETAIN) }), Stack::None);
+            p.apply(&at(Event { handle: ctx, ..Event::empty(api::CU_CTX_SET_CURRENT) }), Stack::None);
+            p.apply(&at(Event { addr: 0x1000 + dev as u64, size: 2 << 20, ..Event::empty(api::CU_MEM_ALLOC_V2) }), Stack::None);
+        }
+    }
+    let agent = AgentStatus { probes_attached: 30, ..Default::default() };
+    let mut times = Vec::new();
+    let mut body = String::new();
+    for _ in 0..rounds.max(1) {
+        let t = Instant::now();
+        // A scrape: the view, then the rendering.
+        let view = p.view(&ViewOptions { now_ns: monotonic_ns(), exited: true, ..Default::default() });
+        body = prometheus::render(&Scrape {
+            view: &view,
+            max_process_series: usize::MAX,
+            state: &p.state,
+            counts: &p.counts,
+            distributions: &p.distributions,
+            gpus: &p.gpus,
+            stacks: &p.stacks.stats,
+            agent: &agent,
+        })?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    let samples = body.lines().filter(|l| !l.starts_with('#')).count();
+    let process_series = body.lines().filter(|l| l.starts_with("gpumem_process_memory_bytes{")).count();
+    println!(
+        "process_series={process_series} samples={samples} bytes={} text_bytes={} median_ms={:.2} min_ms={:.2}",
+        body.len(),
+        prometheus::to_text_format(&body).len(),
+        times[times.len() / 2] * 1e3,
+        times[0] * 1e3
+    );
+    Ok(())
+}

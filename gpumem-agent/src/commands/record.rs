@@ -1,0 +1,130 @@
+//! `gpumem record`, and `--record` on trace and leaks: the session written
+//! to a file as it happens (events, their stacks symbolized, lookups,
+//! growth samples, NVML readings and XIDs), finished with its footer.
+use std::{
+    convert::Infallible,
+    fs::File,
+    io,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+
+use super::leaks::GROWTH_SAMPLE_INTERVAL;
+use crate::{
+    cli::RecordArgs,
+    clock::monotonic_ns,
+    nvml,
+    pipeline::Outcome,
+    record::{Header, NvmlPoint, Writer, XidPoint},
+    runtime::{self, Ctx, End, Flow, Output, Session},
+};
+
+/// How often NVML is read while recording.
+const NVML_RECORD_INTERVAL: Duration = Duration::from_secs(1);
+
+pub struct Recorder {
+    writer: Option<Writer<File>>,
+    path: PathBuf,
+}
+
+/// What a recorded session needs of the runtime: lookups kept for the file,
+/// growth samples, NVML every second and at the end.
+pub fn prepare(s: &mut Session) {
+    s.record_lookups = true;
+    s.growth_every = Some(GROWTH_SAMPLE_INTERVAL);
+    s.nvml_every = NVML_RECORD_INTERVAL;
+    s.reconcile_at_end = true;
+}
+
+impl Recorder {
+    /// Created first: a path that cannot be written is a usage error, before any probe.
+    pub fn create(path: &Path, recorded_by: &str, s: &Session) -> Result<Self> {
+        let mut w = Writer::create(path).with_context(|| format!("cannot write the recording {}", path.display()))?;
+        let header = Header {
+            gpumem_version: env!("CARGO_PKG_VERSION").into(),
+            recorded_by: recorded_by.into(),
+            command: s.command.clone(),
+            pids: s.pids.clone(),
+            started_ns: monotonic_ns(),
+        };
+        w.header(&header).with_context(|| format!("writing the recording {}", path.display()))?;
+        Ok(Recorder { writer: Some(w), path: path.to_path_buf() })
+    }
+
+    /// Writes to the recording; an error ends the session (a recording with a hole would mislead).
+    fn write(&mut self, f: impl FnOnce(&mut Writer<File>) -> io::Result<()>) -> Result<()> {
+        match self.writer.as_mut() {
+            Some(w) => f(w).with_context(|| format!("writing the recording {}", self.path.display())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Output for Recorder {
+    type Input = Infallible;
+
+    fn event(&mut self, ctx: &mut Ctx<'_>, o: &Outcome) -> Result<Flow> {
+        // What replay needs before this event: the lookups it caused and its stack.
+        for l in ctx.pipeline.lookups.take_log() {
+            self.write(|w| w.lookup(&l))?;
+        }
+        if let Some(id) = o.stack.filter(|&id| !self.writer.as_ref().is_some_and(|w| w.has_stack(id))) {
+            let frames = ctx.pipeline.stacks.frames(id);
+            self.write(|w| w.stack(id, frames))?;
+        }
+        self.write(|w| w.event(&o.event, o.stack))?;
+        Ok(Flow::Continue)
+    }
+
+    fn sampled(&mut self, _: &mut Ctx<'_>, t_s: f64) -> Result<()> {
+        self.write(|w| w.tick(t_s))
+    }
+
+    fn nvml(&mut self, _: &mut Ctx<'_>, m: &nvml::Message, t_s: f64) -> Result<()> {
+        match m {
+            nvml::Message::Reading { gpus, .. } => {
+                for g in gpus {
+                    self.write(|w| w.nvml(&NvmlPoint::from_sample(t_s, g)))?;
+                }
+            }
+            nvml::Message::Xid(x) => self.write(|w| w.xid(&XidPoint { t_s, gpu: x.gpu, xid: x.xid }))?,
+            nvml::Message::Unavailable(_) => {}
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, ctx: &mut Ctx<'_>, end: &End) -> Result<ExitCode> {
+        let Some(w) = self.writer.take() else { return Ok(ExitCode::SUCCESS) };
+        let bytes = w.bytes;
+        w.finish(&end.footer).with_context(|| format!("writing the recording {}", self.path.display()))?;
+        let events = ctx.pipeline.state.events;
+        eprintln!("gpumem: recorded {events} events ({:.1} MiB) to {}", bytes as f64 / 1048576.0, self.path.display());
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+pub fn run(a: RecordArgs) -> Result<ExitCode> {
+    let mut s = super::session(&a.probes, &a.target, a.max_allocations);
+    prepare(&mut s);
+    let recorder = Recorder::create(&a.output, "record", &s)?;
+    runtime::run(s, &mut (Announce, recorder))
+}
+
+/// The ready line of a session that prints nothing else.
+struct Announce;
+
+impl Output for Announce {
+    type Input = Infallible;
+
+    fn started(&mut self, _: &mut Ctx<'_>) -> Result<()> {
+        eprintln!("gpumem: tracing; Ctrl-C to stop");
+        Ok(())
+    }
+
+    fn finish(&mut self, _: &mut Ctx<'_>, _: &End) -> Result<ExitCode> {
+        Ok(ExitCode::SUCCESS)
+    }
+}

@@ -1,0 +1,138 @@
+//! What an event is, with its overloaded fields decoded: the one place that
+//! knows how the kernel side packs RM handles, OOM figures and UVM ranges
+//! into `Event` (see gpumem_common's `Event` and `nv` docs). Everything
+//! downstream (state, analyses, outputs) matches on `Kind`; arithmetic on
+//! untrusted figures is checked.
+use gpumem_common::{api, api_info, ApiInfo, Event};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A libcuda call: what it does follows from its class.
+    Cuda(&'static ApiInfo),
+    /// The process exited (`sched:sched_process_exit`).
+    Exit,
+    /// A host OOM kill (`oom:mark_victim`); the event's pid and comm are the victim's.
+    OomKill(OomKill),
+    /// An NVIDIA resource-manager escape; the RM status is the event's result.
+    Rm(Rm),
+    /// An NVIDIA UVM ioctl.
+    Uvm(Uvm),
+    /// An id this agent does not know (a newer kernel side, a damaged recording).
+    Unknown,
+}
+
+/// A host OOM kill. Sizes come from the kernel in KiB; a figure whose byte
+/// count does not fit in 64 bits (a crafted recording) is None.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OomKill {
+    /// The task whose allocation triggered the kill.
+    pub trigger_tid: u32,
+    pub total_vm_bytes: Option<u64>,
+    pub anon_rss_bytes: Option<u64>,
+    pub file_rss_bytes: Option<u64>,
+    pub shmem_rss_bytes: Option<u64>,
+}
+
+/// RM handles are 32 bits; the kernel side packs parent and root into one field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rm {
+    /// NV_ESC_RM_ALLOC: `size` is the requested size for video memory (class 0x40).
+    Alloc { object: u32, parent: u32, root: u32, class: u32, flags: u32, size: u64 },
+    /// NV_ESC_RM_FREE: frees the object and everything allocated under it.
+    Free { object: u32, parent: u32, root: u32 },
+    /// NV_ESC_RM_CONTROL.
+    Control { object: u32, cmd: u64 },
+    /// NV_ESC_RM_MAP_MEMORY (`dma`: _DMA).
+    Map { memory: u32, length: u64, address: u64, dma: bool },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Uvm {
+    /// UVM_MAP_EXTERNAL_ALLOCATION.
+    Map { base: u64, length: u64 },
+    /// UVM_FREE.
+    Free { base: u64 },
+}
+
+fn kib(v: u64) -> Option<u64> {
+    v.checked_mul(1024)
+}
+
+fn low(v: u64) -> u32 {
+    v as u32
+}
+
+fn high(v: u64) -> u32 {
+    (v >> 32) as u32
+}
+
+impl Kind {
+    pub fn of(ev: &Event) -> Kind {
+        if let Some(info) = api_info(ev.api) {
+            return Kind::Cuda(info);
+        }
+        match ev.api {
+            api::PROCESS_EXIT => Kind::Exit,
+            api::OOM_KILL => Kind::OomKill(OomKill {
+                trigger_tid: ev.tid,
+                total_vm_bytes: kib(ev.addr),
+                anon_rss_bytes: kib(ev.size),
+                file_rss_bytes: kib(ev.handle),
+                shmem_rss_bytes: kib(ev.aux),
+            }),
+            api::RM_ALLOC => Kind::Rm(Rm::Alloc {
+                object: low(ev.handle),
+                parent: low(ev.addr),
+                root: high(ev.addr),
+                class: low(ev.aux),
+                flags: high(ev.aux),
+                size: ev.size,
+            }),
+            api::RM_FREE => Kind::Rm(Rm::Free { object: low(ev.handle), parent: low(ev.addr), root: high(ev.addr) }),
+            api::RM_CONTROL => Kind::Rm(Rm::Control { object: low(ev.handle), cmd: ev.aux }),
+            api::RM_MAP_MEMORY | api::RM_MAP_MEMORY_DMA => {
+                Kind::Rm(Rm::Map { memory: low(ev.handle), length: ev.size, address: ev.addr, dma: ev.api == api::RM_MAP_MEMORY_DMA })
+            }
+            api::UVM_MAP_EXTERNAL_ALLOCATION => Kind::Uvm(Uvm::Map { base: ev.addr, length: ev.size }),
+            api::UVM_FREE => Kind::Uvm(Uvm::Free { base: ev.addr }),
+            _ => Kind::Unknown,
+        }
+    }
+
+    /// A call into the NVIDIA driver through an ioctl (RM or UVM).
+    pub fn is_ioctl(&self) -> bool {
+        matches!(self, Kind::Rm(_) | Kind::Uvm(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpumem_common::{api, ApiClass, Event};
+
+    use super::*;
+
+    #[test]
+    fn packed_fields_are_unpacked() {
+        let rm = Event { handle: 0x1_0000_0020, addr: 0xc1d0_0000_0010, aux: 0x5_0000_0040, size: 64 << 20, ..Event::empty(api::RM_ALLOC) };
+        assert_eq!(Kind::of(&rm), Kind::Rm(Rm::Alloc { object: 0x20, parent: 0x10, root: 0xc1d0, class: 0x40, flags: 5, size: 64 << 20 }));
+        let free = Event { handle: 0x20, addr: 0xc1d0_0000_0010, ..Event::empty(api::RM_FREE) };
+        assert_eq!(Kind::of(&free), Kind::Rm(Rm::Free { object: 0x20, parent: 0x10, root: 0xc1d0 }));
+        assert!(Kind::of(&free).is_ioctl());
+        match Kind::of(&Event::empty(api::CU_MEM_ALLOC_V2)) {
+            Kind::Cuda(info) => assert_eq!(info.class, ApiClass::DeviceAlloc),
+            k => panic!("{k:?}"),
+        }
+        assert_eq!(Kind::of(&Event::empty(999)), Kind::Unknown);
+    }
+
+    #[test]
+    fn oom_figures_at_their_extremes_do_not_wrap() {
+        let e = Event { tid: 9, addr: u64::MAX, size: 1 << 54, handle: (1 << 54) - 1, aux: 0, ..Event::empty(api::OOM_KILL) };
+        let Kind::OomKill(k) = Kind::of(&e) else { panic!() };
+        assert_eq!(k.trigger_tid, 9);
+        assert_eq!(k.total_vm_bytes, None, "u64::MAX KiB is not a number of bytes");
+        assert_eq!(k.anon_rss_bytes, None);
+        assert_eq!(k.file_rss_bytes, Some(((1u64 << 54) - 1) * 1024));
+        assert_eq!(k.shmem_rss_bytes, Some(0));
+    }
+}

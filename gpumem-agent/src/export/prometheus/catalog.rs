@@ -1,0 +1,78 @@
+//! Every metric gpumem exports: name, help and type, in one table (the
+//! README's metric reference is checked against it). Names follow DESIGN.md
+//! §5: `gpumem_` prefix, base units; counters are named without `_total`,
+//! which the encoder appends.
+use prometheus_client::metrics::MetricType::{self, Counter, Gauge, Histogram};
+
+#[derive(Clone, Copy, Debug)]
+pub struct Metric {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub kind: MetricType,
+}
+
+macro_rules! catalog {
+    ($($id:ident, $kind:ident, $name:literal, $help:literal;)*) => {
+        $(pub const $id: Metric = Metric { name: $name, help: $help, kind: $kind };)*
+        /// Every metric, in exposition order.
+        pub const ALL: &[Metric] = &[$($id),*];
+    };
+}
+
+catalog! {
+    ALLOCATION_SIZE, Histogram, "gpumem_allocation_size_bytes", "Size of successful allocations, by kind of memory";
+    ALLOCATION_LIFETIME, Histogram, "gpumem_allocation_lifetime_seconds", "Time from allocation to its explicit free, by kind of memory (memory released by process exit or context destruction is not counted)";
+    API_LATENCY, Histogram, "gpumem_api_latency_seconds", "Time spent in each traced driver call, entry to return";
+    PROCESS_MEMORY, Gauge, "gpumem_process_memory_bytes", "Device memory the process holds on the GPU, as traced: allocations plus VMM physical handles";
+    PROCESS_ALLOCATIONS, Gauge, "gpumem_process_allocations", "Live allocations and VMM handles the process holds on the GPU";
+    PROCESS_VMM_PHYSICAL, Gauge, "gpumem_process_vmm_physical_bytes", "Part of the process's memory held as cuMemCreate handles";
+    PROCESS_VMM_RESERVED, Gauge, "gpumem_process_vmm_reserved_bytes", "Address space reserved with cuMemAddressReserve (not memory)";
+    PROCESS_LEAK_SUSPECT, Gauge, "gpumem_process_leak_suspect_bytes", "While the growth detector fires for the process: bytes of its live allocations older than --leak-age";
+    PROCESS_GROWTH, Gauge, "gpumem_process_memory_growth_bytes_per_second", "Slope of the floor of the process's live bytes (growth detector)";
+    PROCESS_LEAK_SUSPECTED, Gauge, "gpumem_process_leak_suspected", "1 while the growth detector says the process's memory keeps growing";
+    PROCESS_HOST_PINNED, Gauge, "gpumem_process_host_pinned_bytes", "Page-locked host memory the process holds (cuMemHostAlloc/cuMemAllocHost)";
+    PROCESS_EVENTS_LOST, Counter, "gpumem_process_events_lost", "Events of the process lost in the kernel (ring buffer or call table full): its other series may be wrong";
+    PROCESS_UNTRACKED, Gauge, "gpumem_process_untracked_bytes", "GPU memory NVML reports for the process minus what gpumem traced (context overhead, memory allocated before the agent started, untraced paths)";
+    EXPORTER_PROCESS_SERIES, Gauge, "gpumem_exporter_process_series", "(process, device) pairs known, before the cap";
+    EXPORTER_AGGREGATED_SERIES, Gauge, "gpumem_exporter_aggregated_process_series", "(process, device) pairs summed into comm=\"other\" because of --max-process-series";
+    API_CALLS, Counter, "gpumem_api_calls", "Traced driver calls by API and result (success or the CUresult name)";
+    CUDA_OOM, Counter, "gpumem_cuda_oom", "CUDA allocations that failed with CUDA_ERROR_OUT_OF_MEMORY";
+    FRAGMENTATION_FAILURES, Counter, "gpumem_fragmentation_failures", "CUDA out-of-memory failures while the process's own cuMemGetInfo reported at least the requested size free";
+    PROCESS_EXITS, Counter, "gpumem_process_exits", "Processes that exited while holding memory on the GPU (the driver frees it): an exit explains a drop in used memory";
+    OOM_KILLS, Counter, "gpumem_oom_kills", "Host OOM kills (oom:mark_victim), source=memcg when in a memory cgroup with a limit";
+    GPU_MEMORY_TOTAL, Gauge, "gpumem_gpu_memory_total_bytes", "GPU memory size (NVML)";
+    GPU_MEMORY_USED, Gauge, "gpumem_gpu_memory_used_bytes", "GPU memory in use, all processes and the driver (NVML)";
+    GPU_TRACED_MEMORY, Gauge, "gpumem_gpu_traced_memory_bytes", "GPU memory held by traced processes (sum of gpumem_process_memory_bytes)";
+    GPU_ECC_ERRORS, Counter, "gpumem_gpu_ecc_errors", "ECC errors (NVML), by error type and counter (volatile: since driver load; aggregate: lifetime)";
+    GPU_RETIRED_PAGES, Gauge, "gpumem_gpu_retired_pages", "Memory pages retired (NVML), by cause";
+    GPU_RETIRED_PAGES_PENDING, Gauge, "gpumem_gpu_retired_pages_pending", "1 when a page retirement waits for the next driver reload";
+    GPU_REMAPPED_ROWS, Gauge, "gpumem_gpu_remapped_rows", "Rows remapped (NVML), by kind of error that caused it";
+    GPU_ROW_REMAP_PENDING, Gauge, "gpumem_gpu_row_remap_pending", "1 when a row remap waits for the next GPU reset";
+    GPU_ROW_REMAP_FAILURE, Gauge, "gpumem_gpu_row_remap_failure", "1 when a row remap failed (the GPU should be replaced)";
+    GPU_TEMPERATURE, Gauge, "gpumem_gpu_temperature_celsius", "GPU core temperature (NVML)";
+    GPU_MEMORY_TEMPERATURE, Gauge, "gpumem_gpu_memory_temperature_celsius", "GPU memory (HBM) temperature (NVML field 82)";
+    GPU_XID_ERRORS, Counter, "gpumem_gpu_xid_errors", "XID events received from NVML since the agent started, by XID code";
+    GPU_HEALTH_SCORE, Gauge, "gpumem_gpu_health_score", "Health score 0-100 from ECC, retirement, remap, temperature and XID rules (see `gpumem health`)";
+    LOST_EVENTS, Counter, "gpumem_lost_events", "Events that never reached the agent, by reason";
+    TABLE_OVERFLOW, Counter, "gpumem_table_overflow", "Records not kept because a bounded table was full, by table (kernel_* tables are the eBPF side's)";
+    IMPLAUSIBLE_EVENTS, Counter, "gpumem_implausible_events", "Successful calls with a size no GPU could hold (an ABI mismatch or garbled read): not applied";
+    UNKNOWN_EVENTS, Counter, "gpumem_unknown_events", "Events of an id this agent does not know (a newer eBPF object): not applied";
+    PROBES_ATTACHED, Gauge, "gpumem_probes_attached", "uprobes, uretprobes and tracepoints attached";
+    STALE_CALLS_REMOVED, Counter, "gpumem_stale_calls_removed", "Calls whose thread died inside the driver (never returned): their saved entries removed, nothing counted for them";
+    EVENTS_PROCESSED, Counter, "gpumem_events_processed", "Events read from the ring buffer and applied";
+    TRACKED_PROCESSES, Gauge, "gpumem_tracked_processes", "Processes in the agent's state, live or recently exited";
+    NVML_UP, Gauge, "gpumem_nvml_up", "1 when NVML answers (GPU series come from it)";
+    AGENT_ERRORS, Counter, "gpumem_agent_errors", "Operations of the agent that failed and were retried later, by operation (the figures they feed are from the last success)";
+    AGENT_CPU, Counter, "gpumem_agent_cpu_seconds", "CPU time the agent has used (user + system)";
+    AGENT_RSS, Gauge, "gpumem_agent_resident_memory_bytes", "The agent's resident memory, BPF ring buffer mapping included";
+    AGENT_BPF_MAP_RSS, Gauge, "gpumem_agent_bpf_map_resident_memory_bytes", "Part of the resident memory that is BPF maps mapped from the kernel (the event ring buffer, whose pages are mapped twice)";
+    BUILD_INFO, Gauge, "gpumem_build_info", "The agent's version";
+}
+
+/// The name a sample of the metric has in the exposition (counters end in `_total`).
+pub fn exposed_name(m: &Metric) -> String {
+    match m.kind {
+        Counter => format!("{}_total", m.name),
+        _ => m.name.to_string(),
+    }
+}

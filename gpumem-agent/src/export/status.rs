@@ -1,0 +1,69 @@
+//! `gpumem status` for people: kernel features, tracepoints, the ioctl
+//! path, NVML, every libcuda found and every probe attached or skipped.
+use std::io::Write;
+
+use crate::probes::{features, Agent, ProbeStatus};
+
+pub fn write_human(
+    out: &mut impl Write,
+    features: &features::KernelFeatures,
+    agent: &Agent,
+    nvml: &str,
+    notes: &[String],
+) -> std::io::Result<()> {
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    writeln!(out, "kernel {}", features.release)?;
+    writeln!(out, "  uprobes/uretprobes  {}", yes(features.uprobes))?;
+    writeln!(
+        out,
+        "  kprobes             {}{}",
+        yes(features.kprobes),
+        if features.kprobes { "" } else { " (tracepoints are used instead)" }
+    )?;
+    writeln!(out, "  tracepoints         {}", yes(features.tracepoints))?;
+    writeln!(out, "  ring buffer         {}", yes(features.ring_buffer))?;
+    writeln!(out, "  BTF                 {}", yes(features.btf))?;
+    writeln!(out, "tracepoints")?;
+    for t in &agent.tracepoints {
+        match &t.error {
+            None => writeln!(out, "  {:<28} attached", t.tracepoint)?,
+            Some(e) => writeln!(out, "  {:<28} NOT attached: {e}", t.tracepoint)?,
+        }
+    }
+    let io = &agent.ioctl;
+    let path = match io.path {
+        crate::probes::ioctl::IoctlPath::Kprobes => "kprobes",
+        crate::probes::ioctl::IoctlPath::Tracepoints => "tracepoints",
+        crate::probes::ioctl::IoctlPath::Off => "off",
+    };
+    writeln!(out, "NVIDIA ioctls: {path} — {}", io.why)?;
+    writeln!(out, "  device nodes {}*, {} descriptor(s) open before start seeded from /proc", io.prefix, io.seeded_fds)?;
+    if let Some(e) = &io.error {
+        writeln!(out, "  NOT attached: {e}")?;
+    }
+    writeln!(out, "NVML: {nvml}")?;
+    if agent.libraries.is_empty() {
+        writeln!(out, "libcuda: none found (not in ld.so.cache, not loaded by any process); give one with --libcuda PATH")?;
+    }
+    for lib in &agent.libraries {
+        writeln!(out, "libcuda {} (inode {}, dev {:#x}, found by {})", lib.path, lib.inode, lib.dev, lib.source)?;
+        if let Some(e) = &lib.error {
+            writeln!(out, "  not attached: {e}")?;
+            continue;
+        }
+        writeln!(out, "  {} of {} probes attached", lib.attached(), lib.probes.len())?;
+        for p in &lib.probes {
+            let what = match &p.status {
+                ProbeStatus::Attached => "attached (uprobe + uretprobe)".to_string(),
+                ProbeStatus::NotExported { required: true } => "skipped: not exported by this library".to_string(),
+                ProbeStatus::NotExported { required: false } => "skipped: not exported (newer drivers only)".to_string(),
+                ProbeStatus::Failed { error } => format!("FAILED: {error}"),
+            };
+            writeln!(out, "  {:<30} {what}", p.symbol)?;
+        }
+    }
+    for n in notes {
+        writeln!(out, "note: {n}")?;
+    }
+    Ok(())
+}

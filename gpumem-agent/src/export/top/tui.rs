@@ -1,0 +1,216 @@
+//! `gpumem top`'s terminal UI (ratatui): the screen's own state (sort,
+//! filter, GPU, pause, selection, the stacks popup), what a key does to it,
+//! and drawing a snapshot.
+use ratatui::{
+    crossterm::event::{KeyCode, KeyEvent},
+    layout::{Constraint, Layout, Margin},
+    style::{Modifier, Style, Stylize as _},
+    text::{Line, Text},
+    widgets::{Block, Borders, Cell, Clear, Paragraph, Row as TableRow, Table, TableState, Wrap},
+    Frame,
+};
+
+use super::model::{device_name, gpu_line, growth, sparkline, Row, Snapshot, SortKey};
+use crate::{
+    analysis::leaks::LeakGroup,
+    export::names::{bytes, printable},
+};
+
+/// What the screen shows besides the snapshot.
+#[derive(Default)]
+pub struct Screen {
+    pub sort: SortKey,
+    pub filter: String,
+    /// Typing a filter (after '/').
+    pub editing: bool,
+    /// Index into the GPUs of the snapshot; None: all.
+    pub gpu: Option<usize>,
+    pub paused: bool,
+    pub table: TableState,
+    /// The selected process's top stacks, while shown: (title, lines).
+    pub stacks: Option<(String, Vec<String>)>,
+}
+
+/// What a key asks for beyond changing the screen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    None,
+    Quit,
+    /// Show this row's largest live allocation stacks.
+    Stacks {
+        pid: u32,
+        device: i32,
+        title: String,
+    },
+}
+
+impl Screen {
+    pub fn device(&self, snap: &Snapshot) -> Option<i32> {
+        self.gpu.and_then(|i| snap.gpus.get(i)).map(|g| g.index)
+    }
+
+    fn visible<'a>(&self, snap: &'a Snapshot) -> Vec<&'a Row> {
+        snap.visible(&self.filter, self.device(snap))
+    }
+
+    pub fn key(&mut self, snap: &Snapshot, k: KeyEvent) -> Action {
+        if self.editing {
+            match k.code {
+                KeyCode::Enter | KeyCode::Esc => self.editing = false,
+                KeyCode::Backspace => {
+                    self.filter.pop();
+                }
+                KeyCode::Char(c) if !c.is_control() => self.filter.push(c),
+                _ => {}
+            }
+            self.table.select(Some(0));
+            return Action::None;
+        }
+        if self.stacks.is_some() {
+            self.stacks = None;
+            return if matches!(k.code, KeyCode::Char('q')) { Action::Quit } else { Action::None };
+        }
+        let rows = self.visible(snap).len();
+        match k.code {
+            KeyCode::Char('q') => return Action::Quit,
+            KeyCode::Char('s') => self.sort = self.sort.next(),
+            KeyCode::Char('/') => {
+                self.editing = true;
+                self.filter.clear();
+            }
+            KeyCode::Char('g') => {
+                self.gpu = match self.gpu {
+                    None if !snap.gpus.is_empty() => Some(0),
+                    Some(i) if i + 1 < snap.gpus.len() => Some(i + 1),
+                    _ => None,
+                };
+                self.table.select(Some(0));
+            }
+            KeyCode::Char('p') | KeyCode::Char(' ') => self.paused = !self.paused,
+            KeyCode::Down | KeyCode::Char('j') => {
+                self.table.select(Some((self.table.selected().unwrap_or(0) + 1).min(rows.saturating_sub(1))))
+            }
+            KeyCode::Up | KeyCode::Char('k') => self.table.select(Some(self.table.selected().unwrap_or(0).saturating_sub(1))),
+            KeyCode::Enter | KeyCode::Char('t') => {
+                if let Some(r) = self.visible(snap).get(self.table.selected().unwrap_or(0)) {
+                    let title = format!("{} (pid {}) on GPU {}: largest live allocation stacks", r.comm, r.pid, device_name(r.device));
+                    return Action::Stacks { pid: r.pid, device: r.device, title };
+                }
+            }
+            _ => {}
+        }
+        Action::None
+    }
+}
+
+/// A stacks popup's lines; None: the process is gone.
+pub fn stack_lines(groups: Option<&[LeakGroup]>) -> Vec<String> {
+    let Some(groups) = groups else { return vec!["the process is gone".into()] };
+    if groups.is_empty() {
+        return vec!["no live allocations with a stack".into()];
+    }
+    let mut lines = Vec::new();
+    for g in groups {
+        lines.push(format!("{} in {} allocation(s), oldest {:.0} s", bytes(g.bytes), g.count, g.oldest_age_s));
+        if g.frames.is_empty() {
+            lines.push("    (no stack)".into());
+        }
+        for f in g.frames.iter().take(12) {
+            lines.push(format!("    {}", printable(&f.display())));
+        }
+    }
+    lines
+}
+
+const WIDTHS: [Constraint; 10] = [
+    Constraint::Length(8),
+    Constraint::Length(24),
+    Constraint::Length(16),
+    Constraint::Length(4),
+    Constraint::Length(11),
+    Constraint::Length(7),
+    Constraint::Length(12),
+    Constraint::Length(21),
+    Constraint::Length(16),
+    Constraint::Min(10),
+];
+
+pub fn draw(f: &mut Frame, snap: &Snapshot, screen: &mut Screen, probes: usize) {
+    let gpu_lines = snap.gpus.len().max(1) as u16;
+    let [head, body, foot] =
+        Layout::vertical([Constraint::Length(gpu_lines + 2), Constraint::Min(3), Constraint::Length(1)]).areas(f.area());
+    let device = screen.device(snap);
+    let filter = if screen.filter.is_empty() && !screen.editing {
+        "-".to_string()
+    } else {
+        format!("{}{}", screen.filter, if screen.editing { "▏" } else { "" })
+    };
+    let title = format!(
+        " gpumem top · sort: {} · GPU: {} · filter: {filter}{} · {} events, {} lost, {} probes ",
+        screen.sort.name(),
+        device.map_or("all".to_string(), device_name),
+        if screen.paused { " · PAUSED" } else { "" },
+        snap.events,
+        snap.lost,
+        probes
+    );
+    let gpus: Vec<Line> = if snap.gpus.is_empty() {
+        vec![Line::from("no GPU seen yet (no NVML, no traced allocation)")]
+    } else {
+        snap.gpus
+            .iter()
+            .map(|g| {
+                let line = Line::from(gpu_line(g));
+                if device == Some(g.index) {
+                    line.bold()
+                } else {
+                    line
+                }
+            })
+            .collect()
+    };
+    f.render_widget(Paragraph::new(gpus).block(Block::default().borders(Borders::ALL).title(title.bold())), head);
+
+    let header = TableRow::new(["PID", "POD/CONTAINER", "COMM", "GPU", "LIVE", "ALLOCS", "GROWTH", "TREND", "VERDICT", "LAST FAILURE"])
+        .style(Style::default().add_modifier(Modifier::BOLD | Modifier::REVERSED));
+    let rows = screen.visible(snap).into_iter().map(|r| {
+        let row = TableRow::new(vec![
+            Cell::from(r.pid.to_string()),
+            Cell::from(r.workload.clone()),
+            Cell::from(r.comm.clone()),
+            Cell::from(device_name(r.device)),
+            Cell::from(bytes(r.live_bytes)),
+            Cell::from(r.allocs.to_string()),
+            Cell::from(growth(r.growth_bytes_per_s)),
+            Cell::from(sparkline(&r.trend)),
+            Cell::from(r.verdict.clone()),
+            Cell::from(r.last_failure.clone().unwrap_or_else(|| "-".into())),
+        ]);
+        if r.leaking {
+            row.red()
+        } else {
+            row
+        }
+    });
+    if screen.table.selected().is_none() {
+        screen.table.select(Some(0));
+    }
+    let table = Table::new(rows, WIDTHS).header(header).row_highlight_style(Style::default().add_modifier(Modifier::REVERSED));
+    f.render_stateful_widget(table, body, &mut screen.table);
+    let help = if screen.editing {
+        "type to filter by name, pod or pid · Enter done · Esc done"
+    } else {
+        "q quit · s sort · / filter · g GPU · p pause · ↑↓ select · Enter stacks"
+    };
+    f.render_widget(Paragraph::new(help).reversed(), foot);
+
+    if let Some((title, lines)) = &screen.stacks {
+        let area = body.inner(Margin { horizontal: 4, vertical: 1 });
+        f.render_widget(Clear, area);
+        let text = Text::from(lines.iter().map(|l| Line::from(l.clone())).collect::<Vec<_>>());
+        let popup = Paragraph::new(text)
+            .wrap(Wrap { trim: false })
+            .block(Block::default().borders(Borders::ALL).title(format!(" {title} (any key closes) ")));
+        f.render_widget(popup, area);
+    }
+}

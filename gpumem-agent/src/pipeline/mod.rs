@@ -1,0 +1,214 @@
+//! The one path every event takes, live or replayed, in benchmarks and
+//! property tests alike: decode → lookups → stacks → state → analyses.
+//! `Pipeline::apply` is it; the rest feeds the analyses that are not per
+//! event (growth samples, NVML readings, forgetting).
+pub mod lookups;
+
+use gpumem_common::{Event, StackEvent};
+
+use crate::{
+    analysis::{
+        counters::EventCounts,
+        distributions::{self, Distributions},
+        health::{GpuWatch, Thresholds},
+        leaks::{self, GrowthTracker, LeakGroup},
+        oom::OomLog,
+        timeline::Timeline,
+        view::{View, ViewOptions},
+    },
+    events::Kind,
+    nvml,
+    record::{NvmlPoint, XidPoint},
+    stacks::{StackId, Stacks},
+    state::{Applied, Limits, State},
+};
+pub use lookups::Lookups;
+
+/// Top stacks kept per holder of a device that ran out of memory.
+const OOM_HOLDER_STACKS: usize = 3;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub limits: Limits,
+    /// Samples per growth series (the detector's window is this × the sampling interval).
+    pub growth_samples: usize,
+    /// Keep the session over time (reports).
+    pub timeline: bool,
+    pub thresholds: Thresholds,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { limits: Limits::default(), growth_samples: leaks::SERIES_CAP, timeline: false, thresholds: Thresholds::default() }
+    }
+}
+
+/// The stack that came with an event.
+pub enum Stack<'a> {
+    None,
+    /// Copied by the kernel: unwound here.
+    Captured(&'a StackEvent),
+    /// Unwound (and symbolized) when the event was recorded.
+    Recorded(StackId),
+}
+
+/// What one event did.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub event: Event,
+    pub kind: Kind,
+    pub applied: Applied,
+    pub stack: Option<StackId>,
+    /// For a CUDA out-of-memory: each holder's top stacks on the device
+    /// (in `applied.cuda_oom.holders` order).
+    pub oom_stacks: Vec<Vec<LeakGroup>>,
+}
+
+pub struct Pipeline {
+    pub state: State,
+    pub stacks: Stacks,
+    pub lookups: Lookups,
+    pub growth: GrowthTracker,
+    pub distributions: Distributions,
+    pub counts: EventCounts,
+    pub ooms: OomLog,
+    pub gpus: GpuWatch,
+    pub timeline: Option<Timeline>,
+}
+
+impl Pipeline {
+    pub fn new(o: Options, lookups: Lookups) -> Self {
+        Pipeline {
+            state: State::new(o.limits),
+            stacks: Stacks::default(),
+            lookups,
+            growth: GrowthTracker::with_capacity(o.growth_samples),
+            distributions: Distributions::default(),
+            counts: EventCounts::default(),
+            ooms: OomLog::default(),
+            gpus: GpuWatch::new(o.thresholds),
+            timeline: o.timeline.then(Timeline::default),
+        }
+    }
+
+    /// One event, through everything.
+    pub fn apply(&mut self, ev: &Event, stack: Stack<'_>) -> Outcome {
+        let kind = Kind::of(ev);
+        // Read a new process's mappings while it is alive: it may exit soon
+        // after its allocations, before their stacks are unwound.
+        if self.lookups.is_live() && !matches!(kind, Kind::Exit | Kind::OomKill(_)) && !self.state.processes.contains_key(&ev.pid) {
+            self.stacks.prepare(ev.pid);
+        }
+        let stack = match stack {
+            Stack::None => None,
+            Stack::Captured(s) => self.stacks.record(s),
+            Stack::Recorded(id) => Some(id),
+        };
+        let mut applied = self.state.apply_kind(ev, &kind, stack);
+        self.lookup(ev, &kind, &mut applied);
+        self.forget_forgotten();
+        if kind == Kind::Exit {
+            self.stacks.forget_process(ev.pid);
+        }
+        let oom_stacks = self.oom_stacks(ev, &applied);
+        let obs = distributions::observe(ev, &kind, &applied);
+        if let Some(o) = &obs {
+            self.distributions.record(o);
+        }
+        self.counts.observe(ev, &kind, &applied);
+        self.ooms.observe(ev, &kind, &applied, &oom_stacks);
+        if let Some(t) = self.timeline.as_mut() {
+            t.observe(ev, &applied, obs.as_ref(), &self.state);
+        }
+        Outcome { event: *ev, kind, applied, stack, oom_stacks }
+    }
+
+    /// The OOM kill's memory cgroup; the process's container, looked up once
+    /// while it is alive (one already gone when its first event is read
+    /// keeps trying on the next).
+    fn lookup(&mut self, ev: &Event, kind: &Kind, applied: &mut Applied) {
+        if let Some(kill) = applied.oom_kill.as_mut() {
+            // The victim may already be gone; the triggering task shares its cgroup in a memcg OOM.
+            let known = self.state.processes.get(&ev.pid).and_then(|p| p.container.as_ref()).and_then(|c| c.memory_limit_file.as_ref());
+            kill.memcg = self.lookups.memcg(ev.pid, ev.tid, known);
+        }
+        if *kind == Kind::Exit {
+            return;
+        }
+        if let Some(p) = self.state.processes.get_mut(&ev.pid) {
+            if p.container.is_none() {
+                p.container = self.lookups.container(ev.pid);
+            }
+        }
+    }
+
+    /// Who held the device, and from where, when an allocation ran out of memory.
+    fn oom_stacks(&mut self, ev: &Event, applied: &Applied) -> Vec<Vec<LeakGroup>> {
+        let Some(oom) = &applied.cuda_oom else { return Vec::new() };
+        oom.holders
+            .iter()
+            .map(|h| match self.state.processes.get(&h.pid) {
+                Some(p) => leaks::top_stacks(p, oom.device, &mut self.stacks, OOM_HOLDER_STACKS, ev.ts_ns),
+                None => Vec::new(),
+            })
+            .collect()
+    }
+
+    /// Whatever else is kept per process goes when the state forgets one.
+    fn forget_forgotten(&mut self) {
+        if !self.state.has_forgotten() {
+            return;
+        }
+        for pid in self.state.take_forgotten() {
+            self.growth.forget(pid);
+            self.stacks.forget_process(pid);
+        }
+    }
+
+    /// Forgets processes that exited before `cutoff_ns`, everywhere they are kept.
+    pub fn forget_exited_before(&mut self, cutoff_ns: u64) -> Vec<u32> {
+        let gone = self.state.forget_exited_before(cutoff_ns);
+        self.forget_forgotten();
+        gone
+    }
+
+    /// A sample of every process's live bytes for the growth detector.
+    pub fn sample_growth(&mut self, t_s: f64) {
+        self.growth.sample(&self.state, t_s);
+    }
+
+    /// A message from the NVML thread.
+    pub fn nvml(&mut self, m: nvml::Message) {
+        match m {
+            nvml::Message::Reading { gpus, at_s } => {
+                self.state.assume_devices(&gpus);
+                self.gpus.reading(gpus, at_s);
+            }
+            nvml::Message::Unavailable(why) => self.gpus.failed(why),
+            nvml::Message::Xid(x) => {
+                self.counts.xid(x.gpu, x.xid);
+                self.gpus.xid(x);
+            }
+        }
+    }
+
+    /// An NVML reading from a recording.
+    pub fn recorded_nvml(&mut self, p: NvmlPoint) {
+        if let Some(t) = self.timeline.as_mut() {
+            t.nvml(p);
+        }
+    }
+
+    /// An XID from a recording.
+    pub fn recorded_xid(&mut self, x: XidPoint) {
+        self.counts.xid(x.gpu, x.xid);
+        if let Some(t) = self.timeline.as_mut() {
+            t.xid(x);
+        }
+    }
+
+    /// Where things stand now.
+    pub fn view(&mut self, o: &ViewOptions) -> View {
+        View::build(&self.state, &mut self.growth, &self.gpus, o)
+    }
+}

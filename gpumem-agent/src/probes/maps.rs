@@ -1,0 +1,97 @@
+//! The agent's side of the kernel's maps: the pid filter, the event ring,
+//! the loss counters, the in-flight call tables and the NVIDIA descriptors.
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use gpumem_common::{filter, stat};
+
+use super::{ioctl, Agent, ProbeError};
+
+impl Agent {
+    /// Puts NVIDIA descriptors that the open tracepoint did not see (opened
+    /// before we started, inherited, dup'ed) in the kernel's table.
+    pub fn seed_nvidia_fds(&mut self) {
+        if self.ioctl.path != ioctl::IoctlPath::Tracepoints || self.ioctl.error.is_some() {
+            return;
+        }
+        let found = ioctl::scan_fds(&self.ioctl.prefix);
+        let Some(map) = self.ebpf.map_mut("NV_FDS") else { return };
+        let Ok(mut fds) = BpfHashMap::<_, gpumem_common::FdKey, u32>::try_from(map) else { return };
+        for (key, kind) in found {
+            if self.seeded.0.insert((key.tgid, key.fd)) && fds.insert(key, kind, 0).is_ok() {
+                self.ioctl.seeded_fds += 1;
+            }
+        }
+    }
+
+    /// Traces this process (and with `follow`, the children it forks).
+    pub fn add_pid(&mut self, pid: u32, follow: bool) -> Result<(), ProbeError> {
+        let map = self.ebpf.map_mut("FILTER_PIDS").ok_or(ProbeError::MissingMap("FILTER_PIDS"))?;
+        let mut pids: BpfHashMap<_, u32, u32> =
+            BpfHashMap::try_from(map).map_err(|source| ProbeError::Map { map: "FILTER_PIDS", source: Box::new(source) })?;
+        let value = if follow { filter::FOLLOW_CHILDREN } else { 0 };
+        pids.insert(pid, value, 0).map_err(|source| ProbeError::Map { map: "FILTER_PIDS", source: Box::new(source) })
+    }
+
+    /// The event ring buffer, handed to the reader once.
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
+        let map = self.ebpf.take_map("EVENTS").ok_or(ProbeError::MissingMap("EVENTS"))?;
+        RingBuf::try_from(map).map_err(|source| ProbeError::Map { map: "EVENTS", source: Box::new(source) })
+    }
+
+    /// Kernel-side drop counters, summed over CPUs, in `stat` index order.
+    pub fn kernel_stats(&self) -> Result<[u64; stat::COUNT as usize], ProbeError> {
+        let map = self.ebpf.map("STATS").ok_or(ProbeError::MissingMap("STATS"))?;
+        let stats: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(map).map_err(|source| ProbeError::Map { map: "STATS", source: Box::new(source) })?;
+        let mut out = [0u64; stat::COUNT as usize];
+        for (i, slot) in out.iter_mut().enumerate() {
+            let values = stats.get(&(i as u32), 0).map_err(|source| ProbeError::Map { map: "STATS", source: Box::new(source) })?;
+            *slot = values.iter().sum();
+        }
+        Ok(out)
+    }
+
+    /// Everything the kernel side counted: losses (with the per-process ones
+    /// and the reader's `malformed` records) and full tables.
+    pub fn kernel_counters(&self, malformed: u64) -> Result<crate::events::KernelCounters, ProbeError> {
+        let stats = self.kernel_stats()?;
+        let map = self.ebpf.map("LOST_BY_PID").ok_or(ProbeError::MissingMap("LOST_BY_PID"))?;
+        let by_pid: aya::maps::PerCpuHashMap<_, u32, u64> =
+            aya::maps::PerCpuHashMap::try_from(map).map_err(|source| ProbeError::Map { map: "LOST_BY_PID", source: Box::new(source) })?;
+        // An entry removed while iterating ends the walk early; the next read has it.
+        let by_pid = by_pid.iter().filter_map(Result::ok).map(|(pid, per_cpu)| (pid, per_cpu.iter().sum())).collect();
+        Ok(crate::events::KernelCounters::from_stats(&stats, malformed, by_pid))
+    }
+
+    /// Removes the saved entries of calls whose thread is gone: a thread
+    /// killed inside the driver never returns, and its entry would hold a
+    /// slot of the in-flight tables (PENDING_MAX) for good. No allocation
+    /// is counted for such a call: only a return says what it did.
+    pub fn sweep_stale_calls(&mut self) {
+        // Value types only need the maps' value sizes: only keys are read.
+        let removed = self.remove_dead_threads::<gpumem_common::PendingKey, [u64; 8]>("PENDING", |k| k.pid_tgid)
+            + self.remove_dead_threads::<u64, [u64; 3]>("IOCTL_PENDING", |&k| k)
+            + self.remove_dead_threads::<u64, u32>("OPEN_PENDING", |&k| k);
+        self.stale_calls_removed += removed as u64;
+    }
+
+    /// Removes the entries of map `name` whose thread (`pid_tgid` of the key)
+    /// no longer exists; how many.
+    fn remove_dead_threads<K: aya::Pod, V: aya::Pod>(&mut self, name: &str, pid_tgid: impl Fn(&K) -> u64) -> usize {
+        let Some(Ok(mut m)) = self.ebpf.map_mut(name).map(BpfHashMap::<_, K, V>::try_from) else { return 0 };
+        let alive = |t: u64| crate::procfs::alive((t >> 32) as u32, Some(t as u32));
+        let stale: Vec<K> = m.keys().filter_map(Result::ok).filter(|k| !alive(pid_tgid(k))).collect();
+        stale.iter().filter(|k| m.remove(k).is_ok()).count()
+    }
+
+    /// Drops the per-process loss counts of processes that are gone and no
+    /// longer in the agent's state, so that the kernel table (LOST_PIDS_MAX)
+    /// does not fill up over a daemon's life.
+    pub fn forget_lost(&mut self, keep: impl Fn(u32) -> bool) {
+        let Some(map) = self.ebpf.map_mut("LOST_BY_PID") else { return };
+        let Ok(mut by_pid) = aya::maps::PerCpuHashMap::<_, u32, u64>::try_from(map) else { return };
+        let gone: Vec<u32> = by_pid.keys().filter_map(Result::ok).filter(|&pid| !keep(pid) && !crate::procfs::alive(pid, None)).collect();
+        for pid in gone {
+            let _ = by_pid.remove(&pid);
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! One parser per /proc file the agent reads, so that every reader agrees
+//! on the details (a mapping's path may hold spaces and end in
+//! " (deleted)"; a status line's value is tab-separated; cgroup v1 and v2
+//! lines share one shape).
+use std::{
+    io,
+    ops::Range,
+    path::{Path, PathBuf},
+};
+
+/// One line of `/proc/PID/maps`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapsEntry {
+    pub range: Range<u64>,
+    /// `r-xp` and the like.
+    pub perms: String,
+    /// File offset of the mapping's start.
+    pub offset: u64,
+    /// Device of the file, as maps shows it (`fd:01`).
+    pub dev: String,
+    pub inode: u64,
+    /// The file's path inside the process's mount namespace, without the
+    /// " (deleted)" suffix; None for anonymous mappings and pseudo-paths
+    /// (`[stack]`, `[vdso]`).
+    pub path: Option<String>,
+    /// The file was deleted or replaced on disk since it was mapped: its
+    /// path now names another file (or none); the old one opens through
+    /// `map_files_path`.
+    pub deleted: bool,
+}
+
+impl MapsEntry {
+    /// The `START-END` name of the mapping in `/proc/PID/map_files`.
+    pub fn range_name(&self) -> String {
+        format!("{:x}-{:x}", self.range.start, self.range.end)
+    }
+
+    /// Whether the mapping is executable.
+    pub fn executable(&self) -> bool {
+        self.perms.as_bytes().get(2) == Some(&b'x')
+    }
+}
+
+/// Parses `/proc/PID/maps`; lines that do not parse are skipped.
+pub fn parse_maps(text: &str) -> Vec<MapsEntry> {
+    text.lines().filter_map(parse_maps_line).collect()
+}
+
+fn parse_maps_line(line: &str) -> Option<MapsEntry> {
+    // address perms offset dev inode [pathname]; the pathname may hold spaces.
+    let mut fields = line.splitn(6, ' ');
+    let (range, perms, offset, dev, inode) = (fields.next()?, fields.next()?, fields.next()?, fields.next()?, fields.next()?);
+    let rest = fields.next().unwrap_or("").trim_start();
+    let (start, end) = range.split_once('-')?;
+    let range = u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?;
+    let offset = u64::from_str_radix(offset, 16).ok()?;
+    let inode = inode.parse().ok()?;
+    let (path, deleted) = match rest.strip_suffix(" (deleted)") {
+        Some(p) => (p, true),
+        None => (rest, false),
+    };
+    let deleted = deleted && path.starts_with('/');
+    let path = path.starts_with('/').then(|| path.to_string());
+    Some(MapsEntry { range, perms: perms.to_string(), offset, dev: dev.to_string(), inode, path, deleted })
+}
+
+/// Reads and parses `/proc/PID/maps`.
+pub fn read_maps(pid: u32) -> io::Result<Vec<MapsEntry>> {
+    Ok(parse_maps(&std::fs::read_to_string(format!("/proc/{pid}/maps"))?))
+}
+
+/// A path inside a process's mount namespace, as the agent can open it.
+pub fn in_root(pid: u32, path: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/root{path}"))
+}
+
+/// The link that opens a mapping's file as the process mapped it, even
+/// when it was deleted or replaced since (needs CAP_SYS_ADMIN or
+/// CAP_CHECKPOINT_RESTORE).
+pub fn map_files_path(pid: u32, entry: &MapsEntry) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/map_files/{}", entry.range_name()))
+}
+
+/// Where the agent opens a mapped file: the old inode for a deleted one,
+/// the path through the process's root otherwise.
+pub fn open_path(pid: u32, entry: &MapsEntry) -> Option<PathBuf> {
+    let path = entry.path.as_deref()?;
+    Some(if entry.deleted { map_files_path(pid, entry) } else { in_root(pid, path) })
+}
+
+/// The fields of `/proc/PID/status` the agent uses.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Status {
+    /// The state letter (`R`, `S`, `Z`, `X`, ...).
+    pub state: Option<char>,
+    /// Effective capabilities.
+    pub cap_eff: Option<u64>,
+    /// The pid in each nested pid namespace, outermost first.
+    pub ns_pids: Vec<u32>,
+}
+
+impl Status {
+    /// A zombie or dead process shows neither its cgroup nor its namespaces.
+    pub fn gone(&self) -> bool {
+        matches!(self.state, Some('Z' | 'X'))
+    }
+
+    /// The pid inside the process's own (innermost) pid namespace.
+    pub fn ns_pid(&self) -> Option<u32> {
+        self.ns_pids.last().copied()
+    }
+}
+
+pub fn parse_status(text: &str) -> Status {
+    let mut s = Status::default();
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else { continue };
+        let value = value.trim();
+        match key {
+            "State" => s.state = value.chars().next(),
+            "CapEff" => s.cap_eff = u64::from_str_radix(value, 16).ok(),
+            "NSpid" => s.ns_pids = value.split_whitespace().filter_map(|p| p.parse().ok()).collect(),
+            _ => {}
+        }
+    }
+    s
+}
+
+/// `pid`: a number, or `self`.
+pub fn read_status(pid: impl std::fmt::Display) -> io::Result<Status> {
+    Ok(parse_status(&std::fs::read_to_string(format!("/proc/{pid}/status"))?))
+}
+
+/// One line of `/proc/PID/cgroup`: `hierarchy:controllers:path`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupLine {
+    pub hierarchy: u32,
+    /// Empty for the v2 unified hierarchy (`0::/path`).
+    pub controllers: Vec<String>,
+    pub path: String,
+}
+
+impl CgroupLine {
+    pub fn is_v2(&self) -> bool {
+        self.hierarchy == 0 && self.controllers.is_empty()
+    }
+
+    pub fn has_controller(&self, name: &str) -> bool {
+        self.controllers.iter().any(|c| c == name)
+    }
+}
+
+pub fn parse_cgroup(text: &str) -> Vec<CgroupLine> {
+    text.lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let hierarchy = parts.next()?.parse().ok()?;
+            let controllers = parts.next()?;
+            let path = parts.next()?.to_string();
+            let controllers = controllers.split(',').filter(|c| !c.is_empty()).map(str::to_string).collect();
+            Some(CgroupLine { hierarchy, controllers, path })
+        })
+        .collect()
+}
+
+pub fn read_cgroup(pid: u32) -> io::Result<Vec<CgroupLine>> {
+    Ok(parse_cgroup(&std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?))
+}
+
+/// Resident pages from `/proc/PID/statm` (its second field).
+pub fn parse_statm_resident_pages(text: &str) -> Option<u64> {
+    text.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Resident KiB of the mappings of `/proc/PID/smaps` whose header line
+/// ends with `suffix` (e.g. `anon_inode:bpf-map`).
+pub fn smaps_resident_kib(smaps: &str, suffix: &str) -> u64 {
+    let mut matching = false;
+    let mut kib = 0u64;
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("Rss:") if matching => kib += words.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0),
+            // A mapping's header line starts with its address range.
+            Some(first) if first.contains('-') && first.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') => {
+                matching = line.ends_with(suffix);
+            }
+            _ => {}
+        }
+    }
+    kib
+}
+
+/// The numeric entries of /proc (process ids).
+pub fn pids() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc").into_iter().flatten().flatten().filter_map(|e| e.file_name().to_str()?.parse().ok())
+}
+
+/// Whether the process (or thread `tid` of `pid`) still exists.
+pub fn alive(pid: u32, tid: Option<u32>) -> bool {
+    match tid {
+        Some(tid) => Path::new(&format!("/proc/{pid}/task/{tid}")).exists(),
+        None => Path::new(&format!("/proc/{pid}")).exists(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines_with_spaces_deleted_files_and_pseudo_paths() {
+        let m = parse_maps(
+            "55d0-55e0 r--p 00000000 fd:01 12 /usr/bin/python3.11\n\
+             55e0-55f0 r-xp 00010000 fd:01 12 /usr/bin/python3.11\n\
+             7f00-7f10 rw-p 00000000 00:00 0 \n\
+             7f10-7f20 r-xp 00002000 fd:01 13 /opt/lib dir/libx.so\n\
+             7f20-7f30 r-xp 00000000 fd:01 98 /old/libcuda.so.1 (deleted)\n\
+             7ffc-7ffd rw-p 00000000 00:00 0                          [stack]\n\
+             not a maps line\n",
+        );
+        assert_eq!(m.len(), 6);
+        assert_eq!((m[1].range.clone(), m[1].offset, m[1].inode), (0x55e0..0x55f0, 0x10000, 12));
+        assert!(m[1].executable() && !m[0].executable());
+        assert_eq!(m[2].path, None);
+        assert_eq!(m[3].path.as_deref(), Some("/opt/lib dir/libx.so"));
+        assert_eq!((m[4].path.as_deref(), m[4].deleted), (Some("/old/libcuda.so.1"), true));
+        assert_eq!(m[4].range_name(), "7f20-7f30");
+        assert_eq!(map_files_path(7, &m[4]), PathBuf::from("/proc/7/map_files/7f20-7f30"));
+        assert_eq!(open_path(7, &m[4]), Some(PathBuf::from("/proc/7/map_files/7f20-7f30")));
+        assert_eq!(open_path(7, &m[3]), Some(PathBuf::from("/proc/7/root/opt/lib dir/libx.so")));
+        assert_eq!((m[5].path.as_deref(), m[5].deleted), (None, false));
+    }
+
+    #[test]
+    fn status_fields() {
+        let s = parse_status("Name:\tx\nState:\tZ (zombie)\nCapEff:\t000001ffffffffff\nNSpid:\t4242\t17\n");
+        assert_eq!((s.state, s.cap_eff, s.ns_pid()), (Some('Z'), Some(0x1ff_ffff_ffff), Some(17)));
+        assert!(s.gone());
+        let s = parse_status("Name:\tx\nState:\tS (sleeping)\nNSpid:\t4242\n");
+        assert_eq!((s.cap_eff, s.ns_pid(), s.gone()), (None, Some(4242), false));
+        assert_eq!(parse_status("Name:\tx\n").ns_pid(), None);
+    }
+
+    #[test]
+    fn cgroup_lines_v1_and_v2() {
+        let c = parse_cgroup("12:pids:/\n4:memory,hugetlb:/kubepods/pod1\n1:name=systemd:/user.slice\n0::/init.scope\n");
+        assert_eq!(c.len(), 4);
+        assert!(c[1].has_controller("memory") && !c[1].is_v2());
+        assert_eq!(c[1].path, "/kubepods/pod1");
+        assert!(c[3].is_v2());
+        assert_eq!(c[3].path, "/init.scope");
+    }
+
+    #[test]
+    fn statm_and_smaps() {
+        assert_eq!(parse_statm_resident_pages("1000 250 30 1 0 200 0\n"), Some(250));
+        let smaps = "7f00-7f10 rw-s 00000000 00:0f 1 anon_inode:bpf-map\nRss:  8 kB\n7f10-7f20 rw-p 00000000 00:00 0 \nRss: 100 kB\n";
+        assert_eq!(smaps_resident_kib(smaps, "anon_inode:bpf-map"), 8);
+    }
+}

@@ -1,0 +1,106 @@
+//! Bring-up: privileges checked, the eBPF programs loaded, the libcuda
+//! copies given and found attached, with a line said for each.
+use anyhow::{bail, Context as _, Result};
+
+use super::Probing;
+use crate::probes::{discover, Agent, LibraryReport, ProbeSet, ProbeStatus, Source};
+
+/// Fails, naming what is missing, without the capabilities to load and
+/// attach; warns about the ones whose absence narrows what is seen.
+pub fn require_privileges() -> Result<()> {
+    let (error, warnings) = crate::privileges::check(crate::privileges::effective());
+    if let Some(e) = error {
+        bail!(e);
+    }
+    for w in warnings {
+        eprintln!("gpumem: {w}");
+    }
+    Ok(())
+}
+
+/// Loads the eBPF programs for the probes asked for.
+pub fn load(p: &Probing, filter_pids: bool, probe_set: ProbeSet, ringbuf_bytes: u32) -> Result<Agent> {
+    Agent::load(crate::probes::Options {
+        filter_pids,
+        probe_set,
+        ringbuf_bytes,
+        nvidia_prefix: p.nvidia_prefix.clone(),
+        ioctl_mode: p.ioctl,
+        capture_stacks: p.stacks,
+    })
+    .context("loading eBPF programs")
+}
+
+/// A one-line description of what was attached to a library.
+pub fn describe(report: &LibraryReport) -> String {
+    if let Some(e) = &report.error {
+        return format!("libcuda {} ({}): not attached: {e}", report.path, report.source);
+    }
+    let missing: Vec<&str> =
+        report.probes.iter().filter(|p| matches!(p.status, ProbeStatus::NotExported { .. })).map(|p| p.symbol).collect();
+    let failed: Vec<String> = report
+        .probes
+        .iter()
+        .filter_map(|p| match &p.status {
+            ProbeStatus::Failed { error } => Some(format!("{}: {error}", p.symbol)),
+            _ => None,
+        })
+        .collect();
+    let mut line = format!(
+        "attached {} of {} probes to {} (inode {}, found by {})",
+        report.attached(),
+        report.probes.len(),
+        report.path,
+        report.inode,
+        report.source
+    );
+    if !missing.is_empty() {
+        line.push_str(&format!("; not exported, skipped: {}", missing.join(", ")));
+    }
+    if !failed.is_empty() {
+        line.push_str(&format!("; FAILED: {}", failed.join("; ")));
+    }
+    line
+}
+
+/// Attaches the libraries named with --libcuda (a bad path is an error).
+pub fn attach_given(agent: &mut Agent, p: &Probing, mut say: impl FnMut(String)) -> Result<()> {
+    for path in &p.libcuda {
+        let lib = discover::stat_library(path, Source::CommandLine)
+            .with_context(|| format!("--libcuda {}: cannot use this file", path.display()))?;
+        if let Some(report) = agent.attach_library(&lib) {
+            if report.error.is_some() {
+                bail!("{}", describe(report));
+            }
+            say(describe(report));
+        }
+    }
+    Ok(())
+}
+
+/// Attaches libcuda copies found in ld.so.cache and in running processes
+/// that are not attached yet.
+pub fn attach_discovered(agent: &mut Agent, p: &Probing, with_ld_cache: bool, mut say: impl FnMut(String)) {
+    if !p.discover {
+        return;
+    }
+    let mut found = Vec::new();
+    if with_ld_cache {
+        match discover::from_ld_cache() {
+            Ok(paths) => found.extend(paths.iter().filter_map(|p| discover::stat_library(p, Source::LdCache).ok())),
+            Err(e) => say(format!("note: {e}")),
+        }
+    }
+    let began = std::time::Instant::now();
+    let (libs, processes) = discover::from_processes(std::process::id());
+    agent.scan_stats.record(began.elapsed(), processes);
+    found.extend(libs);
+    for lib in found {
+        if agent.knows(&lib) {
+            continue;
+        }
+        if let Some(report) = agent.attach_library(&lib) {
+            say(describe(report));
+        }
+    }
+}

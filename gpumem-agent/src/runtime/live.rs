@@ -1,0 +1,331 @@
+//! The live loop: one task owns the pipeline; events are applied as they
+//! come, and everything else (ticks, NVML, the output's inputs) waits its
+//! turn between drains, so nothing is locked and nothing races an event.
+use std::{
+    process::ExitCode,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+use tokio::{
+    signal::unix::{signal, SignalKind},
+    sync::mpsc,
+};
+
+use super::{
+    bringup,
+    child::{self, Child},
+    maintenance::{self, Maintenance},
+    Ctx, Detach, End, Flow, Output, Session,
+};
+use crate::{
+    analysis::reconcile,
+    clock::monotonic_ns,
+    events::EventReader,
+    nvml::{self, Worker},
+    pipeline::{Lookups, Pipeline, Stack},
+    probes::Agent,
+    record::Footer,
+    selfstat::{AgentStatus, Usage},
+};
+
+/// How long the end waits for a fresh NVML reading.
+const FINAL_NVML_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs a live session to its end (duration, command exit, signal, all
+/// traced pids gone, or the output stopping it).
+pub fn run<O: Output>(s: Session, out: &mut O) -> Result<ExitCode> {
+    bringup::require_privileges()?;
+    for &pid in &s.pids {
+        if !crate::procfs::alive(pid, None) {
+            bail!("no process with pid {pid}");
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+    rt.block_on(async {
+        let mut live = Live::start(s, out)?;
+        let ended = live.run().await?;
+        live.end(ended).await
+    })
+}
+
+fn say(m: String) {
+    eprintln!("gpumem: {m}");
+}
+
+/// Waits on an optional receiver (never, without one).
+async fn recv<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Why the loop ended.
+enum Ended {
+    Done,
+    /// The `-c` command exited with this wait status.
+    Command(i32),
+}
+
+struct Live<'o, O: Output> {
+    s: Session,
+    out: &'o mut O,
+    agent: Agent,
+    reader: EventReader,
+    pipeline: Pipeline,
+    nvml: Option<Worker>,
+    nvml_rx: Option<mpsc::Receiver<nvml::Message>>,
+    inputs: Option<mpsc::Receiver<O::Input>>,
+    child: Option<Child>,
+    status: AgentStatus,
+    maintenance: Maintenance,
+    began: Instant,
+}
+
+impl<'o, O: Output> Live<'o, O> {
+    /// Bring-up: load, attach, NVML, the command; then the output is told.
+    fn start(s: Session, out: &'o mut O) -> Result<Self> {
+        let (mut agent, reader) = attach(&s)?;
+        let mut pipeline = Pipeline::new(s.pipeline, Lookups::live(s.record_lookups));
+        let (nvml, nvml_rx) = match &s.probing.nvml {
+            Some(lib) => {
+                let (tx, rx) = mpsc::channel(64);
+                (Some(Worker::start(lib.clone(), s.nvml_every, tx).context("starting the NVML thread")?), Some(rx))
+            }
+            None => {
+                pipeline.gpus.failed("NVML not used (--no-nvml)".into());
+                (None, None)
+            }
+        };
+        let child = match &s.command {
+            Some(cmd) => {
+                let c = child::start_blocked(cmd)?;
+                agent.add_pid(c.pid, true)?;
+                // Traced from its first instruction on.
+                c.release();
+                Some(c)
+            }
+            None => None,
+        };
+        let inputs = out.inputs();
+        let status = AgentStatus { probes_attached: agent.attached_probe_count(), ..Default::default() };
+        let maintenance = Maintenance::new(&s);
+        let mut live = Live { s, out, agent, reader, pipeline, nvml, nvml_rx, inputs, child, status, maintenance, began: Instant::now() };
+        live.out.started(&mut Ctx { pipeline: &mut live.pipeline, agent: &live.status, elapsed_s: 0.0 })?;
+        Ok(live)
+    }
+
+    fn elapsed_s(&self) -> f64 {
+        self.began.elapsed().as_secs_f64()
+    }
+
+    async fn run(&mut self) -> Result<Ended> {
+        if let Some(ms) = self.s.stall_reader_ms {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + maintenance::EVERY, maintenance::EVERY);
+        let sampling = self.s.growth_every.is_some();
+        let mut growth = tokio::time::interval(self.s.growth_every.unwrap_or(Duration::MAX / 4));
+        let deadline = self.s.duration.map(|d| tokio::time::Instant::now() + d);
+        let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+        let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+        loop {
+            let flow = tokio::select! {
+                r = self.reader.readable() => {
+                    r.context("reading events")?;
+                    self.drain()?
+                }
+                _ = tick.tick() => self.tick()?,
+                _ = growth.tick(), if sampling => self.sample()?,
+                Some(m) = recv(&mut self.nvml_rx) => {
+                    self.nvml_message(m)?;
+                    Flow::Continue
+                }
+                Some(input) = recv(&mut self.inputs) => self.input(input)?,
+                st = async { (&mut self.child.as_mut().expect("guarded").exited).await }, if self.child.is_some() => {
+                    return Ok(Ended::Command(st.context("the wait thread ended")?.context("waiting for the command")?));
+                }
+                _ = async { tokio::time::sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() => Flow::Stop,
+                _ = sigint.recv() => Flow::Stop,
+                _ = sigterm.recv() => Flow::Stop,
+            };
+            if flow == Flow::Stop {
+                return Ok(Ended::Done);
+            }
+        }
+    }
+
+    /// Applies every event in the ring and hands each to the output.
+    fn drain(&mut self) -> Result<Flow> {
+        let elapsed_s = self.elapsed_s();
+        let (pipeline, out, agent) = (&mut self.pipeline, &mut *self.out, &self.status);
+        let mut result = Ok(Flow::Continue);
+        let n = self.reader.drain_now(&mut |ev, stack| {
+            let o = pipeline.apply(ev, stack.map_or(Stack::None, Stack::Captured));
+            if matches!(result, Ok(Flow::Continue)) {
+                result = out.event(&mut Ctx { pipeline: &mut *pipeline, agent, elapsed_s }, &o);
+            }
+        });
+        if n > 0 {
+            out.drained(&mut Ctx { pipeline, agent, elapsed_s })?;
+        }
+        result
+    }
+
+    fn tick(&mut self) -> Result<Flow> {
+        let gone = self.maintenance.tick(&mut self.agent, &self.s, &mut self.pipeline, &mut self.status, self.reader.malformed);
+        let elapsed_s = self.elapsed_s();
+        let flow = self.out.tick(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s })?;
+        Ok(if gone { Flow::Stop } else { flow })
+    }
+
+    fn sample(&mut self) -> Result<Flow> {
+        let t = self.elapsed_s();
+        self.pipeline.sample_growth(t);
+        self.out.sampled(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s: t }, t)?;
+        Ok(Flow::Continue)
+    }
+
+    /// What is in the ring counts for the answer, and so does a fresh status.
+    fn input(&mut self, input: O::Input) -> Result<Flow> {
+        if self.drain()? == Flow::Stop {
+            return Ok(Flow::Stop);
+        }
+        self.refresh();
+        let elapsed_s = self.elapsed_s();
+        self.out.input(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s }, input)
+    }
+
+    fn refresh(&mut self) {
+        self.maintenance.refresh(&self.agent, &mut self.pipeline, &mut self.status, self.reader.malformed);
+        self.status.stale_calls_removed = self.agent.stale_calls_removed;
+        self.status.discovery = self.agent.scan_stats.clone();
+        self.status.usage = Usage::now();
+    }
+
+    fn nvml_message(&mut self, m: nvml::Message) -> Result<()> {
+        // Said when NVML goes away (it may come back).
+        if let nvml::Message::Unavailable(why) = &m {
+            if self.pipeline.gpus.error.is_none() && !self.pipeline.gpus.latest.is_empty() {
+                say(format!("{why}; GPU series are left out until NVML answers again"));
+            }
+        }
+        let elapsed_s = self.elapsed_s();
+        self.out.nvml(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s }, &m, elapsed_s)?;
+        self.pipeline.nvml(m);
+        Ok(())
+    }
+
+    /// A fresh NVML reading for the end of the session; what NVML is, in words.
+    async fn final_nvml(&mut self) -> Result<String> {
+        if self.nvml.is_none() || self.nvml_rx.is_none() {
+            return Ok(self.pipeline.gpus.error.clone().unwrap_or_default());
+        }
+        // Messages already queued come first; the reading asked for now after them.
+        while let Some(m) = self.nvml_rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
+            self.nvml_message(m)?;
+        }
+        self.nvml.as_ref().expect("checked").read_now();
+        let deadline = tokio::time::Instant::now() + FINAL_NVML_TIMEOUT;
+        loop {
+            let next = self.nvml_rx.as_mut().expect("checked").recv();
+            match tokio::time::timeout_at(deadline, next).await {
+                Ok(Some(m)) => {
+                    let reading = !matches!(m, nvml::Message::Xid(_));
+                    self.nvml_message(m)?;
+                    if reading {
+                        break;
+                    }
+                }
+                Ok(None) | Err(_) => return Ok("no NVML reading at the end (NVML did not answer in time)".into()),
+            }
+        }
+        Ok(match &self.pipeline.gpus.error {
+            Some(e) => e.clone(),
+            None => format!("available, {} GPU(s)", self.pipeline.gpus.latest.len()),
+        })
+    }
+
+    /// The end: what is left in the ring, a last sweep and reading, the
+    /// footer, the output's report; then the probes go.
+    async fn end(mut self, ended: Ended) -> Result<ExitCode> {
+        // The command's exit event is already in the ring; take what is there.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.drain()?;
+        // Calls left in flight by threads that died since the last sweep.
+        self.agent.sweep_stale_calls();
+        self.refresh();
+        let nvml = if self.s.reconcile_at_end { self.final_nvml().await? } else { "not asked".into() };
+        let reconciliation = (self.s.reconcile_at_end && self.pipeline.gpus.error.is_none())
+            .then(|| reconcile::reconcile(&self.pipeline.state, &self.pipeline.gpus.latest));
+        let footer = Footer {
+            duration_s: self.elapsed_s(),
+            ended_ns: monotonic_ns(),
+            lost: self.status.kernel.lost.clone(),
+            tables_full: self.status.kernel.tables_full.clone(),
+            probes_attached: self.status.probes_attached,
+            discovery: self.agent.scan_stats.clone(),
+            stacks: self.pipeline.stacks.stats.clone(),
+            reconciliation,
+            nvml,
+            command_status: match ended {
+                Ended::Command(st) => Some(st),
+                Ended::Done => None,
+            },
+            stale_calls_removed: self.agent.stale_calls_removed,
+        };
+        self.nvml = None;
+        let elapsed_s = self.elapsed_s();
+        let end = End { footer, complete: true, ..Default::default() };
+        let code = self.out.finish(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s }, &end)?;
+        self.out.close().await;
+        drop(self.reader);
+        detach(self.agent, self.s.detach);
+        Ok(match ended {
+            Ended::Command(st) if code == ExitCode::SUCCESS => ExitCode::from(child::exit_code(st)),
+            _ => code,
+        })
+    }
+}
+
+fn attach(s: &Session) -> Result<(Agent, EventReader)> {
+    let filter_pids = !s.pids.is_empty() || s.command.is_some();
+    let mut agent = bringup::load(&s.probing, filter_pids, s.probe_set, s.ringbuf_bytes)?;
+    for note in &agent.notes {
+        say(note.clone());
+    }
+    let reader = EventReader::new(agent.take_events()?).context("watching the ring buffer")?;
+    let announce = |m: String| {
+        if s.announce {
+            say(m)
+        }
+    };
+    bringup::attach_given(&mut agent, &s.probing, announce)?;
+    bringup::attach_discovered(&mut agent, &s.probing, true, announce);
+    if agent.attached_probe_count() == 0 && s.announce {
+        say(if s.probing.discover {
+            "no libcuda found yet; watching for processes that load one".into()
+        } else {
+            "no libcuda attached".into()
+        });
+    }
+    for &pid in &s.pids {
+        agent.add_pid(pid, false)?;
+    }
+    Ok((agent, reader))
+}
+
+fn detach(agent: Agent, how: Detach) {
+    match how {
+        Detach::Background => agent.detach_in_background(),
+        Detach::Now => {
+            // Detached here: when the command exits, nothing of it is left in
+            // the kernel (a DaemonSet pod's grace period covers this).
+            let probes = agent.attached_probe_count();
+            let t = Instant::now();
+            drop(agent);
+            say(format!("{probes} probes detached in {:.1} s", t.elapsed().as_secs_f64()));
+        }
+    }
+}

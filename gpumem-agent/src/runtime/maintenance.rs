@@ -1,0 +1,81 @@
+//! The maintenance tick every live session runs: new libcuda copies
+//! attached, NVIDIA descriptors rescanned, stale calls swept, exited
+//! processes forgotten (state, growth, stacks, the kernel's loss counts),
+//! and the kernel's counters read.
+use std::time::Duration;
+
+use super::{bringup, Session};
+use crate::{clock::monotonic_ns, events::KernelCounters, pipeline::Pipeline, probes::Agent, selfstat::AgentStatus};
+
+/// How often new libcuda copies are looked for.
+pub const EVERY: Duration = Duration::from_millis(500);
+/// NVIDIA descriptors the open tracepoint cannot see (inherited, dup'ed) are
+/// picked up from /proc, and calls of dead threads swept, every this many
+/// ticks (2 s).
+const SLOW_TICKS: u64 = 4;
+/// The name of the kernel-counter read in `AgentStatus::errors`.
+const READ_COUNTERS: &str = "read_kernel_counters";
+
+pub struct Maintenance {
+    ticks: u64,
+    /// Fault injection: reads of the kernel counters still to fail.
+    fail_reads: u32,
+}
+
+impl Maintenance {
+    pub fn new(s: &Session) -> Self {
+        Maintenance { ticks: 0, fail_reads: s.fail_counter_reads }
+    }
+
+    /// One tick; true when every process traced with -p has exited.
+    pub fn tick(&mut self, agent: &mut Agent, s: &Session, pipeline: &mut Pipeline, status: &mut AgentStatus, malformed: u64) -> bool {
+        bringup::attach_discovered(agent, &s.probing, false, |m| {
+            if s.announce {
+                eprintln!("gpumem: {m}");
+            }
+        });
+        status.probes_attached = agent.attached_probe_count();
+        status.discovery = agent.scan_stats.clone();
+        self.ticks += 1;
+        if self.ticks.is_multiple_of(SLOW_TICKS) {
+            agent.seed_nvidia_fds();
+            agent.sweep_stale_calls();
+            status.stale_calls_removed = agent.stale_calls_removed;
+            let state = &pipeline.state;
+            agent.forget_lost(|pid| state.processes.contains_key(&pid));
+        }
+        // Exited processes keep their (zero) figures for the grace period.
+        if let Some(grace) = s.forget_after {
+            pipeline.forget_exited_before(monotonic_ns().saturating_sub(grace.as_nanos() as u64));
+        }
+        self.refresh(agent, pipeline, status, malformed);
+        !s.pids.is_empty() && s.pids.iter().all(|&p| !crate::procfs::alive(p, None))
+    }
+
+    /// Reads the kernel's counters into the status and marks the processes
+    /// that lost events. A failed read keeps the last figures and is counted.
+    pub fn refresh(&mut self, agent: &Agent, pipeline: &mut Pipeline, status: &mut AgentStatus, malformed: u64) {
+        let read = if self.fail_reads > 0 {
+            self.fail_reads -= 1;
+            Err(crate::probes::ProbeError::MissingMap("STATS (fault injected)"))
+        } else {
+            agent.kernel_counters(malformed)
+        };
+        match read {
+            Ok(k) => {
+                pipeline.state.mark_lost(&k.lost.by_pid);
+                status.kernel = k;
+            }
+            Err(e) => {
+                let n = status.errors.entry(READ_COUNTERS).or_default();
+                if *n == 0 {
+                    eprintln!("gpumem: reading the kernel's counters failed ({e}); the last figures stay until a read succeeds");
+                }
+                *n += 1;
+                // Errors other than losses (malformed records) are the agent's own: keep them current.
+                status.kernel =
+                    KernelCounters { lost: crate::events::LostEvents { malformed, ..status.kernel.lost.clone() }, ..status.kernel.clone() };
+            }
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! `gpumem leaks`: outstanding allocations by stack, unwound without frame
+//! pointers, growth verdicts; stacks off.
+//! Run as root, one test at a time (`cargo xtask test` does both).
+use gpumem_tests::*;
+use serde_json::Value;
+
+fn function_names(group: &Value) -> Vec<String> {
+    group["frames"].as_array().unwrap().iter().map(|f| f["function"].as_str().unwrap_or("?").to_string()).collect()
+}
+
+#[test]
+fn leaks_names_the_leaking_function_and_its_callers_without_frame_pointers() {
+    require_root();
+    let f = fixtures();
+    let log = f.dir.join("leak.log");
+    let _ = std::fs::remove_file(&log);
+    let cmd = workload_cmd("deep_leak");
+    let v = leaks(
+        &["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0.5", "--duration", "3", "-c", &cmd],
+        &[("GPUMEM_LEAK_LOG", log.to_str().unwrap()), ("GPUMEM_STEPS", "60")],
+    );
+    let procs = v["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1, "{v:#}");
+    let p = &procs[0];
+    assert_eq!(p["comm"], "workload");
+    assert_eq!(p["device"], 0);
+
+    let groups = p["stacks"].as_array().unwrap();
+    let leak = groups.iter().find(|g| function_names(g).first().map(String::as_str) == Some("leak_buffer")).expect("a leak_buffer stack");
+    // The leaking function and its callers, unwound from .eh_frame (no frame pointers).
+    assert_eq!(function_names(leak)[..3], ["leak_buffer", "train_step", "run_model"], "{leak:#}");
+    assert!(leak["frames"][0]["file"].as_str().unwrap().ends_with("workload.c"), "file:line from DWARF: {leak:#}");
+    assert!(leak["frames"][0]["line"].as_u64().unwrap() > 0);
+    // Exact bytes: every leak older than 0.5 s at the report, 4 MiB each.
+    let cutoff = v["now_ns"].as_u64().unwrap() - 500_000_000;
+    let stamps: Vec<u64> = std::fs::read_to_string(&log).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let near = stamps.iter().filter(|&&t| t.abs_diff(cutoff) < 2_000_000).count();
+    let older = stamps.iter().filter(|&&t| t < cutoff).count() as u64;
+    let count = leak["count"].as_u64().unwrap();
+    assert!(
+        count == older || (near > 0 && count.abs_diff(older) <= near as u64),
+        "{count} leaks reported, {older} made before the cut-off"
+    );
+    assert!(count >= 15, "{count}");
+    assert_eq!(leak["bytes"].as_u64().unwrap(), count * 4 * MIB);
+
+    // The weights are outstanding (memleak semantics) under their own stack, once.
+    let weights = groups.iter().find(|g| function_names(g).first().map(String::as_str) == Some("load_weights")).expect("weights");
+    assert_eq!((weights["count"].as_u64(), weights["bytes"].as_u64()), (Some(1), Some(256 * MIB)));
+    // Freed activations never show up.
+    assert!(groups.iter().all(|g| function_names(g).first().map(String::as_str) != Some("train_step")), "{groups:#?}");
+    assert_eq!(groups.len(), 2, "{groups:#?}");
+    assert_eq!(p["outstanding_bytes"].as_u64().unwrap(), 256 * MIB + count * 4 * MIB);
+    // Fragmentation signals: the size classes of what is live, and the largest piece.
+    let layout = &p["layout"];
+    assert_eq!(layout["largest_allocation"].as_u64(), Some(256 * MIB));
+    let hist = layout["size_histogram"].as_array().unwrap();
+    let class = |le: u64| hist.iter().find(|b| b["le_bytes"] == le).map(|b| b["count"].as_u64().unwrap());
+    assert_eq!(class(256 * MIB), Some(1));
+    assert!(class(4 * MIB).unwrap() >= count, "{layout:#}");
+
+    // Growth: the leak (40 MiB/s), not the weights.
+    let g = &p["growth"];
+    assert_eq!(g["leaking"], true, "{g}");
+    let rate = g["rate_bytes_per_s"].as_f64().unwrap() / MIB as f64;
+    assert!((30.0..50.0).contains(&rate), "{rate} MiB/s");
+
+    let st = &v["stacks"];
+    assert!(st["captured"].as_u64().unwrap() > count);
+    assert_eq!(st["unwind_failed"], 0);
+}
+
+#[test]
+fn leaks_after_exit_reports_nothing() {
+    require_root();
+    let f = fixtures();
+    let cmd = workload_cmd("deep_leak");
+    // The process leaks, then exits: the driver frees everything, no leak remains.
+    let v = leaks(&["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0", "-c", &cmd], &[("GPUMEM_STEPS", "5")]);
+    assert_eq!(v["processes"], serde_json::json!([]), "{v:#}");
+    assert!(v["stacks"]["captured"].as_u64().unwrap() >= 6);
+}
+
+#[test]
+fn growth_detector_ignores_a_warm_up_that_plateaus() {
+    require_root();
+    let f = fixtures();
+    // 10 steps (1 s) of leaking, then 3 s quiet: the live bytes plateau.
+    let cmd = workload_cmd("deep_leak");
+    let v = leaks(
+        &["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0", "--duration", "4", "-c", &cmd],
+        &[("GPUMEM_STEPS", "10"), ("GPUMEM_WORKLOAD_HOLD_MS", "6000")],
+    );
+    let g = &v["processes"][0]["growth"];
+    assert_eq!(g["leaking"], false, "{g}");
+    assert_eq!(g["reason"], "plateau", "{g}");
+}
+
+#[test]
+fn stacks_off_traces_the_same_allocations_without_copying_stacks() {
+    require_root();
+    let f = fixtures();
+    let cmd = workload_cmd("threads");
+    let t = trace(&["--libcuda", f.libcuda.to_str().unwrap(), "--stacks", "off", "-c", &cmd], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    let pid = single_pid(&t);
+    assert_eq!(t.summary["stacks"]["captured"], 0, "{}", t.summary["stacks"]);
+    assert_eq!(t.summary["lost_events"], 0);
+    assert_eq!(t.released_at_exit(pid), [(0, 100 * 4 * KIB * 36, 800)], "the same figures as with stacks");
+}

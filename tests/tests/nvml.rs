@@ -1,0 +1,180 @@
+//! NVML: health rules and reasons, the real NVML without a GPU, memory
+//! temperature against errors, reconciliation, XIDs.
+//! Run as root, one test at a time (`cargo xtask test` does both).
+use gpumem_tests::*;
+use serde_json::Value;
+
+fn health(args: &[&str], envs: &[(&str, &str)]) -> std::process::Output {
+    let mut full = vec!["health"];
+    full.extend_from_slice(args);
+    run_gpumem(&full, envs)
+}
+
+#[test]
+fn health_from_the_synthetic_nvml_with_rules_and_reasons() {
+    let f = fixtures();
+    let log = f.dir.join("nvml-unsupported.log");
+    let _ = std::fs::remove_file(&log);
+    let out = health(
+        &["--json", "--interval", "1", "--nvml", f.nvml.to_str().unwrap()],
+        &[("GPUMEM_FAKE_NVML_PIDS", "4242:1048576,4343:2097152"), ("GPUMEM_FAKE_NVML_LOG", log.to_str().unwrap())],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["type"], "health");
+    let gpus = v["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 3);
+
+    let g0 = &gpus[0];
+    assert_eq!(
+        (g0["index"].as_u64(), g0["UUID"].as_str(), g0["pci_bus_id"].as_str(), g0["modelName"].as_str()),
+        (Some(0), Some("GPU-00000000-0000-0000-0000-000000000000"), Some("00000000:10:00.0"), Some("Fake H200"))
+    );
+    assert_eq!(g0["memory"]["total"].as_u64(), Some(144 << 30));
+    assert_eq!(g0["memory"]["used"].as_u64(), Some(20 << 30));
+    assert_eq!(g0["processes"], serde_json::json!([[4242, MIB], [4343, 2 * MIB]]));
+    assert_eq!((g0["health"]["score"].as_u64(), g0["health"]["level"].as_str()), (Some(100), Some("ok")));
+    assert_eq!((g0["gpu_temp_c"].as_u64(), g0["memory_temp_c"].as_u64()), (Some(60), Some(70)));
+
+    let g1 = &gpus[1];
+    // The n-th reading of the volatile counter adds 100 n: 100, then 300.
+    assert_eq!(g1["ecc"]["corrected_volatile"].as_u64(), Some(300));
+    assert_eq!(g1["ecc"]["corrected_aggregate"].as_u64(), Some(1300));
+    let rate = g1["health"]["ecc_corrected_per_hour"].as_f64().unwrap();
+    assert!((400_000.0..800_000.0).contains(&rate), "200 errors in about 1 s: {rate}/h");
+    assert_eq!(g1["retired_pages"], serde_json::json!({"single_bit": 2, "double_bit": 1, "pending": true}));
+    assert_eq!(g1["ecc_by_location"], serde_json::json!({"device_memory": [1234, 0], "sram": [5, 0]}), "only the locations it reports");
+    assert_eq!(g1["remapped_rows"], serde_json::json!({"correctable": 3, "uncorrectable": 1, "pending": true, "failure": false}));
+    assert_eq!(g1["memory_temp_c"].as_u64(), Some(87));
+    let rules: Vec<(&str, u64)> =
+        g1["health"]["reasons"].as_array().unwrap().iter().map(|r| (r["rule"].as_str().unwrap(), r["points"].as_u64().unwrap())).collect();
+    assert_eq!(
+        rules,
+        [
+            ("ecc_corrected_rate", 30),
+            ("retirement_pending", 25),
+            ("double_bit_retired", 10),
+            ("row_remap_pending", 20),
+            ("rows_remapped_uncorrectable", 10),
+            ("hbm_hot", 10)
+        ]
+    );
+    assert_eq!((g1["health"]["score"].as_u64(), g1["health"]["level"].as_str()), (Some(0), Some("critical")));
+
+    // An older card: unsupported readings are recorded, cost no points, and are asked once.
+    let g2 = &gpus[2];
+    assert_eq!(g2["unsupported"], serde_json::json!(["ecc", "ecc_by_location", "memory_temperature", "remapped_rows", "retired_pages"]));
+    assert!(g2["ecc"].is_null() && g2["retired_pages"].is_null());
+    assert_eq!(g2["health"]["score"].as_u64(), Some(100));
+    assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1, "ECC of device 2 asked once over two readings");
+
+    // Thresholds are configurable: a strict HBM limit flags the healthy card too.
+    let out = health(&["--json", "--interval", "0.1", "--hbm-temp-c", "65", "--nvml", f.nvml.to_str().unwrap()], &[]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["gpus"][0]["health"]["reasons"][0]["rule"], "hbm_hot");
+}
+
+#[test]
+fn real_nvml_without_a_gpu_degrades_cleanly() {
+    let real = real_nvml();
+    let out = health(&["--nvml", real.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("NVML unavailable"), "{err}");
+    // Tracing keeps working, and status says NVML is missing.
+    require_root();
+    let out = run_gpumem(&["status", "--json", "--no-discover", "--nvml", real.to_str().unwrap()], &[]);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["nvml"].as_str().unwrap().contains("NVML unavailable"), "{}", v["nvml"]);
+    let t = trace_workload("bad_free", &[]);
+    assert_eq!(t.of_type("free").len(), 3);
+}
+
+#[test]
+fn health_watch_relates_memory_temperature_to_errors() {
+    let f = fixtures();
+    let out = health(&["--json", "--watch", "--count", "4", "--interval", "0.2", "--nvml", f.nvml.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reports: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(reports.len(), 4, "one report per reading after the first");
+    let g1 = &reports[3]["gpus"][1];
+    let m = &g1["temperature"];
+    // Readings 2..5: errors +200, +300, +400, +500 at 87..90 °C.
+    assert_eq!(m["ecc_increments"], serde_json::json!([[87, 200], [88, 300], [89, 400], [90, 500]]));
+    assert!((m["correlation"].as_f64().unwrap() - 1.0).abs() < 1e-9, "{m}");
+    assert_eq!(m["max_memory_temp_c"].as_u64(), Some(90));
+    // Every interval ended above 85 °C: the whole window counts.
+    let window = g1["window_s"].as_f64().unwrap();
+    assert!(window > 0.6, "{window}");
+    assert!((m["seconds_above_hbm"].as_f64().unwrap() - window).abs() < 1e-9);
+    // The healthy card: no increments, no time above the threshold, no correlation.
+    let m0 = &reports[3]["gpus"][0]["temperature"];
+    assert_eq!(
+        (m0["ecc_increments"].clone(), m0["seconds_above_hbm"].as_f64(), m0["correlation"].is_null()),
+        (serde_json::json!([]), Some(0.0), true)
+    );
+}
+
+#[test]
+fn reconciliation_of_traced_bytes_with_nvml() {
+    require_root();
+    let f = fixtures();
+    wait_for_detach();
+    let mut workload = spawn_late_load(2000, 5000);
+    let pid = workload.id();
+    // NVML (synthetic) sees the process with 4 MiB plus 300 MiB of context it never allocated.
+    let nvml_bytes = 4 * MIB + 300 * MIB;
+    let pids = format!("{pid}:{nvml_bytes}");
+    let out = std::process::Command::new(gpumem_bin())
+        .args(["trace", "--json", "-p", &pid.to_string(), "--duration", "4", "--libcuda", f.libcuda.to_str().unwrap()])
+        .args(["--nvml", f.nvml.to_str().unwrap()])
+        .env("GPUMEM_FAKE_NVML_PIDS", &pids)
+        .output()
+        .unwrap();
+    let _ = workload.kill();
+    let _ = workload.wait();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(summary["type"], "summary");
+    assert!(summary["nvml"].as_str().unwrap().starts_with("available"), "{}", summary["nvml"]);
+    let rows = summary["reconciliation"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert_eq!((r["pid"].as_u64(), r["gpu"].as_u64()), (Some(pid as u64), Some(0)));
+    assert_eq!(
+        (r["nvml_bytes"].as_u64(), r["traced_bytes"].as_u64(), r["untracked_bytes"].as_i64()),
+        (Some(nvml_bytes), Some(4 * MIB), Some(300 * MIB as i64))
+    );
+    // Without NVML the summary says why, and there is nothing to reconcile.
+    let t = trace_workload("bad_free", &[]);
+    assert!(t.summary["reconciliation"].is_null());
+    assert!(t.summary["nvml"].as_str().unwrap().contains("NVML unavailable"), "{}", t.summary["nvml"]);
+}
+
+#[test]
+fn xid_events_are_attributed_to_the_processes_on_that_gpu() {
+    let f = fixtures();
+    let out = health(
+        &["--json", "--interval", "1", "--nvml", f.nvml.to_str().unwrap()],
+        &[("GPUMEM_FAKE_NVML_XIDS", "1:48,1:92"), ("GPUMEM_FAKE_NVML_PIDS", "111:1048576,1/222:2097152")],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["xid_watch"].as_str().unwrap().contains("not supported on GPU(s) [2]"), "{}", v["xid_watch"]);
+    let x1 = v["gpus"][1]["xid_events"].as_array().unwrap();
+    let got: Vec<(u64, &str)> = x1.iter().map(|x| (x["xid"].as_u64().unwrap(), x["meaning"].as_str().unwrap())).collect();
+    assert_eq!(got, [(48, "double-bit ECC error (DBE)"), (92, "high single-bit ECC error rate")]);
+    // Attributed to GPU 1's process, not GPU 0's.
+    assert_eq!(x1[0]["processes"], serde_json::json!([[222, 2 * MIB]]));
+    assert_eq!(v["gpus"][0]["xid_events"], serde_json::json!([]));
+    let rules: Vec<(&str, u64)> = v["gpus"][1]["health"]["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["rule"] == "xid")
+        .map(|r| (r["level"].as_str().unwrap(), r["points"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(rules, [("critical", 20), ("warning", 10)]);
+}
