@@ -106,17 +106,7 @@ fn render_all(p: &mut Pipeline, end: &End) {
     report.write_human(&mut Vec::new()).unwrap();
     report.write_json(&mut Vec::new()).unwrap();
     let agent = AgentStatus::default();
-    let text = prometheus::render(&Scrape {
-        view: &view,
-        max_process_series: 16,
-        state: &p.state,
-        counts: &p.counts,
-        distributions: &p.distributions,
-        gpus: &p.gpus,
-        stacks: &p.stacks.stats,
-        agent: &agent,
-    })
-    .unwrap();
+    let text = prometheus::render(&Scrape::of(p, &view, &agent, 16)).unwrap();
     assert!(text.ends_with("# EOF\n"));
     top::build(&view, p.state.events, 0, Default::default()).write_text(&mut Vec::new()).unwrap();
     let data = ReportData { timeline: p.timeline.take().unwrap_or_default(), footer: end.footer.clone(), ..Default::default() };

@@ -46,16 +46,7 @@ pub fn run(processes: u32, gpus: u32, rounds: u32) -> Result<()> {
         let t = Instant::now();
         // A scrape: the view, then the rendering.
         let view = p.view(&ViewOptions { now_ns: monotonic_ns(), exited: true, ..Default::default() });
-        body = prometheus::render(&Scrape {
-            view: &view,
-            max_process_series: usize::MAX,
-            state: &p.state,
-            counts: &p.counts,
-            distributions: &p.distributions,
-            gpus: &p.gpus,
-            stacks: &p.stacks.stats,
-            agent: &agent,
-        })?;
+        body = prometheus::render(&Scrape::of(&p, &view, &agent, usize::MAX))?;
         times.push(t.elapsed().as_secs_f64());
     }
     times.sort_by(|a, b| a.total_cmp(b));

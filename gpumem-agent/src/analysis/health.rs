@@ -392,6 +392,26 @@ mod tests {
     }
 
     #[test]
+    fn the_watch_keeps_a_window_and_a_bounded_xid_history() {
+        let mut w = GpuWatch::new(Thresholds::default());
+        let x = |xid, ts_ns| XidEvent { gpu: 0, uuid: String::new(), xid, meaning: "", ts_ns, processes: vec![] };
+        w.reading(vec![GpuSample { index: 0, t_s: 0.0, ..Default::default() }], 0.0);
+        for i in 0..(MAX_XIDS as u64 + 10) {
+            w.xid(x(48, i));
+        }
+        assert_eq!((w.xids_of(0).len(), w.xids_dropped), (MAX_XIDS, 10), "bounded, and what went is counted");
+        assert_eq!(w.health[&0].level, Level::Critical);
+        // An hour later the old readings and XIDs have left the window.
+        w.reading(vec![GpuSample { index: 0, t_s: WINDOW_S + 10.0, ..Default::default() }], WINDOW_S + 10.0);
+        assert!(w.xids_of(0).is_empty());
+        assert_eq!(w.windows().map(|(_, r)| r.len()).collect::<Vec<_>>(), [1]);
+        assert_eq!(w.health[&0].score, 100);
+        // NVML failing drops what would pass for current.
+        w.failed("gone".into());
+        assert!(w.latest.is_empty() && w.health.is_empty());
+    }
+
+    #[test]
     fn unsupported_readings_take_no_points() {
         let h = assess(&GpuSample::default(), &GpuSample { t_s: 10.0, ..Default::default() }, &[], &Thresholds::default());
         assert_eq!((h.score, h.ecc_corrected_per_hour), (100, None));

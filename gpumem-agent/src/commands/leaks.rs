@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::Result;
 
-use super::{record::Recorder, trace::replay_outcome};
+use super::trace::replay_outcome;
 use crate::{
     analysis::leaks,
     cli::LeaksArgs,
@@ -108,12 +108,5 @@ pub fn run(a: LeaksArgs) -> Result<ExitCode> {
     }
     let mut s = super::session(&a.probes, &a.target, a.max_allocations);
     s.growth_every = Some(GROWTH_SAMPLE_INTERVAL);
-    match &a.record {
-        Some(path) => {
-            let recorder = Recorder::create(path, "leaks", &s)?;
-            super::record::prepare(&mut s);
-            runtime::run(s, &mut (out, recorder))
-        }
-        None => runtime::run(s, &mut out),
-    }
+    super::record::run_recorded(s, out, a.record.as_deref(), "leaks")
 }

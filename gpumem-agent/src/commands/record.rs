@@ -106,6 +106,15 @@ impl Output for Recorder {
     }
 }
 
+/// Runs a live session into `out`, also recorded to `record` when given
+/// (`--record` of trace and leaks).
+pub fn run_recorded<O: Output>(mut s: Session, mut out: O, record: Option<&Path>, recorded_by: &str) -> Result<ExitCode> {
+    let Some(path) = record else { return runtime::run(s, &mut out) };
+    let recorder = Recorder::create(path, recorded_by, &s)?;
+    prepare(&mut s);
+    runtime::run(s, &mut (out, recorder))
+}
+
 pub fn run(a: RecordArgs) -> Result<ExitCode> {
     let mut s = super::session(&a.probes, &a.target, a.max_allocations);
     prepare(&mut s);

@@ -39,7 +39,7 @@ const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 pub enum Request {
     /// The exposition, or why it could not be rendered.
-    Metrics(oneshot::Sender<Result<String, String>>),
+    Metrics(oneshot::Sender<Result<String, std::fmt::Error>>),
     Health(oneshot::Sender<String>),
 }
 
@@ -65,24 +65,16 @@ pub struct Serve {
 }
 
 impl Serve {
-    fn scrape(&mut self, ctx: &mut Ctx<'_>) -> Result<String, String> {
+    fn scrape(&mut self, ctx: &mut Ctx<'_>) -> Result<String, std::fmt::Error> {
         if self.fail_renders > 0 {
+            // Fault injection: what the encoder returns when it fails.
             self.fail_renders -= 1;
-            return Err(format!("{} (fault injected)", std::fmt::Error));
+            return Err(std::fmt::Error);
         }
         let p = &mut *ctx.pipeline;
         let view = p.view(&ViewOptions { now_ns: monotonic_ns(), leak_age_ns: self.leak_age_ns, exited: true, ..Default::default() });
-        let scrape = Scrape {
-            view: &view,
-            max_process_series: self.max_process_series,
-            state: &p.state,
-            counts: &p.counts,
-            distributions: &p.distributions,
-            gpus: &p.gpus,
-            stacks: &p.stacks.stats,
-            agent: ctx.agent,
-        };
-        prometheus::render(&scrape).map_err(|e| e.to_string())
+        let scrape = Scrape::of(p, &view, ctx.agent, self.max_process_series);
+        prometheus::render(&scrape)
     }
 }
 
@@ -216,7 +208,7 @@ fn router(requests: mpsc::Sender<Request>) -> Router {
         )
 }
 
-fn metrics_response(answer: Option<Result<String, String>>, openmetrics: bool) -> Response {
+fn metrics_response(answer: Option<Result<String, std::fmt::Error>>, openmetrics: bool) -> Response {
     match answer {
         Some(Ok(body)) if openmetrics => ([(header::CONTENT_TYPE, OPENMETRICS)], body).into_response(),
         Some(Ok(body)) => ([(header::CONTENT_TYPE, TEXT_FORMAT)], prometheus::to_text_format(&body)).into_response(),
@@ -242,7 +234,7 @@ mod tests {
 
     #[test]
     fn a_failed_rendering_is_a_500_that_says_why() {
-        let r = metrics_response(Some(Err("an error occurred when formatting an argument".into())), false);
+        let r = metrics_response(Some(Err(std::fmt::Error)), false);
         assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(metrics_response(None, false).status(), StatusCode::SERVICE_UNAVAILABLE);
         let ok = metrics_response(Some(Ok("# EOF\n".into())), true);

@@ -9,7 +9,6 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::record::Recorder;
 use crate::{
     analysis::view::ViewOptions,
     cli::TraceArgs,
@@ -138,12 +137,5 @@ pub fn run(a: TraceArgs) -> Result<ExitCode> {
     s.ringbuf_bytes = a.ringbuf_bytes;
     s.stall_reader_ms = a.stall_reader_ms;
     s.reconcile_at_end = true;
-    match &a.record {
-        Some(path) => {
-            let recorder = Recorder::create(path, "trace", &s)?;
-            super::record::prepare(&mut s);
-            runtime::run(s, &mut (trace, recorder))
-        }
-        None => runtime::run(s, &mut trace),
-    }
+    super::record::run_recorded(s, trace, a.record.as_deref(), "trace")
 }

@@ -24,6 +24,7 @@ use crate::{
         view::{self, View, Workload},
     },
     nvml::GpuSample,
+    pipeline::Pipeline,
     selfstat::AgentStatus,
     stacks::StackStats,
     state::{process::DeviceTotals, State},
@@ -44,6 +45,23 @@ pub struct Scrape<'a> {
     pub gpus: &'a GpuWatch,
     pub stacks: &'a StackStats,
     pub agent: &'a AgentStatus,
+}
+
+impl<'a> Scrape<'a> {
+    /// A scrape of what the pipeline holds, with its view (exited processes
+    /// included) and the agent's status.
+    pub fn of(p: &'a Pipeline, view: &'a View, agent: &'a AgentStatus, max_process_series: usize) -> Self {
+        Scrape {
+            view,
+            max_process_series,
+            state: &p.state,
+            counts: &p.counts,
+            distributions: &p.distributions,
+            gpus: &p.gpus,
+            stacks: &p.stacks.stats,
+            agent,
+        }
+    }
 }
 
 /// The whole exposition, ending with `# EOF`.

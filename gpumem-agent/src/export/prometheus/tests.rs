@@ -33,17 +33,7 @@ impl Fixture {
         p.gpus.error = Some("not loaded".into());
         let view = p.view(&ViewOptions { exited: true, leak_age_ns: 0, ..Default::default() });
         let agent = AgentStatus { probes_attached: 30, ..Default::default() };
-        render(&Scrape {
-            view: &view,
-            max_process_series: self.max_process_series,
-            state: &p.state,
-            counts: &p.counts,
-            distributions: &p.distributions,
-            gpus: &p.gpus,
-            stacks: &p.stacks.stats,
-            agent: &agent,
-        })
-        .unwrap()
+        render(&Scrape::of(p, &view, &agent, self.max_process_series)).unwrap()
     }
 }
 
@@ -122,17 +112,7 @@ fn kernel_tables_and_agent_errors_are_exported() {
     agent.kernel.tables_full.tracked_processes = 4;
     agent.kernel.tables_full.pid_filter = 5;
     agent.errors.insert("read_kernel_counters", 2);
-    let text = render(&Scrape {
-        view: &view,
-        max_process_series: 10,
-        state: &p.state,
-        counts: &p.counts,
-        distributions: &p.distributions,
-        gpus: &p.gpus,
-        stacks: &p.stacks.stats,
-        agent: &agent,
-    })
-    .unwrap();
+    let text = render(&Scrape::of(p, &view, &agent, 10)).unwrap();
     assert!(text.contains("gpumem_table_overflow_total{table=\"kernel_tracked_processes\"} 4\n"), "{text}");
     assert!(text.contains("gpumem_table_overflow_total{table=\"kernel_pid_filter\"} 5\n"), "{text}");
     assert!(text.contains("gpumem_agent_errors_total{operation=\"read_kernel_counters\"} 2\n"), "{text}");
