@@ -99,6 +99,7 @@ fn render_all(p: &mut Pipeline, end: &End) {
         processes: found,
         oom: p.state.oom.clone(),
         oom_events: vec![],
+        oom_events_dropped: 0,
         stacks: p.stacks.stats.clone(),
         lost_events: 0,
         distributions: p.distributions.summary(),

@@ -11,6 +11,7 @@ pub mod events;
 pub mod export;
 #[cfg(test)]
 mod fuzz;
+pub mod names;
 pub mod nvml;
 pub mod pipeline;
 pub mod privileges;

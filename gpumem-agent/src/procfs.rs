@@ -172,6 +172,39 @@ pub fn parse_statm_resident_pages(text: &str) -> Option<u64> {
     text.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// This process's resident pages (`/proc/self/statm`).
+pub fn own_resident_pages() -> Option<u64> {
+    parse_statm_resident_pages(&std::fs::read_to_string("/proc/self/statm").ok()?)
+}
+
+/// Resident KiB of this process's mappings whose header ends with `suffix`
+/// (`/proc/self/smaps`); 0 if unreadable.
+pub fn own_smaps_resident_kib(suffix: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/smaps").map_or(0, |smaps| smaps_resident_kib(&smaps, suffix))
+}
+
+/// Whether `/proc/self/mounts` has a file system of type `fstype` on `target`.
+pub fn mounted(target: &str, fstype: &str) -> bool {
+    std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| parse_mounts(&m).any(|(t, f)| t == target && f == fstype))
+}
+
+/// (mount point, type) of each line of `/proc/PID/mounts`.
+pub fn parse_mounts(text: &str) -> impl Iterator<Item = (&str, &str)> {
+    text.lines().filter_map(|l| {
+        let mut w = l.split_whitespace();
+        let _source = w.next()?;
+        Some((w.next()?, w.next()?))
+    })
+}
+
+/// The open descriptors of a process and what each points to (`/proc/PID/fd`).
+pub fn fd_targets(pid: u32) -> impl Iterator<Item = (u32, PathBuf)> {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).into_iter().flatten().flatten().filter_map(|fd| {
+        let n = fd.file_name().to_str()?.parse().ok()?;
+        Some((n, std::fs::read_link(fd.path()).ok()?))
+    })
+}
+
 /// Resident KiB of the mappings of `/proc/PID/smaps` whose header line
 /// ends with `suffix` (e.g. `anon_inode:bpf-map`).
 pub fn smaps_resident_kib(smaps: &str, suffix: &str) -> u64 {
@@ -250,6 +283,12 @@ mod tests {
         assert_eq!(c[1].path, "/kubepods/pod1");
         assert!(c[3].is_v2());
         assert_eq!(c[3].path, "/init.scope");
+    }
+
+    #[test]
+    fn mounts_lines() {
+        let m: Vec<(&str, &str)> = parse_mounts("proc /proc proc rw 0 0\nnodev /sys/kernel/tracing tracefs rw 0 0\n").collect();
+        assert_eq!(m, [("/proc", "proc"), ("/sys/kernel/tracing", "tracefs")]);
     }
 
     #[test]

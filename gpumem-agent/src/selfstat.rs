@@ -47,11 +47,7 @@ pub fn cpu_seconds() -> f64 {
 pub fn resident_bytes() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .as_deref()
-        .and_then(crate::procfs::parse_statm_resident_pages)
-        .map_or(0, |pages| pages * page)
+    crate::procfs::own_resident_pages().map_or(0, |pages| pages * page)
 }
 
 /// Resident bytes of this process's mappings of BPF maps (/proc/self/smaps):
@@ -59,8 +55,7 @@ pub fn resident_bytes() -> u64 {
 /// (the kernel maps them back to back so records can wrap). That is kernel
 /// memory, fixed by the ring's size; the rest of the RSS is the agent's own.
 pub fn bpf_map_resident_bytes() -> u64 {
-    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else { return 0 };
-    crate::procfs::smaps_resident_kib(&smaps, "anon_inode:bpf-map") * 1024
+    crate::procfs::own_smaps_resident_kib("anon_inode:bpf-map") * 1024
 }
 
 #[cfg(test)]

@@ -64,7 +64,9 @@ fn a_context_made_before_the_agent_is_placed_on_the_gpu_nvml_lists_in_trace_top_
     let pid = w.id();
     let (_, envs) = nvml_lists_on_gpu_1("ctx-trace-pids", pid);
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let (agent, stderr) = start_agent_with(&["--libcuda", lib, "--nvml", nvml, "-p", &pid.to_string()], &envs);
+    let rec = target_dir().join("gpumem-fixtures").join("ctx-trace.gpumem");
+    let record = rec.to_str().unwrap();
+    let (agent, stderr) = start_agent_with(&["--libcuda", lib, "--nvml", nvml, "-p", &pid.to_string(), "--record", record], &envs);
     std::thread::sleep(std::time::Duration::from_millis(1500));
     step(&w);
     std::thread::sleep(std::time::Duration::from_millis(500));
@@ -76,6 +78,12 @@ fn a_context_made_before_the_agent_is_placed_on_the_gpu_nvml_lists_in_trace_top_
     assert_eq!(allocs, [(MIB, 1)], "{stderr}");
     let exit = lines.iter().find(|e| e["type"] == "exit").expect("its exit");
     assert_eq!(released(exit), [(1, MIB, 1)]);
+    // Its replay places it on GPU 1 too: the recording carries NVML's process list.
+    let replayed = trace(&["--from", record], &[]);
+    let allocs: Vec<(u64, i64)> =
+        replayed.of_type("alloc").iter().map(|e| (e["size"].as_u64().unwrap(), e["device"].as_i64().unwrap_or(-1))).collect();
+    assert_eq!(allocs, [(MIB, 1)], "replay of {record}");
+    assert_eq!(released(replayed.of_type("exit")[0]), [(1, MIB, 1)]);
 
     // top: its row is on GPU 1.
     let mut w = workload_with_an_old_context();

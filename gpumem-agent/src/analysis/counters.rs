@@ -28,16 +28,22 @@ impl KillSource {
     }
 }
 
+/// CUDA out-of-memory failures on one device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OomCount {
+    pub all: u64,
+    /// Of them, while the process had seen enough reported free.
+    pub fragmentation: u64,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct EventCounts {
-    /// Every event applied.
-    pub events: u64,
     /// Successful calls per API id (ids are small and dense).
     succeeded: Vec<u64>,
     /// Failed calls per (API, CUresult or RM status).
     failed: FxHashMap<(u32, u32), u64>,
-    /// (device, fragmentation) → CUDA out-of-memory failures.
-    pub cuda_ooms: BTreeMap<(i32, bool), u64>,
+    /// Device → CUDA out-of-memory failures.
+    pub cuda_ooms: BTreeMap<i32, OomCount>,
     pub oom_kills: BTreeMap<KillSource, u64>,
     /// Device → processes that exited holding memory on it.
     pub exits: BTreeMap<i32, u64>,
@@ -49,7 +55,6 @@ impl EventCounts {
     /// Counts one event after the state applied it (and the OOM kill's
     /// memory cgroup was looked up).
     pub fn observe(&mut self, ev: &Event, kind: &Kind, applied: &Applied) {
-        self.events += 1;
         match kind {
             Kind::Cuda(_) | Kind::Rm(_) | Kind::Uvm(_) => {
                 if ev.result == 0 {
@@ -75,7 +80,9 @@ impl EventCounts {
             Kind::Unknown => {}
         }
         if let Some(oom) = &applied.cuda_oom {
-            *self.cuda_ooms.entry((oom.device, oom.fragmentation)).or_default() += 1;
+            let n = self.cuda_ooms.entry(oom.device).or_default();
+            n.all += 1;
+            n.fragmentation += oom.fragmentation as u64;
         }
     }
 
@@ -114,7 +121,6 @@ mod tests {
         feed(Event { pid: 9, tid: 9, ..ev(api::OOM_KILL) });
         feed(ev(api::PROCESS_EXIT));
         feed(Event::empty(999));
-        assert_eq!(c.events, 7);
         let calls: Vec<((u32, u32), u64)> = c.api_calls().into_iter().collect();
         assert_eq!(
             calls,
@@ -125,7 +131,7 @@ mod tests {
                 ((api::CU_CTX_SET_CURRENT, 0), 1)
             ]
         );
-        assert_eq!(c.cuda_ooms.get(&(0, false)), Some(&1));
+        assert_eq!(c.cuda_ooms.get(&0), Some(&OomCount { all: 1, fragmentation: 0 }));
         assert_eq!(c.exits.get(&0), Some(&1));
         assert_eq!(c.oom_kills.get(&KillSource::Host), Some(&1));
     }

@@ -9,7 +9,7 @@ use gpumem_common::{api, ApiClass, Event};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::{events::Kind, export::names::api_name, state::Applied};
+use crate::{events::Kind, names::api_name, state::Applied};
 
 /// What kind of memory an allocation is, as a label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -166,6 +166,20 @@ fn xid_rules(r: &mut Reasons, xids: &[XidEvent]) {
     }
 }
 
+/// One GPU judged over its window: its last reading, health with reasons,
+/// memory temperature against errors, and the XIDs (each with the
+/// processes on the GPU then).
+#[derive(Clone, Debug, Serialize)]
+pub struct GpuAssessment {
+    #[serde(flatten)]
+    pub sample: GpuSample,
+    pub health: Health,
+    pub temperature: TemperatureModel,
+    pub xid_events: Vec<XidEvent>,
+    /// Seconds covered by the readings the rates and model come from.
+    pub window_s: f64,
+}
+
 /// Health is judged over the last hour of readings.
 pub const WINDOW_S: f64 = 3600.0;
 /// Readings kept per GPU, whatever the interval.
@@ -236,6 +250,28 @@ impl GpuWatch {
     /// Each GPU's readings over the window, oldest first.
     pub fn windows(&mut self) -> impl Iterator<Item = (u32, &[GpuSample])> {
         self.windows.iter_mut().map(|(&i, w)| (i, &*w.make_contiguous()))
+    }
+
+    /// Each GPU's health over its window, once every GPU has two readings.
+    pub fn assessments(&mut self) -> Option<Vec<GpuAssessment>> {
+        if self.windows.is_empty() || self.windows.values().any(|w| w.len() < 2) {
+            return None;
+        }
+        let hbm = self.thresholds.hbm_temp_c;
+        let xids: BTreeMap<u32, Vec<XidEvent>> = self.windows.keys().map(|&i| (i, self.xids_of(i))).collect();
+        let mut out = Vec::new();
+        for (i, w) in self.windows.iter_mut() {
+            let w = w.make_contiguous();
+            let (Some(first), Some(last), Some(health)) = (w.first(), w.last(), self.health.get(i)) else { continue };
+            out.push(GpuAssessment {
+                health: health.clone(),
+                xid_events: xids.get(i).cloned().unwrap_or_default(),
+                temperature: temperature_model(w, hbm),
+                window_s: last.t_s - first.t_s,
+                sample: last.clone(),
+            });
+        }
+        Some(out)
     }
 
     fn assess(&mut self) {

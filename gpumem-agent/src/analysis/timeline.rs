@@ -7,7 +7,6 @@ use gpumem_common::Event;
 
 use super::distributions::{size_bucket, Observation};
 use crate::{
-    export::names::bytes,
     record::{NvmlPoint, XidPoint},
     state::{Applied, State},
 };
@@ -16,13 +15,30 @@ use crate::{
 /// (a chart is 1100 pixels wide).
 const MAX_POINTS: usize = 4000;
 
+/// What a mark on the timeline is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MarkKind {
+    /// An allocation of `requested` bytes failed with out-of-memory.
+    CudaOom {
+        pid: u32,
+        requested: u64,
+    },
+    /// The kernel's OOM killer killed the process.
+    OomKill {
+        pid: u32,
+    },
+    Xid {
+        xid: u64,
+    },
+}
+
 /// A mark on the timeline.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mark {
     pub t_s: f64,
     /// The GPU it concerns; None: the host (OOM kill).
     pub device: Option<i32>,
-    pub label: String,
+    pub kind: MarkKind,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -67,11 +83,10 @@ impl Timeline {
             *self.size_buckets.entry(size_bucket(size)).or_default() += 1;
         }
         if let Some(oom) = &applied.cuda_oom {
-            let label = format!("CUDA OOM pid {} ({})", ev.pid, bytes(oom.requested));
-            self.marks.push(Mark { t_s: t, device: Some(oom.device), label });
+            self.marks.push(Mark { t_s: t, device: Some(oom.device), kind: MarkKind::CudaOom { pid: ev.pid, requested: oom.requested } });
         }
         if applied.oom_kill.is_some() {
-            self.marks.push(Mark { t_s: t, device: None, label: format!("OOM kill pid {}", ev.pid) });
+            self.marks.push(Mark { t_s: t, device: None, kind: MarkKind::OomKill { pid: ev.pid } });
         }
         let Some(p) = state.processes.get(&ev.pid) else { return };
         if !p.comm.is_empty() && self.comm.get(&ev.pid) != Some(&p.comm) {
@@ -97,7 +112,7 @@ impl Timeline {
     }
 
     pub fn xid(&mut self, x: XidPoint) {
-        self.marks.push(Mark { t_s: x.t_s, device: Some(x.gpu as i32), label: format!("XID {}", x.xid) });
+        self.marks.push(Mark { t_s: x.t_s, device: Some(x.gpu as i32), kind: MarkKind::Xid { xid: x.xid } });
         self.xids.push(x);
     }
 
@@ -110,7 +125,7 @@ impl Timeline {
                 p.0 += offset;
             }
         }
-        for m in self.marks.iter_mut().filter(|m| !m.label.starts_with("XID")) {
+        for m in self.marks.iter_mut().filter(|m| !matches!(m.kind, MarkKind::Xid { .. })) {
             m.t_s += offset;
         }
         self.marks.sort_by(|a, b| a.t_s.total_cmp(&b.t_s));

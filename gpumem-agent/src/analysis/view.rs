@@ -14,7 +14,7 @@ use super::{
     reconcile::{self, Reconciliation},
 };
 use crate::{
-    export::names::short_id,
+    names::short_id,
     nvml::GpuSample,
     state::{container::ContainerInfo, process::DeviceTotals, Failure, State},
 };
@@ -202,6 +202,9 @@ pub struct Capped<'a> {
     pub other: Vec<OtherRow>,
     /// Rows summed into `other`.
     pub aggregated: usize,
+    /// The largest holders of pinned host memory, and the sum of the rest (if any).
+    pub pinned: &'a [PinnedRow],
+    pub pinned_other: Option<u64>,
 }
 
 /// The sum of the rows beyond the cap on one device.
@@ -212,6 +215,16 @@ pub struct OtherRow {
     pub leak_suspect_bytes: u64,
     pub growth_bytes_per_s: f64,
     pub leaking: bool,
+}
+
+impl View {
+    /// The view within `max` series per family (see `cap`).
+    pub fn capped(&self, max: usize) -> Capped<'_> {
+        let pinned = &self.pinned[..max.min(self.pinned.len())];
+        let rest = &self.pinned[pinned.len()..];
+        let pinned_other = (!rest.is_empty()).then(|| rest.iter().map(|p| p.bytes).sum());
+        Capped { pinned, pinned_other, ..cap(&self.rows, max) }
+    }
 }
 
 /// The `max` largest rows by live bytes, and the rest summed per device.
@@ -227,7 +240,7 @@ pub fn cap(rows: &[Row], max: usize) -> Capped<'_> {
         o.growth_bytes_per_s += r.growth_bytes_per_s();
         o.leaking |= r.leaking();
     }
-    Capped { rows: sorted, other: other.into_values().collect(), aggregated: rest.len() }
+    Capped { rows: sorted, other: other.into_values().collect(), aggregated: rest.len(), pinned: &[], pinned_other: None }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use crate::{
     analysis::health::{self, GpuWatch},
     cli::HealthArgs,
     clock::monotonic_ns,
-    export::health::{GpuHealth, Report},
+    export::health::Report,
     nvml::{xid::XidWatcher, Sampler},
 };
 
@@ -53,7 +53,7 @@ pub fn run(args: HealthArgs) -> Result<ExitCode> {
         for x in xids.try_iter() {
             watch.xid(x);
         }
-        if let Some(gpus) = assessed(&mut watch) {
+        if let Some(gpus) = watch.assessments() {
             Report { kind: "health", interval_s: args.interval, xid_watch: xid_watch.clone(), gpus }.print(args.json)?;
             reports += 1;
             if !args.watch || args.count.is_some_and(|c| reports >= c) {
@@ -62,29 +62,4 @@ pub fn run(args: HealthArgs) -> Result<ExitCode> {
         }
         std::thread::sleep(Duration::from_secs_f64(args.interval));
     }
-}
-
-/// Each GPU's health over its window, once every GPU has two readings.
-fn assessed(watch: &mut GpuWatch) -> Option<Vec<GpuHealth>> {
-    let hbm = watch.thresholds.hbm_temp_c;
-    let health = watch.health.clone();
-    let xids: Vec<(u32, Vec<crate::nvml::XidEvent>)> = health.keys().map(|&i| (i, watch.xids_of(i))).collect();
-    let windows: Vec<(u32, Vec<crate::nvml::GpuSample>)> = watch.windows().map(|(i, w)| (i, w.to_vec())).collect();
-    if windows.is_empty() || windows.iter().any(|(_, w)| w.len() < 2) {
-        return None;
-    }
-    let gpus = windows
-        .into_iter()
-        .filter_map(|(i, w)| {
-            let (first, last) = (w.first()?, w.last()?);
-            Some(GpuHealth {
-                health: health.get(&i)?.clone(),
-                xid_events: xids.iter().find(|(g, _)| *g == i).map(|(_, x)| x.clone()).unwrap_or_default(),
-                temperature: health::temperature_model(&w, hbm),
-                window_s: last.t_s - first.t_s,
-                sample: last.clone(),
-            })
-        })
-        .collect();
-    Some(gpus)
 }

@@ -14,7 +14,8 @@ use super::trace::replay_outcome;
 use crate::{
     analysis::leaks,
     cli::LeaksArgs,
-    export::{leaks::LeaksReport, names::bytes, trace},
+    export::{leaks::LeaksReport, trace},
+    names::bytes,
     runtime::{self, Ctx, End, Output},
 };
 
@@ -43,9 +44,7 @@ impl Output for Leaks {
 
     fn sampled(&mut self, ctx: &mut Ctx<'_>, t_s: f64) -> Result<()> {
         if self.progress {
-            let state = &ctx.pipeline.state;
-            let live: u64 = state.processes.values().flat_map(|p| p.held.devices.values()).map(|d| d.live_bytes).sum();
-            let procs = state.processes.values().filter(|p| !p.exited).count();
+            let (procs, live) = ctx.pipeline.state.live_totals();
             let time = match self.duration {
                 Some(d) => format!("{:.0} s left", (d - t_s).max(0.0)),
                 None => format!("{t_s:.0} s (Ctrl-C to report)"),
@@ -79,6 +78,7 @@ impl Output for Leaks {
             processes,
             oom: p.state.oom.clone(),
             oom_events,
+            oom_events_dropped: p.ooms.dropped,
             stacks: f.stacks.clone(),
             lost_events: f.lost.total(),
             distributions: p.distributions.summary(),
@@ -104,7 +104,7 @@ pub fn run(a: LeaksArgs) -> Result<ExitCode> {
         from: a.from.clone(),
     };
     if let Some(path) = &a.from {
-        return runtime::replay(&mut super::open_recording(path)?, Default::default(), &mut out);
+        return runtime::replay(&mut super::open_recording(path)?, super::replay_options(a.max_allocations), &mut out);
     }
     let mut s = super::session(&a.probes, &a.target, a.max_allocations);
     s.growth_every = Some(GROWTH_SAMPLE_INTERVAL);

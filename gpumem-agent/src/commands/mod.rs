@@ -51,6 +51,11 @@ pub fn session(probes: &ProbeArgs, target: &TargetArgs, max_allocations: usize) 
     s
 }
 
+/// The pipeline of a replay, with the table bound the command line asks for.
+pub fn replay_options(max_allocations: usize) -> crate::pipeline::Options {
+    crate::pipeline::Options { limits: Limits { max_entries: max_allocations, ..Limits::default() }, ..Default::default() }
+}
+
 /// Opens a recording, naming it in the error.
 pub fn open_recording(path: &Path) -> Result<Reader<std::fs::File>> {
     Reader::open(path).with_context(|| path.display().to_string())

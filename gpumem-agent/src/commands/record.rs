@@ -28,6 +28,8 @@ const NVML_RECORD_INTERVAL: Duration = Duration::from_secs(1);
 pub struct Recorder {
     writer: Option<Writer<File>>,
     path: PathBuf,
+    /// Written when the session starts, so that its clock is the session's.
+    header: Header,
 }
 
 /// What a recorded session needs of the runtime: lookups kept for the file,
@@ -42,16 +44,15 @@ pub fn prepare(s: &mut Session) {
 impl Recorder {
     /// Created first: a path that cannot be written is a usage error, before any probe.
     pub fn create(path: &Path, recorded_by: &str, s: &Session) -> Result<Self> {
-        let mut w = Writer::create(path).with_context(|| format!("cannot write the recording {}", path.display()))?;
+        let w = Writer::create(path).with_context(|| format!("cannot write the recording {}", path.display()))?;
         let header = Header {
             gpumem_version: env!("CARGO_PKG_VERSION").into(),
             recorded_by: recorded_by.into(),
             command: s.command.clone(),
             pids: s.pids.clone(),
-            started_ns: monotonic_ns(),
+            started_ns: 0,
         };
-        w.header(&header).with_context(|| format!("writing the recording {}", path.display()))?;
-        Ok(Recorder { writer: Some(w), path: path.to_path_buf() })
+        Ok(Recorder { writer: Some(w), path: path.to_path_buf(), header })
     }
 
     /// Writes to the recording; an error ends the session (a recording with a hole would mislead).
@@ -65,6 +66,14 @@ impl Recorder {
 
 impl Output for Recorder {
     type Input = Infallible;
+
+    /// The header, at the time the session's clock starts (growth samples
+    /// and NVML readings count from it).
+    fn started(&mut self, _: &mut Ctx<'_>) -> Result<()> {
+        self.header.started_ns = monotonic_ns();
+        let header = self.header.clone();
+        self.write(|w| w.header(&header))
+    }
 
     fn event(&mut self, ctx: &mut Ctx<'_>, o: &Outcome) -> Result<Flow> {
         // What replay needs before this event: the lookups it caused and its stack.
@@ -96,11 +105,10 @@ impl Output for Recorder {
         Ok(())
     }
 
-    fn finish(&mut self, ctx: &mut Ctx<'_>, end: &End) -> Result<ExitCode> {
+    fn finish(&mut self, _: &mut Ctx<'_>, end: &End) -> Result<ExitCode> {
         let Some(w) = self.writer.take() else { return Ok(ExitCode::SUCCESS) };
-        let bytes = w.bytes;
+        let (bytes, events) = (w.bytes, w.events);
         w.finish(&end.footer).with_context(|| format!("writing the recording {}", self.path.display()))?;
-        let events = ctx.pipeline.state.events;
         eprintln!("gpumem: recorded {events} events ({:.1} MiB) to {}", bytes as f64 / 1048576.0, self.path.display());
         Ok(ExitCode::SUCCESS)
     }

@@ -138,7 +138,8 @@ impl Output for Serve {
         Ok(ExitCode::SUCCESS)
     }
 
-    /// Requests in flight are answered; then the port is closed.
+    /// The runtime no longer reads requests: a scrape in flight is answered
+    /// 503 at once (its request channel is gone), then the port is closed.
     fn close(&mut self) -> impl std::future::Future<Output = ()> {
         let server = self.server.take();
         async move {

@@ -21,9 +21,8 @@ use crate::{
     export::top::{
         self, model,
         tui::{self, Action, Screen},
-        Kept, Snapshot,
+        Snapshot,
     },
-    pipeline,
     runtime::{self, Ctx, End, Flow, Output, Session},
 };
 
@@ -65,18 +64,35 @@ fn spawn_key_reader(tx: mpsc::Sender<Input>) -> Result<()> {
     Ok(())
 }
 
+/// The terminal in the UI's mode; restored when dropped, on every path
+/// (an error that ends the session included; ratatui restores on panic).
+struct Screenful(DefaultTerminal);
+
+impl Screenful {
+    fn init() -> Result<Self> {
+        Ok(Screenful(ratatui::try_init().context("setting up the terminal (gpumem top needs one; use --once in scripts)")?))
+    }
+}
+
+impl Drop for Screenful {
+    fn drop(&mut self) {
+        ratatui::restore();
+    }
+}
+
 pub struct Top {
     once: bool,
     interval: Duration,
     duration: f64,
     /// Replaying this recording (None: live).
     from: Option<std::path::PathBuf>,
-    kept: Kept,
     screen: Screen,
     snap: Snapshot,
-    terminal: Option<DefaultTerminal>,
+    terminal: Option<Screenful>,
     tx: mpsc::Sender<Input>,
     rx: Option<mpsc::Receiver<Input>>,
+    /// In a replay, the recording's end: stacks' ages are taken at it.
+    replay_now_ns: Option<u64>,
 }
 
 impl Top {
@@ -87,35 +103,25 @@ impl Top {
             interval: Duration::from_secs_f64(args.interval),
             duration: args.duration,
             from: args.from.clone(),
-            kept: Kept::default(),
             screen: Screen::default(),
             snap: Snapshot::default(),
             terminal: None,
             tx,
             rx: Some(rx),
+            replay_now_ns: None,
         }
     }
 
-    /// How much is kept now, and the most so far.
-    fn note_kept(&mut self, p: &pipeline::Pipeline) {
-        let k = &mut self.kept;
-        k.processes = p.state.processes.len();
-        k.exited = p.state.processes.values().filter(|p| p.exited).count();
-        k.growth_series = p.growth.len();
-        k.peak_processes = k.peak_processes.max(k.processes);
-        k.peak_growth_series = k.peak_growth_series.max(k.growth_series);
-    }
-
     fn snapshot(&mut self, ctx: &mut Ctx<'_>) {
-        self.note_kept(ctx.pipeline);
+        ctx.pipeline.note_kept();
         let view = ctx.pipeline.view(&ViewOptions { now_ns: monotonic_ns(), trend: model::TREND_LEN, ..Default::default() });
-        self.snap = top::build(&view, ctx.pipeline.state.events, ctx.agent.kernel.lost.total(), self.kept);
+        self.snap = top::build(&view, ctx.pipeline.state.events, ctx.agent.kernel.lost.total(), ctx.pipeline.kept);
         self.snap.sort(self.screen.sort);
     }
 
     fn draw(&mut self, probes: usize) -> Result<()> {
         if let Some(t) = self.terminal.as_mut() {
-            t.draw(|f| tui::draw(f, &self.snap, &mut self.screen, probes))?;
+            t.0.draw(|f| tui::draw(f, &self.snap, &mut self.screen, probes))?;
         }
         Ok(())
     }
@@ -142,25 +148,24 @@ impl Top {
     }
 
     /// After a replay: the end of the recording on screen, until q.
-    fn show_until_quit(&mut self, probes: usize) -> Result<()> {
+    fn show_until_quit(&mut self, ctx: &mut Ctx<'_>, probes: usize) -> Result<()> {
         let mut rx = self.rx.take().expect("inputs not taken in a replay");
         spawn_key_reader(self.tx.clone())?;
-        self.terminal = Some(ratatui::try_init().context("setting up the terminal (use --once in scripts)")?);
-        let result = (|| loop {
+        self.terminal = Some(Screenful::init()?);
+        loop {
             self.draw(probes)?;
             match rx.blocking_recv() {
-                None | Some(Input::Quit) => return Ok(()),
+                None | Some(Input::Quit) => break,
                 Some(Input::Redraw) => {}
                 Some(Input::Key(k)) => {
-                    if self.screen.key(&self.snap, k) == Action::Quit {
-                        return Ok(());
+                    if self.key(ctx, k) == Flow::Stop {
+                        break;
                     }
-                    self.snap.sort(self.screen.sort);
                 }
             }
-        })();
-        ratatui::restore();
-        result
+        }
+        self.terminal = None;
+        Ok(())
     }
 }
 
@@ -190,20 +195,9 @@ impl Output for Top {
                 redraw.tick().await;
             }
         });
-        // ratatui::init restores the terminal on panic too.
-        self.terminal = Some(ratatui::try_init().context("setting up the terminal (gpumem top needs one; use --once in scripts)")?);
+        self.terminal = Some(Screenful::init()?);
         self.snapshot(ctx);
         Ok(())
-    }
-
-    fn sampled(&mut self, ctx: &mut Ctx<'_>, _: f64) -> Result<()> {
-        self.note_kept(ctx.pipeline);
-        Ok(())
-    }
-
-    fn tick(&mut self, ctx: &mut Ctx<'_>) -> Result<Flow> {
-        self.note_kept(ctx.pipeline);
-        Ok(Flow::Continue)
     }
 
     fn input(&mut self, ctx: &mut Ctx<'_>, input: Input) -> Result<Flow> {
@@ -226,7 +220,6 @@ impl Output for Top {
 
     fn finish(&mut self, ctx: &mut Ctx<'_>, end: &End) -> Result<ExitCode> {
         if self.terminal.take().is_some() {
-            ratatui::restore();
             return Ok(ExitCode::SUCCESS);
         }
         self.snapshot(ctx);
@@ -234,7 +227,8 @@ impl Output for Top {
         if self.once {
             self.print_once()?;
         } else {
-            self.show_until_quit(end.footer.probes_attached)?;
+            self.replay_now_ns = Some(end.footer.ended_ns);
+            self.show_until_quit(ctx, end.footer.probes_attached)?;
         }
         Ok(code)
     }
@@ -243,7 +237,7 @@ impl Output for Top {
 pub fn run(args: TopArgs) -> Result<ExitCode> {
     let mut top = Top::new(&args);
     if let Some(path) = &args.from {
-        return runtime::replay(&mut super::open_recording(path)?, pipeline::Options::default(), &mut top);
+        return runtime::replay(&mut super::open_recording(path)?, super::replay_options(args.max_allocations), &mut top);
     }
     let mut s = Session::new(args.probes.probing());
     s.pipeline.limits.max_entries = args.max_allocations;

@@ -131,7 +131,7 @@ pub fn run(a: TraceArgs) -> Result<ExitCode> {
     let filter = Filter { min_size: a.min_size.unwrap_or(0), failed_only: a.failed_only };
     let mut trace = Trace::new(stdout, a.json, filter, a.from.clone());
     if let Some(path) = &a.from {
-        return runtime::replay(&mut super::open_recording(path)?, Default::default(), &mut trace);
+        return runtime::replay(&mut super::open_recording(path)?, super::replay_options(a.max_allocations), &mut trace);
     }
     let mut s = super::session(&a.probes, &a.target, a.max_allocations);
     s.ringbuf_bytes = a.ringbuf_bytes;

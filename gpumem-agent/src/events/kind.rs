@@ -3,7 +3,7 @@
 //! into `Event` (see gpumem_common's `Event` and `nv` docs). Everything
 //! downstream (state, analyses, outputs) matches on `Kind`; arithmetic on
 //! untrusted figures is checked.
-use gpumem_common::{api, api_info, ApiInfo, Event};
+use gpumem_common::{api, api_info, ApiClass, ApiInfo, Event};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -102,6 +102,24 @@ impl Kind {
     /// A call into the NVIDIA driver through an ioctl (RM or UVM).
     pub fn is_ioctl(&self) -> bool {
         matches!(self, Kind::Rm(_) | Kind::Uvm(_))
+    }
+
+    /// The row pitch of a cuMemAllocPitch_v2 (its `aux`; `size` is pitch × height).
+    pub fn pitch(&self, ev: &Event) -> Option<u64> {
+        matches!(self, Kind::Cuda(info) if info.id == api::CU_MEM_ALLOC_PITCH_V2).then_some(ev.aux)
+    }
+
+    /// Whether applying it can free memory implicitly (what it released is
+    /// then always said, even when nothing was).
+    pub fn may_release(&self) -> bool {
+        match self {
+            Kind::Exit => true,
+            Kind::Cuda(info) => matches!(
+                info.class,
+                ApiClass::CtxDestroy | ApiClass::CtxReleasePrimary | ApiClass::CtxResetPrimary | ApiClass::VmmRelease | ApiClass::VmmUnmap
+            ),
+            _ => false,
+        }
     }
 }
 

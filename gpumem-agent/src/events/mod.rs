@@ -23,7 +23,8 @@ pub struct EventReader {
 }
 
 /// A decoded record: every event, and for allocations the caller's stack.
-pub type Handler<'a> = dyn FnMut(&Event, Option<&StackEvent>) + 'a;
+/// Returns whether to go on: records not taken stay in the ring.
+pub type Handler<'a> = dyn FnMut(&Event, Option<&StackEvent>) -> bool + 'a;
 
 impl EventReader {
     pub fn new(ring: RingBuf<MapData>) -> std::io::Result<Self> {
@@ -50,26 +51,27 @@ impl EventReader {
         Ok(())
     }
 
-    /// Hands every record available now to `f`, without waiting.
+    /// Hands every record available now to `f`, without waiting, until `f`
+    /// says to stop; returns how many events it handed over.
     pub fn drain_now(&mut self, f: &mut Handler<'_>) -> usize {
         let (ring, buf) = (self.ring.get_mut(), &mut *self.stack_buf);
         let mut n = 0;
         while let Some(item) = ring.next() {
-            match decode(&item, buf) {
-                Decoded::Malformed => self.malformed += 1,
-                Decoded::Event(ev) => {
-                    n += 1;
-                    f(&ev, None);
-                }
-                Decoded::WithStack(ev) => {
-                    n += 1;
-                    f(&ev, Some(buf));
-                }
-                Decoded::StackMissing(ev) => {
-                    n += 1;
+            let go_on = match decode(&item, buf) {
+                Decoded::Malformed => {
                     self.malformed += 1;
-                    f(&ev, None);
+                    continue;
                 }
+                Decoded::Event(ev) => f(&ev, None),
+                Decoded::WithStack(ev) => f(&ev, Some(buf)),
+                Decoded::StackMissing(ev) => {
+                    self.malformed += 1;
+                    f(&ev, None)
+                }
+            };
+            n += 1;
+            if !go_on {
+                break;
             }
         }
         n

@@ -3,7 +3,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::names::{bytes, printable, short_id};
+use crate::names::{bytes, printable, short_id};
 use crate::{
     analysis::{distributions::DistributionSummary, leaks::ProcessLeaks},
     stacks::StackStats,
@@ -22,6 +22,8 @@ pub struct LeaksReport {
     pub oom: OomCounters,
     /// cuda_oom and oom_kill records seen while tracing, as in `trace --json`.
     pub oom_events: Vec<serde_json::Value>,
+    /// Out-of-memory records beyond the ones kept (still counted in `oom`).
+    pub oom_events_dropped: u64,
     pub stacks: StackStats,
     pub lost_events: u64,
     /// Sizes, lifetimes and latencies over the session (as in the trace summary).
@@ -44,62 +46,9 @@ impl LeaksReport {
             writeln!(out, "no outstanding allocations older than {} s (memory freed by process exit is not a leak)", self.older_than_s)?;
         }
         for p in &self.processes {
-            let dev = p.device.map_or("?".to_string(), |d| d.to_string());
-            let container = p.container.as_deref().map(|c| format!(", container {}", printable(short_id(c)))).unwrap_or_default();
-            writeln!(
-                out,
-                "\npid {} ({}{container}) device {dev}: {} outstanding in {} allocation(s), {} live",
-                p.pid,
-                printable(&p.comm),
-                bytes(p.outstanding_bytes),
-                p.outstanding_allocs,
-                bytes(p.live_bytes)
-            )?;
-            if let Some(v) = &p.growth {
-                let verdict = if v.leaking { "LEAK SUSPECTED: growing and never coming back down" } else { "no sustained growth" };
-                writeln!(
-                    out,
-                    "  growth: {verdict} ({}, {}/s, confidence {:.2})",
-                    v.reason,
-                    bytes(v.rate_bytes_per_s.max(0.0) as u64),
-                    v.confidence
-                )?;
-            }
-            let l = &p.layout;
-            let sizes: Vec<String> = l.size_histogram.iter().rev().map(|b| format!("{}× ≤{}", b.count, bytes(b.le_bytes))).collect();
-            writeln!(out, "  layout: largest {}; sizes {}", bytes(l.largest_allocation), sizes.join(", "))?;
-            if l.vmm_reserved_bytes + l.vmm_physical_bytes > 0 {
-                writeln!(
-                    out,
-                    "  VMM: {} reserved, {} mapped, {} physical; {} handle(s) released but still mapped ({})",
-                    bytes(l.vmm_reserved_bytes),
-                    bytes(l.vmm_mapped_bytes),
-                    bytes(l.vmm_physical_bytes),
-                    l.released_but_mapped_handles,
-                    bytes(l.released_but_mapped_bytes)
-                )?;
-            }
-            for g in &p.stacks {
-                writeln!(out, "  {} in {} allocation(s), oldest {:.1} s:", bytes(g.bytes), g.count, g.oldest_age_s)?;
-                if g.frames.is_empty() {
-                    writeln!(out, "      [stack not captured]")?;
-                }
-                for f in &g.frames {
-                    writeln!(out, "      {}", f.display())?;
-                }
-            }
-            if p.more_stacks > 0 {
-                writeln!(out, "  ... {} more stack(s); raise -n to see them", p.more_stacks)?;
-            }
+            write_process(out, p)?;
         }
-        let o = &self.oom;
-        if o.cuda_ooms + o.host_oom_kills > 0 {
-            writeln!(
-                out,
-                "\nOUT OF MEMORY while tracing: {} CUDA out-of-memory failure(s) ({} with enough memory reported free: fragmentation), {} host OOM kill(s)",
-                o.cuda_ooms, o.fragmentation_ooms, o.host_oom_kills
-            )?;
-        }
+        self.write_ooms(out)?;
         super::summary::write_distributions(out, &self.distributions)?;
         let s = &self.stacks;
         writeln!(
@@ -114,6 +63,78 @@ impl LeaksReport {
             self.lost_events
         )
     }
+
+    fn write_ooms(&self, out: &mut impl Write) -> io::Result<()> {
+        let o = &self.oom;
+        if o.cuda_ooms + o.host_oom_kills > 0 {
+            writeln!(
+                out,
+                "\nOUT OF MEMORY while tracing: {} CUDA out-of-memory failure(s) ({} with enough memory reported free: fragmentation), {} host OOM kill(s)",
+                o.cuda_ooms, o.fragmentation_ooms, o.host_oom_kills
+            )?;
+        }
+        if self.oom_events_dropped > 0 {
+            writeln!(
+                out,
+                "({} out-of-memory record(s) beyond the first {} were not kept)",
+                self.oom_events_dropped,
+                self.oom_events.len()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// One process: what it holds, its growth verdict, layout and leak stacks.
+fn write_process(out: &mut impl Write, p: &ProcessLeaks) -> io::Result<()> {
+    let dev = p.device.map_or("?".to_string(), |d| d.to_string());
+    let container = p.container.as_deref().map(|c| format!(", container {}", printable(short_id(c)))).unwrap_or_default();
+    writeln!(
+        out,
+        "\npid {} ({}{container}) device {dev}: {} outstanding in {} allocation(s), {} live",
+        p.pid,
+        printable(&p.comm),
+        bytes(p.outstanding_bytes),
+        p.outstanding_allocs,
+        bytes(p.live_bytes)
+    )?;
+    if let Some(v) = &p.growth {
+        let verdict = if v.leaking { "LEAK SUSPECTED: growing and never coming back down" } else { "no sustained growth" };
+        writeln!(
+            out,
+            "  growth: {verdict} ({}, {}/s, confidence {:.2})",
+            v.reason,
+            bytes(v.rate_bytes_per_s.max(0.0) as u64),
+            v.confidence
+        )?;
+    }
+    let l = &p.layout;
+    let sizes: Vec<String> = l.size_histogram.iter().rev().map(|b| format!("{}× ≤{}", b.count, bytes(b.le_bytes))).collect();
+    writeln!(out, "  layout: largest {}; sizes {}", bytes(l.largest_allocation), sizes.join(", "))?;
+    if l.vmm_reserved_bytes + l.vmm_physical_bytes > 0 {
+        writeln!(
+            out,
+            "  VMM: {} reserved, {} mapped, {} physical; {} handle(s) released but still mapped ({})",
+            bytes(l.vmm_reserved_bytes),
+            bytes(l.vmm_mapped_bytes),
+            bytes(l.vmm_physical_bytes),
+            l.released_but_mapped_handles,
+            bytes(l.released_but_mapped_bytes)
+        )?;
+    }
+    for g in &p.stacks {
+        writeln!(out, "  {} in {} allocation(s), oldest {:.1} s:", bytes(g.bytes), g.count, g.oldest_age_s)?;
+        if g.frames.is_empty() {
+            writeln!(out, "      [stack not captured]")?;
+        }
+        for f in &g.frames {
+            writeln!(out, "      {}", f.display())?;
+        }
+    }
+    if p.more_stacks > 0 {
+        writeln!(out, "  ... {} more stack(s); raise -n to see them", p.more_stacks)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -173,6 +194,7 @@ mod tests {
             }],
             oom: OomCounters { cuda_ooms: 1, fragmentation_ooms: 1, host_oom_kills: 0 },
             oom_events: Vec::new(),
+            oom_events_dropped: 0,
             stacks: StackStats { captured: 20, unique: 1, bytes_copied: 20 * 4096, ..Default::default() },
             lost_events: 0,
             distributions: DistributionSummary::default(),

@@ -1,7 +1,6 @@
 //! Outputs: they render state and events, they never compute.
 pub mod health;
 pub mod leaks;
-pub mod names;
 pub mod prometheus;
 pub mod report;
 pub mod status;

@@ -5,9 +5,12 @@ use std::fmt::Write as _;
 
 use plotters::{prelude::*, style::full_palette};
 
-use super::names::bytes;
+use crate::names::bytes;
 use crate::{
-    analysis::{leaks::ProcessLeaks, timeline::Timeline},
+    analysis::{
+        leaks::ProcessLeaks,
+        timeline::{Mark, MarkKind, Timeline},
+    },
     record::{Footer, Header, NvmlPoint},
 };
 
@@ -18,6 +21,15 @@ pub struct DrawError(String);
 
 fn draw_err(e: impl std::fmt::Display) -> DrawError {
     DrawError(e.to_string())
+}
+
+/// A mark's words.
+pub fn mark_label(m: &Mark) -> String {
+    match m.kind {
+        MarkKind::CudaOom { pid, requested } => format!("CUDA OOM pid {pid} ({})", bytes(requested)),
+        MarkKind::OomKill { pid } => format!("OOM kill pid {pid}"),
+        MarkKind::Xid { xid } => format!("XID {xid}"),
+    }
 }
 
 /// Everything a report shows.
@@ -126,11 +138,7 @@ impl ReportData {
                     .draw_series(std::iter::once(PathElement::new(vec![(m.t_s, 0.0), (m.t_s, top)], red.stroke_width(1))))
                     .map_err(draw_err)?;
                 chart
-                    .draw_series(std::iter::once(Text::new(
-                        m.label.clone(),
-                        (m.t_s, top * 0.97),
-                        ("sans-serif", 12).into_font().color(&red),
-                    )))
+                    .draw_series(std::iter::once(Text::new(mark_label(m), (m.t_s, top * 0.97), ("sans-serif", 12).into_font().color(&red))))
                     .map_err(draw_err)?;
             }
             chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(draw_err)?;
@@ -301,7 +309,7 @@ impl ReportData {
         h.push_str("<h2>Out-of-memory and XID events</h2>\n<table><tr><th>seconds</th><th>GPU</th><th>event</th></tr>\n");
         for m in &self.timeline.marks {
             let dev = m.device.map_or("host".to_string(), |d| d.to_string());
-            let _ = writeln!(h, "<tr><td class=\"num\">{:.3}</td><td>{dev}</td><td>{}</td></tr>", m.t_s, escape(&m.label));
+            let _ = writeln!(h, "<tr><td class=\"num\">{:.3}</td><td>{dev}</td><td>{}</td></tr>", m.t_s, escape(&mark_label(m)));
         }
         h.push_str("</table>\n");
     }
@@ -346,7 +354,6 @@ impl ReportData {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::timeline::Mark;
 
     #[test]
     fn escaping() {
@@ -359,7 +366,7 @@ mod tests {
         d.footer.duration_s = 2.0;
         d.timeline.comm.insert(7, "train<1>".into());
         d.timeline.series.insert((7, 0), vec![(0.5, 4 << 20), (1.5, 8 << 20)]);
-        d.timeline.marks.push(Mark { t_s: 1.0, device: Some(0), label: "CUDA OOM pid 7".into() });
+        d.timeline.marks.push(Mark { t_s: 1.0, device: Some(0), kind: MarkKind::CudaOom { pid: 7, requested: 1 << 20 } });
         let svg = d.timeline_svg(Some(0)).unwrap();
         assert!(svg.starts_with("<svg"), "{svg}");
         assert!(svg.contains("train&lt;1&gt; (7)"), "labels are escaped: {svg}");

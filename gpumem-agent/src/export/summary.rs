@@ -3,7 +3,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::names::{api_name, bytes, printable, result_name, short_id};
+use crate::names::{api_name, bytes, printable, result_name, short_id};
 use crate::{
     analysis::{
         distributions::{DistributionSummary, Percentiles},

@@ -5,7 +5,7 @@ use std::io::{self, Write};
 use gpumem_common::{api, ApiClass, Event, DEVICE_UNKNOWN};
 use serde_json::{json, Value};
 
-use super::names::{api_name, bytes, event_type, printable, result_name};
+use crate::names::{api_name, bytes, event_type, printable, result_name};
 use crate::{
     analysis::leaks::LeakGroup,
     events::kind::{Kind, OomKill, Rm},

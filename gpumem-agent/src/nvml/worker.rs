@@ -46,10 +46,16 @@ impl Library {
     }
 }
 
-/// The running thread; stops (and is joined) on drop.
+/// How long dropping the worker waits for its thread: a hung NVML call
+/// must not hold up the agent's exit (the thread is left to the exit).
+const STOP_WAIT: Duration = Duration::from_secs(2);
+
+/// The running thread; told to stop on drop, and waited for briefly.
 pub struct Worker {
     stop: Arc<AtomicBool>,
     wake: std_mpsc::Sender<()>,
+    /// Closed by the thread when it returns.
+    done: std_mpsc::Receiver<()>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -58,9 +64,13 @@ impl Worker {
     pub fn start(lib: Library, every: Duration, tx: mpsc::Sender<Message>) -> std::io::Result<Worker> {
         let stop = Arc::new(AtomicBool::new(false));
         let (wake, woken) = std_mpsc::channel();
+        let (done_tx, done) = std_mpsc::channel::<()>();
         let stopping = stop.clone();
-        let thread = std::thread::Builder::new().name("gpumem-nvml".into()).spawn(move || run(lib, every, tx, woken, stopping))?;
-        Ok(Worker { stop, wake, thread: Some(thread) })
+        let thread = std::thread::Builder::new().name("gpumem-nvml".into()).spawn(move || {
+            run(lib, every, tx, woken, stopping);
+            drop(done_tx);
+        })?;
+        Ok(Worker { stop, wake, done, thread: Some(thread) })
     }
 
     /// Asks for a reading now (its message follows the ones already sent).
@@ -73,8 +83,12 @@ impl Drop for Worker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.wake.send(());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        // Joined only once it has returned (its receiver gone first, so a
+        // send cannot block it); a call stuck in the driver is not waited for.
+        if let Err(std_mpsc::RecvTimeoutError::Disconnected) = self.done.recv_timeout(STOP_WAIT) {
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -82,10 +96,16 @@ impl Drop for Worker {
 fn run(lib: Library, every: Duration, tx: mpsc::Sender<Message>, woken: std_mpsc::Receiver<()>, stop: Arc<AtomicBool>) {
     let mut sampler: Option<Sampler> = None;
     let mut xids: Option<XidWatcher> = None;
+    // XIDs are watched once per (re)opening of NVML: a device that cannot
+    // report them is not asked again at every reading.
+    let mut xids_tried = false;
     while !stop.load(Ordering::Relaxed) {
         if sampler.is_none() {
             match Sampler::open(lib.path()) {
-                Ok(s) => sampler = Some(s),
+                Ok(s) => {
+                    sampler = Some(s);
+                    xids_tried = false;
+                }
                 Err(e) => {
                     if tx.blocking_send(Message::Unavailable(e.to_string())).is_err() {
                         return;
@@ -94,12 +114,13 @@ fn run(lib: Library, every: Duration, tx: mpsc::Sender<Message>, woken: std_mpsc
             }
         }
         if let Some(s) = sampler.as_mut() {
-            if xids.is_none() {
+            if xids.is_none() && !xids_tried {
+                xids_tried = true;
                 let sink = tx.clone();
-                xids = XidWatcher::start(lib.path().map(OsString::from), crate::clock::monotonic_ns, move |x| {
+                let watch = XidWatcher::start(lib.path().map(OsString::from), crate::clock::monotonic_ns, move |x| {
                     sink.blocking_send(Message::Xid(x)).is_ok()
-                })
-                .ok();
+                });
+                xids = watch.ok();
             }
             let at_s = crate::clock::monotonic_ns() as f64 / 1e9;
             let message = match s.sample(at_s) {

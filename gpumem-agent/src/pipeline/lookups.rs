@@ -4,6 +4,7 @@
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::{
+    procfs,
     record::Lookup,
     state::container::{self, ContainerInfo},
 };
@@ -31,7 +32,7 @@ impl Lookups {
     pub fn container(&mut self, pid: u32) -> Option<ContainerInfo> {
         match self {
             Lookups::Live { log } => {
-                let c = container::lookup(pid);
+                let c = lookup(pid);
                 if let (Some(log), Some(c)) = (log, &c) {
                     log.push(Lookup { pid, container: Some(c.clone()), memcg: None });
                 }
@@ -46,9 +47,7 @@ impl Lookups {
     pub fn memcg(&mut self, pid: u32, tid: u32, known: Option<&(String, String)>) -> Option<String> {
         match self {
             Lookups::Live { log } => {
-                let m = container::limited_memory_cgroup(pid)
-                    .or_else(|| container::limited_memory_cgroup(tid))
-                    .or_else(|| known.and_then(container::limited));
+                let m = limited_memory_cgroup(pid).or_else(|| limited_memory_cgroup(tid)).or_else(|| known.and_then(limited));
                 if let (Some(log), Some(m)) = (log, &m) {
                     log.push(Lookup { pid, container: None, memcg: Some(m.clone()) });
                 }
@@ -76,5 +75,94 @@ impl Lookups {
             Lookups::Live { log: Some(log) } => std::mem::take(log),
             _ => Vec::new(),
         }
+    }
+}
+
+/// Looks a live process up in /proc. None when it is already gone (or a
+/// zombie, whose cgroup and namespaces are no longer shown): the caller may
+/// try again on its next event.
+fn lookup(pid: u32) -> Option<ContainerInfo> {
+    let status = procfs::read_status(pid).ok()?;
+    if status.gone() {
+        return None;
+    }
+    let cgroups = procfs::read_cgroup(pid).ok()?;
+    let mut info = container::from_cgroups(&cgroups);
+    info.memory_limit_file = memory_cgroup(&cgroups);
+    info.ns_pid = status.ns_pid().filter(|&p| p != 0);
+    if info.pod_uid.is_some() {
+        (info.pod_name, info.namespace) = pod_identity(std::path::Path::new(&format!("/proc/{pid}/root")));
+    }
+    Some(info)
+}
+
+/// A pod's name and namespace from inside its container's root file system,
+/// with no API server or kubelet access: the kubelet writes the pod's
+/// hostname (its name, unless `spec.hostname` overrides it) to /etc/hostname
+/// and the namespace to the service-account volume (absent when
+/// `automountServiceAccountToken: false`).
+fn pod_identity(root: &std::path::Path) -> (Option<String>, Option<String>) {
+    let read = |rel: &str| {
+        std::fs::read_to_string(root.join(rel))
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty() && s.len() <= 253 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'))
+    };
+    // /var/run is usually an absolute symlink to /run, which through
+    // /proc/PID/root would resolve in *our* root: look at /run first.
+    let namespace = read("run/secrets/kubernetes.io/serviceaccount/namespace")
+        .or_else(|| read("var/run/secrets/kubernetes.io/serviceaccount/namespace"));
+    (read("etc/hostname"), namespace)
+}
+
+/// The memory cgroup of a process (path, limit file), from its cgroup lines.
+fn memory_cgroup(lines: &[procfs::CgroupLine]) -> Option<(String, String)> {
+    for line in lines {
+        let path = &line.path;
+        let limit_file = if line.has_controller("memory") {
+            format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
+        } else if line.controllers.is_empty() {
+            let v2 = if std::path::Path::new("/sys/fs/cgroup/unified").is_dir() { "/sys/fs/cgroup/unified" } else { "/sys/fs/cgroup" };
+            format!("{v2}{path}/memory.max")
+        } else {
+            continue;
+        };
+        if path != "/" && std::path::Path::new(&limit_file).exists() {
+            return Some((path.clone(), limit_file));
+        }
+    }
+    None
+}
+
+/// The cgroup path, if its limit file says it has a memory limit.
+fn limited(cgroup: &(String, String)) -> Option<String> {
+    let limit = std::fs::read_to_string(&cgroup.1).ok()?;
+    container::is_limited(limit.trim()).then(|| cgroup.0.clone())
+}
+
+/// The memory cgroup of a process, if it has a memory limit: an OOM kill
+/// inside it is a memory-cgroup kill rather than a host-wide one.
+fn limited_memory_cgroup(pid: u32) -> Option<String> {
+    limited(&memory_cgroup(&procfs::read_cgroup(pid).ok()?)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_name_and_namespace_from_the_containers_root() {
+        let root = std::env::temp_dir().join(format!("gpumem-pod-root-{}", std::process::id()));
+        let sa = root.join("var/run/secrets/kubernetes.io/serviceaccount");
+        std::fs::create_dir_all(&sa).unwrap();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::write(root.join("etc/hostname"), "trainer-7d9f-x2x\n").unwrap();
+        std::fs::write(sa.join("namespace"), "ml-team").unwrap();
+        assert_eq!(pod_identity(&root), (Some("trainer-7d9f-x2x".into()), Some("ml-team".into())));
+        // Whatever is not a DNS name is not taken (a label value must not carry junk).
+        std::fs::write(sa.join("namespace"), "bad\"name\n{}").unwrap();
+        assert_eq!(pod_identity(&root).1, None);
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(pod_identity(&root), (None, None));
     }
 }

@@ -20,9 +20,15 @@ use crate::{
     nvml,
     record::{NvmlPoint, XidPoint},
     stacks::{StackId, Stacks},
-    state::{Applied, Limits, State},
+    state::{container::ContainerInfo, Applied, Limits, State},
 };
 pub use lookups::Lookups;
+
+/// What `Pipeline::lookup` found.
+struct Looked {
+    container: Option<ContainerInfo>,
+    memcg: Option<String>,
+}
 
 /// Top stacks kept per holder of a device that ran out of memory.
 const OOM_HOLDER_STACKS: usize = 3;
@@ -41,6 +47,18 @@ impl Default for Options {
     fn default() -> Self {
         Options { limits: Limits::default(), growth_samples: leaks::SERIES_CAP, timeline: false, thresholds: Thresholds::default() }
     }
+}
+
+/// How much the pipeline keeps per process, now and at most so far (as
+/// sampled at each growth sample and forgetting): a table that only grows
+/// under process churn shows here.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Kept {
+    pub processes: usize,
+    pub exited: usize,
+    pub growth_series: usize,
+    pub peak_processes: usize,
+    pub peak_growth_series: usize,
 }
 
 /// The stack that came with an event.
@@ -74,6 +92,9 @@ pub struct Pipeline {
     pub ooms: OomLog,
     pub gpus: GpuWatch,
     pub timeline: Option<Timeline>,
+    /// A replayed NVML reading, one point per GPU, until it is whole.
+    recorded_reading: Vec<NvmlPoint>,
+    pub kept: Kept,
 }
 
 impl Pipeline {
@@ -88,12 +109,18 @@ impl Pipeline {
             ooms: OomLog::default(),
             gpus: GpuWatch::new(o.thresholds),
             timeline: o.timeline.then(Timeline::default),
+            recorded_reading: Vec::new(),
+            kept: Kept::default(),
         }
     }
 
     /// One event, through everything.
     pub fn apply(&mut self, ev: &Event, stack: Stack<'_>) -> Outcome {
+        if !self.recorded_reading.is_empty() {
+            self.apply_recorded_reading();
+        }
         let kind = Kind::of(ev);
+        let looked = self.lookup(ev, &kind);
         // Read a new process's mappings while it is alive: it may exit soon
         // after its allocations, before their stacks are unwound.
         if self.lookups.is_live() && !matches!(kind, Kind::Exit | Kind::OomKill(_)) && !self.state.processes.contains_key(&ev.pid) {
@@ -105,7 +132,7 @@ impl Pipeline {
             Stack::Recorded(id) => Some(id),
         };
         let mut applied = self.state.apply_kind(ev, &kind, stack);
-        self.lookup(ev, &kind, &mut applied);
+        self.looked_up(ev, looked, &mut applied);
         self.forget_forgotten();
         if kind == Kind::Exit {
             self.stacks.forget_process(ev.pid);
@@ -123,21 +150,35 @@ impl Pipeline {
         Outcome { event: *ev, kind, applied, stack, oom_stacks }
     }
 
-    /// The OOM kill's memory cgroup; the process's container, looked up once
-    /// while it is alive (one already gone when its first event is read
-    /// keeps trying on the next).
-    fn lookup(&mut self, ev: &Event, kind: &Kind, applied: &mut Applied) {
+    /// What is looked up about a process while it is alive, before its event
+    /// is applied: its container, once (a process already gone when its
+    /// first event is read keeps trying on the next), and for an OOM kill the
+    /// memory cgroup it happened in.
+    fn lookup(&mut self, ev: &Event, kind: &Kind) -> Looked {
+        let known = self.state.processes.get(&ev.pid);
+        let wants_container = match known {
+            None => !matches!(kind, Kind::Exit | Kind::OomKill(_)),
+            // An exited process's pid may be reused by this event's process.
+            Some(p) => *kind != Kind::Exit && (p.container.is_none() || p.exited),
+        };
+        let memcg = match kind {
+            Kind::OomKill(_) => {
+                // The victim may already be gone; the triggering task shares its cgroup in a memcg OOM.
+                let limit_file = known.and_then(|p| p.container.as_ref()).and_then(|c| c.memory_limit_file.clone());
+                self.lookups.memcg(ev.pid, ev.tid, limit_file.as_ref())
+            }
+            _ => None,
+        };
+        Looked { container: if wants_container { self.lookups.container(ev.pid) } else { None }, memcg }
+    }
+
+    fn looked_up(&mut self, ev: &Event, looked: Looked, applied: &mut Applied) {
         if let Some(kill) = applied.oom_kill.as_mut() {
-            // The victim may already be gone; the triggering task shares its cgroup in a memcg OOM.
-            let known = self.state.processes.get(&ev.pid).and_then(|p| p.container.as_ref()).and_then(|c| c.memory_limit_file.as_ref());
-            kill.memcg = self.lookups.memcg(ev.pid, ev.tid, known);
+            kill.memcg = looked.memcg;
         }
-        if *kind == Kind::Exit {
-            return;
-        }
-        if let Some(p) = self.state.processes.get_mut(&ev.pid) {
+        if let (Some(c), Some(p)) = (looked.container, self.state.processes.get_mut(&ev.pid)) {
             if p.container.is_none() {
-                p.container = self.lookups.container(ev.pid);
+                p.container = Some(c);
             }
         }
     }
@@ -167,14 +208,27 @@ impl Pipeline {
 
     /// Forgets processes that exited before `cutoff_ns`, everywhere they are kept.
     pub fn forget_exited_before(&mut self, cutoff_ns: u64) -> Vec<u32> {
+        self.note_kept();
         let gone = self.state.forget_exited_before(cutoff_ns);
         self.forget_forgotten();
+        self.note_kept();
         gone
     }
 
     /// A sample of every process's live bytes for the growth detector.
     pub fn sample_growth(&mut self, t_s: f64) {
         self.growth.sample(&self.state, t_s);
+        self.note_kept();
+    }
+
+    /// How much is kept now, and the most so far.
+    pub fn note_kept(&mut self) {
+        let k = &mut self.kept;
+        k.processes = self.state.processes.len();
+        k.exited = self.state.processes.values().filter(|p| p.exited).count();
+        k.growth_series = self.growth.len();
+        k.peak_processes = k.peak_processes.max(k.processes);
+        k.peak_growth_series = k.peak_growth_series.max(k.growth_series);
     }
 
     /// A message from the NVML thread.
@@ -192,10 +246,27 @@ impl Pipeline {
         }
     }
 
-    /// An NVML reading from a recording.
+    /// One GPU's NVML reading from a recording. A reading is every GPU's
+    /// point at one time: it is applied whole, before the next event.
     pub fn recorded_nvml(&mut self, p: NvmlPoint) {
+        if self.recorded_reading.first().is_some_and(|first| first.t_s != p.t_s) {
+            self.apply_recorded_reading();
+        }
+        self.recorded_reading.push(p.clone());
         if let Some(t) = self.timeline.as_mut() {
             t.nvml(p);
+        }
+    }
+
+    /// The processes a recorded reading lists per GPU, as a live reading would place them.
+    pub fn apply_recorded_reading(&mut self) {
+        let gpus: Vec<crate::nvml::GpuSample> = self
+            .recorded_reading
+            .drain(..)
+            .map(|p| crate::nvml::GpuSample { index: p.gpu, processes: p.processes, ..Default::default() })
+            .collect();
+        if gpus.iter().any(|g| g.processes.is_some()) {
+            self.state.assume_devices(&gpus);
         }
     }
 

@@ -79,15 +79,10 @@ pub fn node_kind(path: &str, prefix: &str) -> Option<u32> {
 /// Open NVIDIA descriptors of every process, from /proc/PID/fd.
 pub fn scan_fds(prefix: &str) -> Vec<(FdKey, u32)> {
     let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else { return out };
-    for entry in dir.flatten() {
-        let Some(tgid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else { continue };
-        for fd in fds.flatten() {
-            let Some(n) = fd.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-            let Ok(target) = std::fs::read_link(fd.path()) else { continue };
+    for tgid in crate::procfs::pids() {
+        for (fd, target) in crate::procfs::fd_targets(tgid) {
             if let Some(kind) = target.to_str().and_then(|t| node_kind(t, prefix)) {
-                out.push((FdKey { tgid, fd: n }, kind));
+                out.push((FdKey { tgid, fd }, kind));
             }
         }
     }

@@ -33,6 +33,9 @@ pub enum ProbeError {
     MissingMap(&'static str),
     #[error("eBPF map {map}: {source}")]
     Map { map: &'static str, source: Box<aya::maps::MapError> },
+    /// Tests' fault injection (hidden options): what was made to fail.
+    #[error("{0} failed (fault injected)")]
+    Injected(&'static str),
 }
 
 /// Which programs go on the libcuda symbols.

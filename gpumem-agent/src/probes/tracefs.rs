@@ -41,8 +41,7 @@ pub fn ensure_mounted() -> Result<Option<String>, TracefsError> {
 
 /// Whether /proc/self/mounts lists tracefs on TRACEFS.
 fn is_mounted() -> bool {
-    fs::read_to_string("/proc/self/mounts")
-        .is_ok_and(|m| m.lines().any(|l| l.split_whitespace().nth(1) == Some(TRACEFS) && l.split_whitespace().nth(2) == Some("tracefs")))
+    crate::procfs::mounted(TRACEFS, "tracefs")
 }
 
 fn events_dir() -> &'static str {

@@ -79,6 +79,10 @@ pub struct NvmlPoint {
     pub ecc_uncorrected: Option<u64>,
     pub gpu_temp_c: Option<u32>,
     pub memory_temp_c: Option<u32>,
+    /// (pid, bytes) NVML lists on the GPU: a replay places memory on the
+    /// GPUs the live session did (contexts made before the agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<Vec<(u32, u64)>>,
 }
 
 impl NvmlPoint {
@@ -94,6 +98,7 @@ impl NvmlPoint {
             ecc_uncorrected: g.ecc.as_ref().map(|e| e.uncorrected_volatile),
             gpu_temp_c: g.gpu_temp_c,
             memory_temp_c: g.memory_temp_c,
+            processes: g.processes.clone(),
         }
     }
 }

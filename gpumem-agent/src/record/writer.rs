@@ -17,6 +17,8 @@ pub struct Writer<W: Write> {
     crc: crc32fast::Hasher,
     stacks_written: HashSet<StackId>,
     pub bytes: u64,
+    /// Events written.
+    pub events: u64,
 }
 
 impl Writer<std::fs::File> {
@@ -31,7 +33,7 @@ impl<W: Write> Writer<W> {
         out.write_all(MAGIC)?;
         out.write_all(&VERSION.to_le_bytes())?;
         out.write_all(&[0, 0])?;
-        Ok(Writer { out, crc: crc32fast::Hasher::new(), stacks_written: HashSet::new(), bytes: 12 })
+        Ok(Writer { out, crc: crc32fast::Hasher::new(), stacks_written: HashSet::new(), bytes: 12, events: 0 })
     }
 
     fn frame(&mut self, tag: u8, payload: &[u8]) -> io::Result<()> {
@@ -77,6 +79,7 @@ impl<W: Write> Writer<W> {
         payload[..EVENT_SIZE].copy_from_slice(&ev.to_bytes());
         // 0 is "no stack": ids are hashes, and 0 is as unlikely as any other value.
         payload[EVENT_SIZE..].copy_from_slice(&stack.unwrap_or(0).to_le_bytes());
+        self.events += 1;
         self.frame(tag::EVENT, &payload)
     }
 

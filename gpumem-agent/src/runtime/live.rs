@@ -53,6 +53,13 @@ fn say(m: String) {
     eprintln!("gpumem: {m}");
 }
 
+impl Flow {
+    /// `why` when the output stopped the session.
+    fn stopped(self, why: Ended) -> Option<Ended> {
+        (self == Flow::Stop).then_some(why)
+    }
+}
+
 /// Waits on an optional receiver (never, without one).
 async fn recv<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
     match rx {
@@ -63,7 +70,10 @@ async fn recv<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
 
 /// Why the loop ended.
 enum Ended {
+    /// Its duration, a signal, or every `-p` process gone.
     Done,
+    /// An output stopped it (a closed pipe, `q` in top): nothing more is applied.
+    ByOutput,
     /// The `-c` command exited with this wait status.
     Command(i32),
 }
@@ -131,27 +141,27 @@ impl<'o, O: Output> Live<'o, O> {
         let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
         let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
         loop {
-            let flow = tokio::select! {
+            let stop = tokio::select! {
                 r = self.reader.readable() => {
                     r.context("reading events")?;
-                    self.drain()?
+                    self.drain()?.stopped(Ended::ByOutput)
                 }
                 _ = tick.tick() => self.tick()?,
-                _ = growth.tick(), if sampling => self.sample()?,
+                _ = growth.tick(), if sampling => self.sample()?.stopped(Ended::ByOutput),
                 Some(m) = recv(&mut self.nvml_rx) => {
                     self.nvml_message(m)?;
-                    Flow::Continue
+                    None
                 }
-                Some(input) = recv(&mut self.inputs) => self.input(input)?,
+                Some(input) = recv(&mut self.inputs) => self.input(input)?.stopped(Ended::ByOutput),
                 st = async { (&mut self.child.as_mut().expect("guarded").exited).await }, if self.child.is_some() => {
-                    return Ok(Ended::Command(st.context("the wait thread ended")?.context("waiting for the command")?));
+                    Some(Ended::Command(st.context("the wait thread ended")?.context("waiting for the command")?))
                 }
-                _ = async { tokio::time::sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() => Flow::Stop,
-                _ = sigint.recv() => Flow::Stop,
-                _ = sigterm.recv() => Flow::Stop,
+                _ = async { tokio::time::sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() => Some(Ended::Done),
+                _ = sigint.recv() => Some(Ended::Done),
+                _ = sigterm.recv() => Some(Ended::Done),
             };
-            if flow == Flow::Stop {
-                return Ok(Ended::Done);
+            if let Some(ended) = stop {
+                return Ok(ended);
             }
         }
     }
@@ -161,11 +171,12 @@ impl<'o, O: Output> Live<'o, O> {
         let elapsed_s = self.elapsed_s();
         let (pipeline, out, agent) = (&mut self.pipeline, &mut *self.out, &self.status);
         let mut result = Ok(Flow::Continue);
+        // Once an output stops the session (or fails), the rest stays in the
+        // ring: every output has seen every event the state has.
         let n = self.reader.drain_now(&mut |ev, stack| {
             let o = pipeline.apply(ev, stack.map_or(Stack::None, Stack::Captured));
-            if matches!(result, Ok(Flow::Continue)) {
-                result = out.event(&mut Ctx { pipeline: &mut *pipeline, agent, elapsed_s }, &o);
-            }
+            result = out.event(&mut Ctx { pipeline: &mut *pipeline, agent, elapsed_s }, &o);
+            matches!(result, Ok(Flow::Continue))
         });
         if n > 0 {
             out.drained(&mut Ctx { pipeline, agent, elapsed_s })?;
@@ -173,11 +184,12 @@ impl<'o, O: Output> Live<'o, O> {
         result
     }
 
-    fn tick(&mut self) -> Result<Flow> {
+    /// The maintenance tick; why the session ends, if it does.
+    fn tick(&mut self) -> Result<Option<Ended>> {
         let gone = self.maintenance.tick(&mut self.agent, &self.s, &mut self.pipeline, &mut self.status, self.reader.malformed);
         let elapsed_s = self.elapsed_s();
         let flow = self.out.tick(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s })?;
-        Ok(if gone { Flow::Stop } else { flow })
+        Ok(if gone { Some(Ended::Done) } else { flow.stopped(Ended::ByOutput) })
     }
 
     fn sample(&mut self) -> Result<Flow> {
@@ -205,10 +217,10 @@ impl<'o, O: Output> Live<'o, O> {
     }
 
     fn nvml_message(&mut self, m: nvml::Message) -> Result<()> {
-        // Said when NVML goes away (it may come back).
+        // Said when NVML goes away (it may come back), unless a full-screen UI runs.
         if let nvml::Message::Unavailable(why) = &m {
-            if self.pipeline.gpus.error.is_none() && !self.pipeline.gpus.latest.is_empty() {
-                say(format!("{why}; GPU series are left out until NVML answers again"));
+            if self.s.announce && self.pipeline.gpus.error.is_none() && !self.pipeline.gpus.latest.is_empty() {
+                say(format!("{why}; GPU readings are left out until NVML answers again"));
             }
         }
         let elapsed_s = self.elapsed_s();
@@ -217,10 +229,11 @@ impl<'o, O: Output> Live<'o, O> {
         Ok(())
     }
 
-    /// A fresh NVML reading for the end of the session; what NVML is, in words.
-    async fn final_nvml(&mut self) -> Result<String> {
+    /// A fresh NVML reading for the end of the session: what NVML is, in
+    /// words, and whether the reading came (what to reconcile with).
+    async fn final_nvml(&mut self) -> Result<(String, bool)> {
         if self.nvml.is_none() || self.nvml_rx.is_none() {
-            return Ok(self.pipeline.gpus.error.clone().unwrap_or_default());
+            return Ok((self.pipeline.gpus.error.clone().unwrap_or_default(), false));
         }
         // Messages already queued come first; the reading asked for now after them.
         while let Some(m) = self.nvml_rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
@@ -231,34 +244,34 @@ impl<'o, O: Output> Live<'o, O> {
         loop {
             let next = self.nvml_rx.as_mut().expect("checked").recv();
             match tokio::time::timeout_at(deadline, next).await {
+                Ok(Some(nvml::Message::Xid(x))) => self.nvml_message(nvml::Message::Xid(x))?,
                 Ok(Some(m)) => {
-                    let reading = !matches!(m, nvml::Message::Xid(_));
                     self.nvml_message(m)?;
-                    if reading {
-                        break;
-                    }
+                    break;
                 }
-                Ok(None) | Err(_) => return Ok("no NVML reading at the end (NVML did not answer in time)".into()),
+                Ok(None) | Err(_) => return Ok(("no NVML reading at the end (NVML did not answer in time)".into(), false)),
             }
         }
         Ok(match &self.pipeline.gpus.error {
-            Some(e) => e.clone(),
-            None => format!("available, {} GPU(s)", self.pipeline.gpus.latest.len()),
+            Some(e) => (e.clone(), false),
+            None => (format!("available, {} GPU(s)", self.pipeline.gpus.latest.len()), true),
         })
     }
 
-    /// The end: what is left in the ring, a last sweep and reading, the
-    /// footer, the output's report; then the probes go.
+    /// The end: what is left in the ring (unless an output stopped the
+    /// session), a last sweep and reading, the footer, the output's report;
+    /// then the probes go.
     async fn end(mut self, ended: Ended) -> Result<ExitCode> {
-        // The command's exit event is already in the ring; take what is there.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        self.drain()?;
+        if !matches!(ended, Ended::ByOutput) {
+            // The command's exit event is already in the ring; take what is there.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            self.drain()?;
+        }
         // Calls left in flight by threads that died since the last sweep.
         self.agent.sweep_stale_calls();
         self.refresh();
-        let nvml = if self.s.reconcile_at_end { self.final_nvml().await? } else { "not asked".into() };
-        let reconciliation = (self.s.reconcile_at_end && self.pipeline.gpus.error.is_none())
-            .then(|| reconcile::reconcile(&self.pipeline.state, &self.pipeline.gpus.latest));
+        let (nvml, fresh) = if self.s.reconcile_at_end { self.final_nvml().await? } else { ("not asked".into(), false) };
+        let reconciliation = fresh.then(|| reconcile::reconcile(&self.pipeline.state, &self.pipeline.gpus.latest));
         let footer = Footer {
             duration_s: self.elapsed_s(),
             ended_ns: monotonic_ns(),
@@ -271,13 +284,16 @@ impl<'o, O: Output> Live<'o, O> {
             nvml,
             command_status: match ended {
                 Ended::Command(st) => Some(st),
-                Ended::Done => None,
+                Ended::Done | Ended::ByOutput => None,
             },
             stale_calls_removed: self.agent.stale_calls_removed,
         };
+        // The receivers go first: a thread blocked sending to one returns.
+        self.nvml_rx = None;
         self.nvml = None;
+        self.inputs = None;
         let elapsed_s = self.elapsed_s();
-        let end = End { footer, complete: true, ..Default::default() };
+        let end = End { footer, complete: true, events: self.pipeline.state.events, ..Default::default() };
         let code = self.out.finish(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s }, &end)?;
         self.out.close().await;
         drop(self.reader);

@@ -20,11 +20,13 @@ pub struct Maintenance {
     ticks: u64,
     /// Fault injection: reads of the kernel counters still to fail.
     fail_reads: u32,
+    /// Say what fails on stderr (not while a full-screen UI runs).
+    announce: bool,
 }
 
 impl Maintenance {
     pub fn new(s: &Session) -> Self {
-        Maintenance { ticks: 0, fail_reads: s.fail_counter_reads }
+        Maintenance { ticks: 0, fail_reads: s.fail_counter_reads, announce: s.announce }
     }
 
     /// One tick; true when every process traced with -p has exited.
@@ -57,7 +59,7 @@ impl Maintenance {
     pub fn refresh(&mut self, agent: &Agent, pipeline: &mut Pipeline, status: &mut AgentStatus, malformed: u64) {
         let read = if self.fail_reads > 0 {
             self.fail_reads -= 1;
-            Err(crate::probes::ProbeError::MissingMap("STATS (fault injected)"))
+            Err(crate::probes::ProbeError::Injected("reading the kernel's counters"))
         } else {
             agent.kernel_counters(malformed)
         };
@@ -68,7 +70,7 @@ impl Maintenance {
             }
             Err(e) => {
                 let n = status.errors.entry(READ_COUNTERS).or_default();
-                if *n == 0 {
+                if *n == 0 && self.announce {
                     eprintln!("gpumem: reading the kernel's counters failed ({e}); the last figures stay until a read succeeds");
                 }
                 *n += 1;

@@ -47,6 +47,7 @@ pub fn replay<R: Read, O: Output>(reader: &mut Reader<R>, options: pipeline::Opt
             }
         }
     }
+    pipeline.apply_recorded_reading();
     let complete = footer.is_some();
     let footer = footer.unwrap_or_else(|| Footer {
         duration_s: header.as_ref().map_or(0.0, |h| last_ts.saturating_sub(h.started_ns) as f64 / 1e9),

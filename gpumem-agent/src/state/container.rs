@@ -1,4 +1,5 @@
-//! Container and Kubernetes pod of a process, from its cgroup path.
+//! Container and Kubernetes pod of a process, from its cgroup path (parsing
+//! only: pipeline/lookups.rs reads /proc and the cgroup file system).
 //!
 //! Shapes recognised (cgroup v1 and v2, cgroupfs and systemd drivers):
 //! - cgroupfs: `/kubepods/burstable/pod<uid>/<64-hex>`, `/kubepods/pod<uid>/<64-hex>`
@@ -21,7 +22,7 @@ pub struct ContainerInfo {
     pub qos: Option<&'static str>,
     /// The process id inside its own pid namespace (innermost).
     pub ns_pid: Option<u32>,
-    /// Pod name and namespace, as the pod's own container sees them (see `pod_identity`).
+    /// Pod name and namespace, as the pod's own container sees them (see pipeline/lookups.rs).
     pub pod_name: Option<String>,
     pub namespace: Option<String>,
     /// The limit file of the process's memory cgroup, when it has a limit:
@@ -143,7 +144,7 @@ pub fn parse_cgroup_file(text: &str) -> ContainerInfo {
     from_cgroups(&procfs::parse_cgroup(text))
 }
 
-fn from_cgroups(lines: &[procfs::CgroupLine]) -> ContainerInfo {
+pub fn from_cgroups(lines: &[procfs::CgroupLine]) -> ContainerInfo {
     let mut lines: Vec<&procfs::CgroupLine> = lines.iter().collect();
     lines.sort_by_key(|l| !l.is_v2());
     for line in lines {
@@ -155,76 +156,8 @@ fn from_cgroups(lines: &[procfs::CgroupLine]) -> ContainerInfo {
     ContainerInfo::default()
 }
 
-/// Looks a live process up in /proc. None when it is already gone (or a
-/// zombie, whose cgroup and namespaces are no longer shown): the caller may
-/// try again on its next event.
-pub fn lookup(pid: u32) -> Option<ContainerInfo> {
-    let status = procfs::read_status(pid).ok()?;
-    if status.gone() {
-        return None;
-    }
-    let cgroups = procfs::read_cgroup(pid).ok()?;
-    let mut info = from_cgroups(&cgroups);
-    info.memory_limit_file = memory_cgroup(&cgroups);
-    info.ns_pid = status.ns_pid().filter(|&p| p != 0);
-    if info.pod_uid.is_some() {
-        (info.pod_name, info.namespace) = pod_identity(std::path::Path::new(&format!("/proc/{pid}/root")));
-    }
-    Some(info)
-}
-
-/// A pod's name and namespace from inside its container's root file system,
-/// with no API server or kubelet access: the kubelet writes the pod's
-/// hostname (its name, unless `spec.hostname` overrides it) to /etc/hostname
-/// and the namespace to the service-account volume (absent when
-/// `automountServiceAccountToken: false`).
-pub fn pod_identity(root: &std::path::Path) -> (Option<String>, Option<String>) {
-    let read = |rel: &str| {
-        std::fs::read_to_string(root.join(rel))
-            .ok()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty() && s.len() <= 253 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'))
-    };
-    // /var/run is usually an absolute symlink to /run, which through
-    // /proc/PID/root would resolve in *our* root: look at /run first.
-    let namespace = read("run/secrets/kubernetes.io/serviceaccount/namespace")
-        .or_else(|| read("var/run/secrets/kubernetes.io/serviceaccount/namespace"));
-    (read("etc/hostname"), namespace)
-}
-
-/// The memory cgroup of a process (path, limit file), from its cgroup lines.
-fn memory_cgroup(lines: &[procfs::CgroupLine]) -> Option<(String, String)> {
-    for line in lines {
-        let path = &line.path;
-        let limit_file = if line.has_controller("memory") {
-            format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
-        } else if line.controllers.is_empty() {
-            let v2 = if std::path::Path::new("/sys/fs/cgroup/unified").is_dir() { "/sys/fs/cgroup/unified" } else { "/sys/fs/cgroup" };
-            format!("{v2}{path}/memory.max")
-        } else {
-            continue;
-        };
-        if path != "/" && std::path::Path::new(&limit_file).exists() {
-            return Some((path.clone(), limit_file));
-        }
-    }
-    None
-}
-
-/// The cgroup path, if its limit file says it has a memory limit.
-pub fn limited(cgroup: &(String, String)) -> Option<String> {
-    let limit = std::fs::read_to_string(&cgroup.1).ok()?;
-    is_limited(limit.trim()).then(|| cgroup.0.clone())
-}
-
-/// The memory cgroup of a process, if it has a memory limit: an OOM kill
-/// inside it is a memory-cgroup kill rather than a host-wide one.
-pub fn limited_memory_cgroup(pid: u32) -> Option<String> {
-    limited(&memory_cgroup(&procfs::read_cgroup(pid).ok()?)?)
-}
-
 /// `max` (v2) or a page-rounded i64::MAX (v1) mean no limit.
-fn is_limited(limit: &str) -> bool {
+pub fn is_limited(limit: &str) -> bool {
     match limit.parse::<u64>() {
         Ok(v) => v < (1u64 << 62),
         Err(_) => false,
@@ -233,22 +166,6 @@ fn is_limited(limit: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn pod_name_and_namespace_from_the_containers_root() {
-        let root = std::env::temp_dir().join(format!("gpumem-pod-root-{}", std::process::id()));
-        let sa = root.join("var/run/secrets/kubernetes.io/serviceaccount");
-        std::fs::create_dir_all(&sa).unwrap();
-        std::fs::create_dir_all(root.join("etc")).unwrap();
-        std::fs::write(root.join("etc/hostname"), "trainer-7d9f-x2x\n").unwrap();
-        std::fs::write(sa.join("namespace"), "ml-team").unwrap();
-        assert_eq!(pod_identity(&root), (Some("trainer-7d9f-x2x".into()), Some("ml-team".into())));
-        // Whatever is not a DNS name is not taken (a label value must not carry junk).
-        std::fs::write(sa.join("namespace"), "bad\"name\n{}").unwrap();
-        assert_eq!(pod_identity(&root).1, None);
-        std::fs::remove_dir_all(&root).unwrap();
-        assert_eq!(pod_identity(&root), (None, None));
-    }
-
     #[test]
     fn memory_limits() {
         assert!(super::is_limited("67108864"));

@@ -157,6 +157,7 @@ impl State {
     }
 
     /// Table entries held across all processes.
+    #[cfg(test)]
     pub fn live_entries(&self) -> usize {
         self.entries
     }
@@ -201,7 +202,7 @@ impl State {
             }
             _ => {}
         }
-        let Some(proc) = self.process_for(ev) else {
+        let Some(proc) = self.process_for(ev, kind) else {
             return Applied { device: ev.device, size: ev.size, dropped: true, ..Default::default() };
         };
         if proc.exited && *kind != Kind::Exit {
@@ -226,9 +227,9 @@ impl State {
     /// the process we knew by this pid is a new process's (the kernel reused
     /// the pid): it starts afresh, so that nothing of the old one carries
     /// over; a call that began before it is returned with the exited process.
-    fn process_for(&mut self, ev: &Event) -> Option<&mut Process> {
+    fn process_for(&mut self, ev: &Event, kind: &Kind) -> Option<&mut Process> {
         let reused = match self.processes.get(&ev.pid) {
-            Some(p) => p.exited && ev.api != gpumem_common::api::PROCESS_EXIT && ev.ts_ns.saturating_sub(ev.latency_ns) > p.exited_ns,
+            Some(p) => p.exited && *kind != Kind::Exit && ev.ts_ns.saturating_sub(ev.latency_ns) > p.exited_ns,
             None => {
                 if self.processes.len() >= self.limits.max_processes && !self.evict_exited() {
                     self.overflow.process_events_dropped += 1;
@@ -345,6 +346,12 @@ impl State {
                 p.events_lost = p.events_lost.max(n);
             }
         }
+    }
+
+    /// Processes alive, and the device memory they hold in all.
+    pub fn live_totals(&self) -> (usize, u64) {
+        let alive = self.processes.values().filter(|p| !p.exited);
+        alive.fold((0, 0), |(n, bytes), p| (n + 1, bytes + p.held.devices.values().map(|t| t.live_bytes).sum::<u64>()))
     }
 
     /// The processes holding the most memory on a device, most first.

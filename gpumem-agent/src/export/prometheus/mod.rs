@@ -15,13 +15,13 @@ use std::collections::BTreeMap;
 
 use gpumem_common::DEVICE_UNKNOWN;
 
-use super::names::{api_name, result_name};
+use crate::names::{api_name, result_name};
 use crate::{
     analysis::{
-        counters::{EventCounts, KillSource},
+        counters::{EventCounts, KillSource, OomCount},
         distributions::Distributions,
         health::{self, GpuWatch},
-        view::{self, View, Workload},
+        view::{View, Workload},
     },
     nvml::GpuSample,
     pipeline::Pipeline,
@@ -123,7 +123,7 @@ struct Series {
 
 fn process_families(fams: &mut Families, s: &Scrape<'_>) {
     let view = s.view;
-    let capped = view::cap(&view.rows, s.max_process_series);
+    let capped = view.capped(s.max_process_series);
     let mut series: Vec<Series> = capped
         .rows
         .iter()
@@ -155,10 +155,8 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
 
     let cap = s.max_process_series;
     let pinned = fams.add(m::PROCESS_HOST_PINNED);
-    pinned.extend(view.pinned.iter().take(cap).map(|p| (workload_labels(Some((p.pid, &p.comm, &p.workload))), Value::int(p.bytes))));
-    if view.pinned.len() > cap {
-        pinned.push((workload_labels(None), Value::int(view.pinned[cap..].iter().map(|p| p.bytes).sum())));
-    }
+    pinned.extend(capped.pinned.iter().map(|p| (workload_labels(Some((p.pid, &p.comm, &p.workload))), Value::int(p.bytes))));
+    pinned.extend(capped.pinned_other.map(|bytes| (workload_labels(None), Value::int(bytes))));
     // Only processes that lost events: their other series are uncertain.
     let lost = fams.add(m::PROCESS_EVENTS_LOST);
     for p in s.state.processes.values().filter(|p| p.events_lost > 0).take(cap) {
@@ -186,14 +184,10 @@ fn event_families(fams: &mut Families, s: &Scrape<'_>) {
     }
     // Counters start at 0 on every known GPU, so that the first event is
     // an increase Prometheus can see (increase() needs a sample before it).
-    let mut by_device: BTreeMap<i32, (u64, u64)> = s.view.devices().map(|d| (d, (0, 0))).collect();
-    for (&(device, frag), &n) in &c.cuda_ooms {
-        let e = by_device.entry(device).or_default();
-        e.0 += n;
-        e.1 += if frag { n } else { 0 };
-    }
-    fams.add(m::CUDA_OOM).extend(by_device.iter().map(|(&d, &(n, _))| (device_labels(d, s.view), Value::Count(n))));
-    fams.add(m::FRAGMENTATION_FAILURES).extend(by_device.iter().map(|(&d, &(_, f))| (device_labels(d, s.view), Value::Count(f))));
+    let mut ooms: BTreeMap<i32, OomCount> = s.view.devices().map(|d| (d, OomCount::default())).collect();
+    ooms.extend(c.cuda_ooms.iter().map(|(&d, &n)| (d, n)));
+    fams.add(m::CUDA_OOM).extend(ooms.iter().map(|(&d, n)| (device_labels(d, s.view), Value::Count(n.all))));
+    fams.add(m::FRAGMENTATION_FAILURES).extend(ooms.iter().map(|(&d, n)| (device_labels(d, s.view), Value::Count(n.fragmentation))));
     let mut exits: BTreeMap<i32, u64> = s.view.devices().map(|d| (d, 0)).collect();
     exits.extend(c.exits.iter().map(|(&d, &n)| (d, n)));
     fams.add(m::PROCESS_EXITS).extend(exits.iter().map(|(&d, &n)| (device_labels(d, s.view), Value::Count(n))));
@@ -281,7 +275,7 @@ fn self_families(fams: &mut Families, s: &Scrape<'_>) {
     fams.add(m::UNKNOWN_EVENTS).push((vec![], Value::Count(s.state.unknown_events)));
     fams.add(m::PROBES_ATTACHED).push((vec![], Value::int(a.probes_attached as u64)));
     fams.add(m::STALE_CALLS_REMOVED).push((vec![], Value::Count(a.stale_calls_removed)));
-    fams.add(m::EVENTS_PROCESSED).push((vec![], Value::Count(s.counts.events)));
+    fams.add(m::EVENTS_PROCESSED).push((vec![], Value::Count(s.state.events)));
     fams.add(m::TRACKED_PROCESSES).push((vec![], Value::int(s.state.processes.len() as u64)));
     fams.add(m::NVML_UP).push((vec![], Value::flag(s.gpus.error.is_none())));
     fams.add(m::AGENT_ERRORS).extend(a.errors.iter().map(|(&op, &n)| (vec![("operation", op.to_string())], Value::Count(n))));

@@ -5,9 +5,10 @@ use std::io::{self, Write};
 
 use gpumem_common::DEVICE_UNKNOWN;
 
+pub use crate::pipeline::Kept;
 use crate::{
     analysis::view::View,
-    export::names::{api_name, bytes, printable, result_name},
+    names::{api_name, bytes, printable, result_name},
 };
 
 /// Samples in a row's trend line.
@@ -68,17 +69,6 @@ impl SortKey {
             SortKey::Pid => "pid",
         }
     }
-}
-
-/// How much the agent keeps, now and at most since it started: a table
-/// that only grows under process churn would show here.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Kept {
-    pub processes: usize,
-    pub exited: usize,
-    pub growth_series: usize,
-    pub peak_processes: usize,
-    pub peak_growth_series: usize,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]

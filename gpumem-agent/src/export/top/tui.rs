@@ -13,7 +13,7 @@ use ratatui::{
 use super::model::{device_name, gpu_line, growth, sparkline, Row, Snapshot, SortKey};
 use crate::{
     analysis::leaks::LeakGroup,
-    export::names::{bytes, printable},
+    names::{bytes, printable},
 };
 
 /// What the screen shows besides the snapshot.

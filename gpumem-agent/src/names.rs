@@ -1,4 +1,5 @@
-//! Human names for API classes and CUresult codes.
+//! The vocabulary every output shares: names of APIs, event types and
+//! CUresults, byte counts, short container ids, text made printable.
 use gpumem_common::{api, api_info, ApiClass};
 
 /// Events that are not libcuda calls: (id, `type` in trace output, what fired).
