@@ -326,10 +326,21 @@ pub struct BenchArgs {
     pub command: String,
 }
 
+/// The longest duration or age accepted (about three years): longer ones
+/// would overflow the clock arithmetic they feed, and mean "forever" anyway.
+const SECONDS_MAX: f64 = 1e8;
+
 pub fn parse_duration(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
     if !v.is_finite() || v <= 0.0 {
         return Err(format!("duration must be a positive number of seconds, got `{s}`"));
+    }
+    at_most_seconds_max(s, v)
+}
+
+fn at_most_seconds_max(s: &str, v: f64) -> Result<f64, String> {
+    if v > SECONDS_MAX {
+        return Err(format!("`{s}` seconds is too long: at most {SECONDS_MAX:e} seconds (about three years)"));
     }
     Ok(v)
 }
@@ -346,7 +357,7 @@ pub fn parse_age(s: &str) -> Result<f64, String> {
     if !v.is_finite() || v < 0.0 {
         return Err(format!("age must be zero or a positive number of seconds, got `{s}`"));
     }
-    Ok(v)
+    at_most_seconds_max(s, v)
 }
 
 fn parse_ringbuf(s: &str) -> Result<u32, String> {
@@ -386,6 +397,9 @@ mod tests {
         assert!(parse_duration("-1").is_err());
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("1e300").is_err());
+        assert_eq!(parse_age("1e8"), Ok(1e8));
+        assert!(parse_age("1e9").is_err());
         assert_eq!(parse_ringbuf("4096"), Ok(4096));
         assert!(parse_ringbuf("5000").is_err());
         assert!(parse_ringbuf("1024").is_err());
@@ -399,6 +413,8 @@ mod tests {
             (&["trace", "--min-size", "lots"][..], "use e.g. 4096, 64K or 20MiB"),
             (&["trace", "--duration", "-1"], "duration must be a positive number of seconds"),
             (&["trace", "--duration", "0"], "duration must be a positive number of seconds"),
+            (&["trace", "--duration", "1e300"], "is too long: at most 1e8 seconds"),
+            (&["leaks", "--older-than", "1e20"], "is too long: at most 1e8 seconds"),
             (&["trace", "--ringbuf-bytes", "5000"], "a power of two between 4096 and 1GiB"),
             (&["trace", "-p", "x"], "'--pid <PID>'"),
             (&["trace", "--ioctl", "maybe"], "[possible values: auto, kprobes, tracepoints, off]"),

@@ -88,7 +88,7 @@ pub struct GpuSample {
 
 #[derive(Debug, thiserror::Error)]
 #[error("NVML unavailable: {0}")]
-pub struct Unavailable(String);
+pub struct Unavailable(#[source] NvmlError);
 
 pub struct Sampler {
     nvml: Nvml,
@@ -108,15 +108,15 @@ impl Sampler {
         if let Some(path) = lib {
             b.lib_path(path);
         }
-        let nvml = b.init().map_err(|e| Unavailable(e.to_string()))?;
+        let nvml = b.init().map_err(Unavailable)?;
         Ok(Sampler { nvml, unsupported: HashSet::new() })
     }
 
     pub fn sample(&mut self, t_s: f64) -> Result<Vec<GpuSample>, Unavailable> {
-        let count = self.nvml.device_count().map_err(|e| Unavailable(e.to_string()))?;
+        let count = self.nvml.device_count().map_err(Unavailable)?;
         let mut out = Vec::new();
         for index in 0..count {
-            let dev = self.nvml.device_by_index(index).map_err(|e| Unavailable(e.to_string()))?;
+            let dev = self.nvml.device_by_index(index).map_err(Unavailable)?;
             let mut s = GpuSample {
                 index,
                 uuid: dev.uuid().unwrap_or_default(),
