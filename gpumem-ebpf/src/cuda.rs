@@ -7,7 +7,7 @@ use aya_ebpf::{
 use gpumem_common::{api, flags, stat, Event, DEVICE_UNKNOWN};
 
 use crate::{
-    maps::{capture_stacks, count, lost, should_trace, submit_flags, track, Pending, PendingKey, EVENTS, PENDING},
+    maps::{capture_stacks, count, lost, should_trace, submit_flags_for, track, Pending, PendingKey, EVENTS, PENDING},
     stack, vmm,
 };
 
@@ -68,19 +68,18 @@ pub fn on_return(ctx: &RetProbeContext, api_id: u32) -> u32 {
         comm: bpf_get_current_comm().unwrap_or([0u8; 16]),
     };
     decode(api_id, &pending, result == 0, &mut ev);
+    let flags = submit_flags_for(track(tgid));
     if result == 0 && wants_stack(api_id) && capture_stacks() {
-        stack::emit_with_stack(ctx, ev);
+        stack::emit_with_stack(ctx, ev, flags);
     } else {
         match EVENTS.reserve::<Event>(0) {
             Some(mut entry) => {
                 entry.write(ev);
-                entry.submit(submit_flags());
+                entry.submit(flags);
             }
             None => lost(stat::RINGBUF_FULL, tgid),
         }
     }
-
-    track(tgid);
     0
 }
 

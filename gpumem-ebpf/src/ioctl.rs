@@ -17,7 +17,7 @@ use aya_ebpf::{
 };
 use gpumem_common::{api, nv, nv_fd, stat, Event, FdKey, NV_FDS_MAX, NV_PREFIX_MAX, PENDING_MAX};
 
-use crate::maps::{count, lost, should_trace, submit_flags, track, EVENTS};
+use crate::maps::{count, lost, should_trace, submit_flags_for, track, EVENTS};
 
 /// Open NVIDIA descriptors: (tgid, fd) → `nv_fd::RM` or `nv_fd::UVM`.
 #[map]
@@ -269,13 +269,13 @@ fn finish(pid_tgid: u64) -> u32 {
         }
         _ => return 0,
     }
+    let flags = submit_flags_for(track((pid_tgid >> 32) as u32));
     match EVENTS.reserve::<Event>(0) {
         Some(mut entry) => {
             entry.write(ev);
-            entry.submit(submit_flags());
+            entry.submit(flags);
         }
         None => lost(stat::RINGBUF_FULL, (pid_tgid >> 32) as u32),
     }
-    track((pid_tgid >> 32) as u32);
     0
 }

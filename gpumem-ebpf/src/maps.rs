@@ -49,7 +49,7 @@ pub static FILTER_MODE: u32 = 0;
 pub static WAKEUP_BYTES: u64 = 0;
 
 const BPF_RB_NO_WAKEUP: u64 = 1;
-const BPF_RB_FORCE_WAKEUP: u64 = 2;
+pub const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
 
 /// Flags for submitting a record to EVENTS under the wakeup policy above.
@@ -136,10 +136,27 @@ pub fn should_trace(tgid: u32) -> bool {
 }
 
 /// Remembers that a process made a traced call, so that its exit is reported.
+/// True the first time: that record wakes the agent at once (not at its next
+/// poll), so that it looks the process up in /proc (container, memory
+/// cgroup) while the process is alive, even one that dies milliseconds later.
 #[inline(always)]
-pub fn track(tgid: u32) {
+pub fn track(tgid: u32) -> bool {
     // SAFETY: plain lookup. Insert only when new: an update on every call costs.
-    if unsafe { TRACKED.get(&tgid) }.is_none() && TRACKED.insert(&tgid, &1, 0).is_err() {
+    if unsafe { TRACKED.get(&tgid) }.is_some() {
+        return false;
+    }
+    if TRACKED.insert(&tgid, &1, 0).is_err() {
         count(gpumem_common::stat::TRACKED_FULL);
+    }
+    true
+}
+
+/// Flags for a process's record: a wakeup now for its first, else the policy above.
+#[inline(always)]
+pub fn submit_flags_for(first_of_process: bool) -> u64 {
+    if first_of_process {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        submit_flags()
     }
 }

@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use gpumem_common::{api, oom_field, stat, Event};
 
-use crate::maps::{count, EVENTS, OOM_OFFSETS};
+use crate::maps::{count, BPF_RB_FORCE_WAKEUP, EVENTS, OOM_OFFSETS};
 
 #[inline(always)]
 fn offset(field: usize) -> u32 {
@@ -60,6 +60,8 @@ pub fn on_mark_victim(ctx: &TracePointContext) -> u32 {
         comm,
         ..Event::empty(api::OOM_KILL)
     });
-    entry.submit(0); // rare: the kernel's default wakeup
+    // Rare, and urgent: the agent reads the victim's memory cgroup in /proc
+    // before the kill completes.
+    entry.submit(BPF_RB_FORCE_WAKEUP);
     0
 }

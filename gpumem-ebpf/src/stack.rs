@@ -7,10 +7,11 @@
 use aya_ebpf::{helpers::generated::bpf_probe_read_user, programs::RetProbeContext};
 use gpumem_common::{flags, stat, Event, STACK_BYTES, STACK_CHUNK, STACK_HEADER_SIZE};
 
-use crate::maps::{lost, submit_flags, EVENTS, STACK_SCRATCH};
+use crate::maps::{lost, EVENTS, STACK_SCRATCH};
 
 #[inline(always)]
-pub fn emit_with_stack(ctx: &RetProbeContext, mut ev: Event) {
+/// `submit`: the ring buffer flags (wakeup policy) for the record.
+pub fn emit_with_stack(ctx: &RetProbeContext, mut ev: Event, submit: u64) {
     // Built in a per-CPU scratch record, then only the bytes actually copied
     // go to the ring (ring reservations must have a constant size).
     let Some(rec) = STACK_SCRATCH.get_ptr_mut(0) else { return };
@@ -43,13 +44,13 @@ pub fn emit_with_stack(ctx: &RetProbeContext, mut ev: Event) {
         // meanwhile, send the event without a stack rather than a wrong one.
         if (*rec).event.tid != ev.tid || (*rec).event.ts_ns != ev.ts_ns {
             ev.flags &= !flags::HAS_STACK;
-            if EVENTS.output::<Event>(&ev, submit_flags()).is_err() {
+            if EVENTS.output::<Event>(&ev, submit).is_err() {
                 lost(stat::RINGBUF_FULL, ev.pid);
             }
             return;
         }
         let bytes = core::slice::from_raw_parts(rec as *const u8, STACK_HEADER_SIZE + len.min(STACK_BYTES));
-        if EVENTS.output::<[u8]>(bytes, submit_flags()).is_err() {
+        if EVENTS.output::<[u8]>(bytes, submit).is_err() {
             lost(stat::RINGBUF_FULL, ev.pid);
         }
     }

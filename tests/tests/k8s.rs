@@ -47,11 +47,8 @@ fn kubernetes_pod_and_container_from_cgroup_v1_cgroupfs() {
     require_root();
     let dir = std::path::PathBuf::from(format!("/sys/fs/cgroup/memory/kubepods/burstable/pod{TEST_POD_UID}/{TEST_CONTAINER}"));
     let t = trace_in_cgroup(&dir);
-    let allocs = t.of_type("alloc");
-    assert_eq!(allocs.len(), 2);
+    let allocs = allocs_in_the_test_container(&t);
     for e in &allocs {
-        assert_eq!(e["pod_uid"], TEST_POD_UID, "{e}");
-        assert_eq!(e["container"], TEST_CONTAINER, "{e}");
         assert_eq!(e["ns_pid"], e["pid"], "same pid namespace");
         assert_eq!(e["pod"], TEST_POD_NAME, "{e}");
         assert_eq!(e["namespace"], TEST_NAMESPACE, "{e}");
@@ -69,10 +66,16 @@ fn kubernetes_pod_and_container_from_cgroup_v2_systemd() {
         "/sys/fs/cgroup/unified/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid}.slice/cri-containerd-{TEST_CONTAINER}.scope"
     ));
     let t = trace_in_cgroup(&dir);
+    allocs_in_the_test_container(&t);
+}
+
+/// The workload's two allocations, each attributed to the test pod and container.
+fn allocs_in_the_test_container(t: &Trace) -> Vec<&serde_json::Value> {
     let allocs = t.of_type("alloc");
     assert_eq!(allocs.len(), 2);
     for e in &allocs {
         assert_eq!(e["pod_uid"], TEST_POD_UID, "{e}");
         assert_eq!(e["container"], TEST_CONTAINER, "{e}");
     }
+    allocs
 }
