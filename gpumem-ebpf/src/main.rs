@@ -5,10 +5,6 @@
 #![no_std]
 #![no_main]
 #![allow(non_snake_case)]
-#![allow(
-    clippy::needless_borrows_for_generic_args,
-    reason = "map keys and values are passed by reference: the helpers take their address, and a copy would cost BPF stack (512 bytes in all)"
-)]
 
 mod cuda;
 mod ioctl;

@@ -61,7 +61,7 @@ pub fn observe(ev: &Event, kind: &Kind, applied: &Applied) -> Option<Observation
         api: ev.api,
         latency_ns: ev.latency_ns,
         allocation: memory.filter(|_| is_alloc && ev.result == 0).map(|k| (k, ev.size)),
-        lifetime: memory.filter(|_| !is_alloc).and_then(|k| applied.lifetime_ns.map(|l| (k, l))),
+        lifetime: memory.filter(|_| !is_alloc).zip(applied.lifetime_ns),
     })
 }
 

@@ -16,7 +16,7 @@ impl Agent {
         let Some(map) = self.ebpf.map_mut("NV_FDS") else { return };
         let Ok(mut fds) = BpfHashMap::<_, gpumem_common::FdKey, u32>::try_from(map) else { return };
         for (key, kind) in found {
-            if self.seeded.0.insert((key.tgid, key.fd)) && fds.insert(key, kind, 0).is_ok() {
+            if self.seeded.0.insert((key.tgid, key.fd)) && fds.insert(&key, &kind, 0).is_ok() {
                 self.ioctl.seeded_fds += 1;
             }
         }
@@ -28,7 +28,7 @@ impl Agent {
         let mut pids: BpfHashMap<_, u32, u32> =
             BpfHashMap::try_from(map).map_err(|source| ProbeError::Map { map: "FILTER_PIDS", source: Box::new(source) })?;
         let value = if follow { filter::FOLLOW_CHILDREN } else { 0 };
-        pids.insert(pid, value, 0).map_err(|source| ProbeError::Map { map: "FILTER_PIDS", source: Box::new(source) })
+        pids.insert(&pid, &value, 0).map_err(|source| ProbeError::Map { map: "FILTER_PIDS", source: Box::new(source) })
     }
 
     /// The event ring buffer, handed to the reader once.

@@ -362,7 +362,7 @@ impl Agent {
         let set = self.options.probe_set;
         for name in [entry_program(symbol, set), return_program(symbol, set)] {
             let prog: &mut UProbe = self.program(&name)?;
-            prog.attach(offset, path, UProbeScope::AllProcesses).map_err(|source| ProbeError::Attach {
+            prog.attach([offset], path, UProbeScope::AllProcesses).map_err(|source| ProbeError::Attach {
                 program: name.clone(),
                 target: format!("{symbol} in {}", path.display()),
                 source: Box::new(source),
