@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::probes::{ioctl::IoctlMode, ProbeSet};
+use crate::probes::{ioctl::IoctlMode, links::UprobeLinks, ProbeSet};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -91,6 +91,14 @@ pub struct ProbeArgs {
     /// cost); leaks are then reported without call sites.
     #[arg(long, value_name = "MODE", value_enum, default_value_t = Switch::On)]
     pub stacks: Switch,
+    /// How uprobes are linked to libcuda: `auto` makes one uprobe_multi link per
+    /// library and direction where the kernel has them (6.6+: every entry point
+    /// attached at once, detached in one step), else one link per entry point.
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = UprobeLinks::Auto)]
+    pub uprobe_links: UprobeLinks,
+    /// Tests: act as a kernel that refuses uprobe_multi links.
+    #[arg(long, hide = true)]
+    pub refuse_uprobe_multi: bool,
 }
 
 /// What to trace and for how long (shared by trace and leaks).

@@ -1,7 +1,7 @@
-//! gpumem's eBPF programs. One uprobe/uretprobe pair per libcuda entry point
-//! (named `e_<symbol>` / `r_<symbol>`, which the agent derives from
-//! `gpumem_common::APIS`), the process lifecycle tracepoints, and an empty
-//! pair used as the baseline when measuring probe overhead.
+//! gpumem's eBPF programs: one uprobe/uretprobe pair for every libcuda entry
+//! point (told apart by the attach cookie, an id of `gpumem_common::api`),
+//! the process lifecycle tracepoints, and an empty pair used as the baseline
+//! when measuring probe overhead.
 #![no_std]
 #![no_main]
 #![allow(non_snake_case)]
@@ -15,56 +15,41 @@ mod stack;
 mod vmm;
 
 use aya_ebpf::{
+    helpers::generated::bpf_get_attach_cookie,
     macros::{kprobe, kretprobe, tracepoint, uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
+    EbpfContext,
 };
-use gpumem_common::api;
 
-macro_rules! probe_pair {
-    ($($entry:ident, $ret:ident, $id:ident;)*) => {$(
-        #[uprobe]
-        pub fn $entry(ctx: ProbeContext) -> u32 {
-            cuda::on_entry(&ctx, api::$id)
-        }
-        #[uretprobe]
-        pub fn $ret(ctx: RetProbeContext) -> u32 {
-            cuda::on_return(&ctx, api::$id)
-        }
-    )*};
+// One entry and one return program for every libcuda entry point: the API id
+// is the attach cookie. The `_m_` pair goes on uprobe_multi links (one per
+// library and direction, kernel 6.6+), the other on per-point links.
+
+#[uprobe(multi)]
+pub fn cuda_m_entry(ctx: ProbeContext) -> u32 {
+    cuda::on_entry(&ctx, api_of(&ctx))
 }
 
-probe_pair! {
-    e_cuInit, r_cuInit, CU_INIT;
-    e_cuMemAlloc_v2, r_cuMemAlloc_v2, CU_MEM_ALLOC_V2;
-    e_cuMemAllocPitch_v2, r_cuMemAllocPitch_v2, CU_MEM_ALLOC_PITCH_V2;
-    e_cuMemAllocManaged, r_cuMemAllocManaged, CU_MEM_ALLOC_MANAGED;
-    e_cuMemAllocAsync, r_cuMemAllocAsync, CU_MEM_ALLOC_ASYNC;
-    e_cuMemAllocAsync_ptsz, r_cuMemAllocAsync_ptsz, CU_MEM_ALLOC_ASYNC_PTSZ;
-    e_cuMemAllocFromPoolAsync, r_cuMemAllocFromPoolAsync, CU_MEM_ALLOC_FROM_POOL_ASYNC;
-    e_cuMemAllocFromPoolAsync_ptsz, r_cuMemAllocFromPoolAsync_ptsz, CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ;
-    e_cuMemHostAlloc, r_cuMemHostAlloc, CU_MEM_HOST_ALLOC;
-    e_cuMemAllocHost_v2, r_cuMemAllocHost_v2, CU_MEM_ALLOC_HOST_V2;
-    e_cuMemFree_v2, r_cuMemFree_v2, CU_MEM_FREE_V2;
-    e_cuMemFreeAsync, r_cuMemFreeAsync, CU_MEM_FREE_ASYNC;
-    e_cuMemFreeAsync_ptsz, r_cuMemFreeAsync_ptsz, CU_MEM_FREE_ASYNC_PTSZ;
-    e_cuMemFreeHost, r_cuMemFreeHost, CU_MEM_FREE_HOST;
-    e_cuMemCreate, r_cuMemCreate, CU_MEM_CREATE;
-    e_cuMemRelease, r_cuMemRelease, CU_MEM_RELEASE;
-    e_cuMemMap, r_cuMemMap, CU_MEM_MAP;
-    e_cuMemUnmap, r_cuMemUnmap, CU_MEM_UNMAP;
-    e_cuMemAddressReserve, r_cuMemAddressReserve, CU_MEM_ADDRESS_RESERVE;
-    e_cuMemAddressFree, r_cuMemAddressFree, CU_MEM_ADDRESS_FREE;
-    e_cuDevicePrimaryCtxRetain, r_cuDevicePrimaryCtxRetain, CU_DEVICE_PRIMARY_CTX_RETAIN;
-    e_cuDevicePrimaryCtxRelease_v2, r_cuDevicePrimaryCtxRelease_v2, CU_DEVICE_PRIMARY_CTX_RELEASE_V2;
-    e_cuDevicePrimaryCtxReset_v2, r_cuDevicePrimaryCtxReset_v2, CU_DEVICE_PRIMARY_CTX_RESET_V2;
-    e_cuCtxCreate_v2, r_cuCtxCreate_v2, CU_CTX_CREATE_V2;
-    e_cuCtxCreate_v3, r_cuCtxCreate_v3, CU_CTX_CREATE_V3;
-    e_cuCtxCreate_v4, r_cuCtxCreate_v4, CU_CTX_CREATE_V4;
-    e_cuCtxSetCurrent, r_cuCtxSetCurrent, CU_CTX_SET_CURRENT;
-    e_cuCtxPushCurrent_v2, r_cuCtxPushCurrent_v2, CU_CTX_PUSH_CURRENT_V2;
-    e_cuCtxPopCurrent_v2, r_cuCtxPopCurrent_v2, CU_CTX_POP_CURRENT_V2;
-    e_cuCtxDestroy_v2, r_cuCtxDestroy_v2, CU_CTX_DESTROY_V2;
-    e_cuMemGetInfo_v2, r_cuMemGetInfo_v2, CU_MEM_GET_INFO_V2;
+#[uretprobe(multi)]
+pub fn cuda_m_return(ctx: RetProbeContext) -> u32 {
+    cuda::on_return(&ctx, api_of(&ctx))
+}
+
+#[uprobe]
+pub fn cuda_entry(ctx: ProbeContext) -> u32 {
+    cuda::on_entry(&ctx, api_of(&ctx))
+}
+
+#[uretprobe]
+pub fn cuda_return(ctx: RetProbeContext) -> u32 {
+    cuda::on_return(&ctx, api_of(&ctx))
+}
+
+/// The API id the agent gave this attach point as its cookie.
+#[inline(always)]
+fn api_of(ctx: &impl EbpfContext) -> u32 {
+    // SAFETY: the helper only reads the running program's attach cookie.
+    unsafe { bpf_get_attach_cookie(ctx.as_ptr()) as u32 }
 }
 
 #[tracepoint]
@@ -124,7 +109,18 @@ pub fn nv_ioctl_return(ctx: RetProbeContext) -> u32 {
     ioctl::on_kretprobe(&ctx)
 }
 
-/// Baseline for overhead measurements: the cheapest possible probe pair.
+/// Baseline for overhead measurements: the cheapest possible probe pair,
+/// linked as the real ones are.
+#[uprobe(multi)]
+pub fn empty_m_entry(_ctx: ProbeContext) -> u32 {
+    0
+}
+
+#[uretprobe(multi)]
+pub fn empty_m_return(_ctx: RetProbeContext) -> u32 {
+    0
+}
+
 #[uprobe]
 pub fn empty_entry(_ctx: ProbeContext) -> u32 {
     0

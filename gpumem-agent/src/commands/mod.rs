@@ -37,6 +37,8 @@ impl ProbeArgs {
                 (None, false) => Some(nvml::Library::System),
             },
             stacks: self.stacks == Switch::On,
+            uprobe_links: self.uprobe_links,
+            refuse_uprobe_multi: self.refuse_uprobe_multi,
         }
     }
 }

@@ -38,6 +38,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
             "kernel": features,
             "tracepoints": agent.tracepoints,
             "ioctl": agent.ioctl,
+            "uprobe_links": agent.uprobe_links,
             "nvml": nvml,
             "libraries": agent.libraries,
             "notes": notes,

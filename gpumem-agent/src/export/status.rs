@@ -41,6 +41,8 @@ pub fn write_human(
     if let Some(e) = &io.error {
         writeln!(out, "  NOT attached: {e}")?;
     }
+    let l = &agent.uprobe_links;
+    writeln!(out, "uprobe links: {} — {} ({} link(s))", l.mode.name(), l.why, l.links)?;
     writeln!(out, "NVML: {nvml}")?;
     if agent.libraries.is_empty() {
         writeln!(out, "libcuda: none found (not in ld.so.cache, not loaded by any process); give one with --libcuda PATH")?;
@@ -51,7 +53,8 @@ pub fn write_human(
             writeln!(out, "  not attached: {e}")?;
             continue;
         }
-        writeln!(out, "  {} of {} probes attached", lib.attached(), lib.probes.len())?;
+        let links = lib.links.map(|m| format!(" ({} links)", m.name())).unwrap_or_default();
+        writeln!(out, "  {} of {} probes attached{links}", lib.attached(), lib.probes.len())?;
         for p in &lib.probes {
             let what = match &p.status {
                 ProbeStatus::Attached => "attached (uprobe + uretprobe)".to_string(),

@@ -1,18 +1,18 @@
 //! Detaching without making the caller wait.
-use super::Agent;
+use super::{links::LinkMode, Agent};
 
 impl Agent {
     /// Detaches everything without making the caller wait.
     ///
-    /// The kernel removes perf-event uprobes one at a time, each waiting for
-    /// an RCU grace period (about 0.1 s on this VM: 6 s for 58 probes; aya
-    /// 0.14 has no uprobe_multi links, whose removal is batched). A forked
-    /// child keeps references to the probes until this process has exited,
-    /// so that the slow removal happens in the child, not in our exit.
-    /// Call it from the main thread (the parent-death signal follows the
-    /// thread that forked).
+    /// uprobe_multi links go in one RCU grace period: dropped here. Per-point
+    /// links (kernels before 6.6) go one at a time, each waiting for its own
+    /// grace period (about 0.1 s on this VM: 6 s for 60 links). For those a
+    /// forked child keeps references to the probes until this process has
+    /// exited, so that the slow removal happens in the child, not in our
+    /// exit. Call it from the main thread (the parent-death signal follows
+    /// the thread that forked).
     pub fn detach_in_background(self) {
-        if self.attached_probe_count() < 8 {
+        if self.uprobe_links.mode == LinkMode::Multi || self.uprobe_links.links < 8 {
             drop(self);
             return;
         }

@@ -4,6 +4,7 @@ mod detach;
 pub mod discover;
 pub mod features;
 pub mod ioctl;
+pub mod links;
 mod maps;
 pub mod symbols;
 pub mod tracefs;
@@ -11,11 +12,15 @@ pub mod tracefs;
 use std::{collections::HashSet, path::Path};
 
 use aya::{
-    programs::{uprobe::UProbeScope, TracePoint, UProbe},
+    programs::{
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        TracePoint, UProbe,
+    },
     Ebpf, EbpfLoader,
 };
 pub use discover::{Library, Source};
-use gpumem_common::{filter, oom_field, APIS};
+use gpumem_common::{filter, oom_field, ApiInfo, APIS};
+use links::{LinkMode, LinkReport, UprobeLinks};
 
 /// The eBPF object built by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gpumem"));
@@ -58,6 +63,9 @@ pub struct Options {
     /// NVIDIA device-node prefix for the ioctl path.
     pub nvidia_prefix: String,
     pub ioctl_mode: ioctl::IoctlMode,
+    pub uprobe_links: UprobeLinks,
+    /// Tests: act as a kernel that refuses uprobe_multi links at attach time.
+    pub refuse_uprobe_multi: bool,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -87,6 +95,8 @@ pub struct LibraryReport {
     pub dev: u64,
     pub inode: u64,
     pub error: Option<String>,
+    /// How its probes are linked (none when nothing was attached).
+    pub links: Option<LinkMode>,
     pub probes: Vec<SymbolReport>,
 }
 
@@ -109,6 +119,7 @@ pub struct Agent {
     seen: HashSet<(u64, u64)>,
     pub libraries: Vec<LibraryReport>,
     pub tracepoints: Vec<TracepointReport>,
+    pub uprobe_links: LinkReport,
     pub notes: Vec<String>,
     /// Cost of looking for new libcuda copies in /proc.
     pub scan_stats: discover::ScanStats,
@@ -119,10 +130,11 @@ pub struct Agent {
     pub stale_calls_removed: u64,
 }
 
-/// Context calls first, then frees, then allocations: a process that calls
-/// while we attach then sees its allocations attributed to the right device,
-/// and at worst a free of something we never saw allocated.
-fn attach_order() -> Vec<&'static gpumem_common::ApiInfo> {
+/// Context calls first, then frees, then allocations: with per-point links,
+/// a process that calls while we attach then sees its allocations attributed
+/// to the right device, and at worst a free of something we never saw
+/// allocated. (A uprobe_multi link attaches them all at once.)
+fn attach_order() -> Vec<&'static ApiInfo> {
     use gpumem_common::ApiClass::*;
     let rank = |c: gpumem_common::ApiClass| match c {
         CtxRetainPrimary | CtxReleasePrimary | CtxResetPrimary | CtxCreate | CtxSetCurrent | CtxPush | CtxPop | CtxDestroy => 0,
@@ -133,20 +145,6 @@ fn attach_order() -> Vec<&'static gpumem_common::ApiInfo> {
     let mut apis: Vec<_> = APIS.iter().collect();
     apis.sort_by_key(|a| rank(a.class));
     apis
-}
-
-fn entry_program(symbol: &str, set: ProbeSet) -> String {
-    match set {
-        ProbeSet::Full => format!("e_{symbol}"),
-        ProbeSet::Empty => "empty_entry".into(),
-    }
-}
-
-fn return_program(symbol: &str, set: ProbeSet) -> String {
-    match set {
-        ProbeSet::Full => format!("r_{symbol}"),
-        ProbeSet::Empty => "empty_return".into(),
-    }
 }
 
 impl Agent {
@@ -192,29 +190,21 @@ impl Agent {
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
         let (path, why) = ioctl::choose(options.ioctl_mode, features::detect().kprobes, ioctl::nvidia_module_loaded(), &prefix);
         let ioctl = ioctl::IoctlReport { path, why, prefix, seeded_fds: 0, error: None };
+        let uprobe_links = links::choose(options.uprobe_links);
         let mut agent = Agent {
             ebpf,
             options,
             seen: HashSet::new(),
             libraries: Vec::new(),
             tracepoints: Vec::new(),
+            uprobe_links,
             notes,
             scan_stats: Default::default(),
             ioctl,
             seeded: Default::default(),
             stale_calls_removed: 0,
         };
-        let mut names: Vec<String> = Vec::new();
-        for api in APIS {
-            names.push(entry_program(api.symbol, agent.options.probe_set));
-            names.push(return_program(api.symbol, agent.options.probe_set));
-        }
-        names.sort();
-        names.dedup();
-        for name in names {
-            let prog: &mut UProbe = agent.program(&name)?;
-            prog.load().map_err(|source| ProbeError::Program { program: name.clone(), source: Box::new(source) })?;
-        }
+        agent.load_uprobes()?;
         agent.attach_tracepoints(fork_offset != 0, oom_offsets[oom_field::PID] != oom_field::FIELD_ABSENT);
         agent.attach_ioctl();
         Ok(agent)
@@ -336,37 +326,108 @@ impl Agent {
             dev: lib.dev,
             inode: lib.ino,
             error: None,
+            links: None,
             probes: Vec::new(),
         };
         match symbols::function_offsets(&lib.path) {
             Err(e) => report.error = Some(e.to_string()),
             Ok(offsets) => {
-                for api in attach_order() {
-                    let status = match offsets.get(api.symbol) {
-                        None => ProbeStatus::NotExported { required: api.required },
-                        Some(&offset) => match self.attach_symbol(api.symbol, offset, &lib.path) {
-                            Ok(()) => ProbeStatus::Attached,
-                            Err(e) => ProbeStatus::Failed { error: e.to_string() },
-                        },
+                let exported: Vec<(&'static ApiInfo, u64)> =
+                    attach_order().into_iter().filter_map(|api| offsets.get(api.symbol).map(|&off| (api, off))).collect();
+                let (mode, failed) = self.link(&exported, &lib.path);
+                for api in APIS {
+                    let status = match failed.iter().find(|(symbol, _)| *symbol == api.symbol) {
+                        _ if !offsets.contains_key(api.symbol) => ProbeStatus::NotExported { required: api.required },
+                        Some((_, error)) => ProbeStatus::Failed { error: error.clone() },
+                        None => ProbeStatus::Attached,
                     };
                     report.probes.push(SymbolReport { symbol: api.symbol, status });
                 }
-                report.probes.sort_by_key(|p| APIS.iter().position(|a| a.symbol == p.symbol));
+                report.links = (report.attached() > 0).then_some(mode);
             }
         }
         self.libraries.push(report);
         self.libraries.last()
     }
 
-    fn attach_symbol(&mut self, symbol: &str, offset: u64, path: &Path) -> Result<(), ProbeError> {
-        let set = self.options.probe_set;
-        for name in [entry_program(symbol, set), return_program(symbol, set)] {
-            let prog: &mut UProbe = self.program(&name)?;
-            prog.attach([offset], path, UProbeScope::AllProcesses).map_err(|source| ProbeError::Attach {
-                program: name.clone(),
-                target: format!("{symbol} in {}", path.display()),
+    /// Loads the entry and return programs of the current link mode.
+    fn load_uprobes(&mut self) -> Result<(), ProbeError> {
+        for name in links::programs(self.options.probe_set, self.uprobe_links.mode) {
+            let prog: &mut UProbe = self.program(name)?;
+            prog.load().map_err(|source| ProbeError::Program { program: name.to_string(), source: Box::new(source) })?;
+        }
+        Ok(())
+    }
+
+    /// Links the entry and return programs to these entry points of one
+    /// library, each point's API id as its cookie: in one uprobe_multi link
+    /// per direction, or point by point. A kernel that refuses uprobe_multi
+    /// turns `--uprobe-links auto` to per-point links, for this library and
+    /// the ones after it.
+    /// Returns the mode used and the entry points that failed, with why.
+    fn link(&mut self, points: &[(&'static ApiInfo, u64)], path: &Path) -> (LinkMode, Vec<(&'static str, String)>) {
+        let every_point_failed = |e: &dyn std::fmt::Display| points.iter().map(|(api, _)| (api.symbol, e.to_string())).collect();
+        if points.is_empty() {
+            return (self.uprobe_links.mode, Vec::new());
+        }
+        if self.uprobe_links.mode == LinkMode::Multi {
+            match self.link_multi(points, path) {
+                Ok(()) => return (LinkMode::Multi, Vec::new()),
+                Err(ProbeError::Attach { source, .. }) if self.options.uprobe_links == UprobeLinks::Auto && links::is_refusal(&source) => {
+                    self.uprobe_links.mode = LinkMode::PerPoint;
+                    self.uprobe_links.why = format!("the kernel refused a uprobe_multi link ({source}): one link per entry point");
+                    self.notes.push(format!("uprobe links: {}", self.uprobe_links.why));
+                    if let Err(e) = self.load_uprobes() {
+                        return (LinkMode::PerPoint, every_point_failed(&e));
+                    }
+                }
+                Err(e) => return (LinkMode::Multi, every_point_failed(&e)),
+            }
+        }
+        let mut failed = Vec::new();
+        for &(api, offset) in points {
+            if let Err(e) = self.link_point(api, offset, path) {
+                failed.push((api.symbol, e.to_string()));
+            }
+        }
+        (LinkMode::PerPoint, failed)
+    }
+
+    fn link_multi(&mut self, points: &[(&'static ApiInfo, u64)], path: &Path) -> Result<(), ProbeError> {
+        let [entry, ret] = links::programs(self.options.probe_set, LinkMode::Multi);
+        let attach_points: Vec<UProbeAttachPoint> = points
+            .iter()
+            .map(|(api, off)| UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(*off), cookie: Some(api.id as u64) })
+            .collect();
+        let target = || format!("{} entry points in {}", points.len(), path.display());
+        let refuse = self.options.refuse_uprobe_multi;
+        let attach = |agent: &mut Agent, name: &str| -> Result<_, ProbeError> {
+            let prog: &mut UProbe = agent.program(name)?;
+            let result =
+                if refuse { Err(links::simulated_refusal()) } else { prog.attach(&attach_points, path, UProbeScope::AllProcesses) };
+            result.map_err(|source| ProbeError::Attach { program: name.to_string(), target: target(), source: Box::new(source) })
+        };
+        let entry_link = attach(self, entry)?;
+        if let Err(e) = attach(self, ret) {
+            // Without its return link the entry link only fills the call table.
+            let prog: &mut UProbe = self.program(entry)?;
+            let _ = prog.detach(entry_link);
+            return Err(e);
+        }
+        self.uprobe_links.links += 2;
+        Ok(())
+    }
+
+    fn link_point(&mut self, api: &ApiInfo, offset: u64, path: &Path) -> Result<(), ProbeError> {
+        let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(api.id as u64) };
+        for name in links::programs(self.options.probe_set, LinkMode::PerPoint) {
+            let prog: &mut UProbe = self.program(name)?;
+            prog.attach([point], path, UProbeScope::AllProcesses).map_err(|source| ProbeError::Attach {
+                program: name.to_string(),
+                target: format!("{} in {}", api.symbol, path.display()),
                 source: Box::new(source),
             })?;
+            self.uprobe_links.links += 1;
         }
         Ok(())
     }

@@ -27,6 +27,8 @@ pub fn load(p: &Probing, filter_pids: bool, probe_set: ProbeSet, ringbuf_bytes: 
         nvidia_prefix: p.nvidia_prefix.clone(),
         ioctl_mode: p.ioctl,
         capture_stacks: p.stacks,
+        uprobe_links: p.uprobe_links,
+        refuse_uprobe_multi: p.refuse_uprobe_multi,
     })
     .context("loading eBPF programs")
 }
@@ -46,8 +48,9 @@ pub fn describe(report: &LibraryReport) -> String {
             _ => None,
         })
         .collect();
+    let links = report.links.map(|m| format!(", {} links", m.name())).unwrap_or_default();
     let mut line = format!(
-        "attached {} of {} probes to {} (inode {}, found by {})",
+        "attached {} of {} probes to {} (inode {}, found by {}{links})",
         report.attached(),
         report.probes.len(),
         report.path,

@@ -43,6 +43,9 @@ pub struct Probing {
     pub nvml: Option<nvml::Library>,
     /// Copy the caller's stack at allocations.
     pub stacks: bool,
+    pub uprobe_links: crate::probes::links::UprobeLinks,
+    /// Tests: act as a kernel that refuses uprobe_multi links.
+    pub refuse_uprobe_multi: bool,
 }
 
 /// When the probes go at the end.
