@@ -91,6 +91,22 @@ pub struct ProbeArgs {
     /// cost); leaks are then reported without call sites.
     #[arg(long, value_name = "MODE", value_enum, default_value_t = Switch::On)]
     pub stacks: Switch,
+    /// Size of the kernel's stack ring in bytes (a power of two, at least
+    /// 4096): allocations beyond what it holds arrive without their stack
+    /// (counted as dropped stacks); accounting has its own ring.
+    #[arg(long, value_name = "BYTES", value_parser = parse_ringbuf, default_value_t = gpumem_common::STACK_RING_BYTES)]
+    pub stack_ring_bytes: u32,
+    /// Stacks per second each process may have copied in full (0: no budget,
+    /// every stack); beyond it, stacks are sampled by bytes (see
+    /// --stack-sample-bytes) and per-stack figures are shown as estimates.
+    /// Accounting is never sampled.
+    #[arg(long, value_name = "PER_S", value_parser = parse_stack_budget, default_value_t = crate::stacks::policy::DEFAULT_BUDGET_PER_S)]
+    pub stack_budget: u32,
+    /// Beyond the budget, an allocation of SIZE bytes has its stack taken
+    /// with probability 1 - exp(-SIZE/BYTES) and stands for 1/p allocations
+    /// (as Go's and tcmalloc's heap profiles do).
+    #[arg(long, value_name = "BYTES", value_parser = parse_sample_bytes, default_value = "512KiB")]
+    pub stack_sample_bytes: u64,
     /// How uprobes are linked to libcuda: `auto` makes one uprobe_multi link per
     /// library and direction where the kernel has them (6.6+: every entry point
     /// attached at once, detached in one step), else one link per entry point.
@@ -376,6 +392,22 @@ fn parse_ringbuf(s: &str) -> Result<u32, String> {
     Ok(v as u32)
 }
 
+fn parse_stack_budget(s: &str) -> Result<u32, String> {
+    let max = crate::stacks::policy::MAX_BUDGET_PER_S;
+    match s.parse::<u32>() {
+        Ok(v) if v <= max => Ok(v),
+        _ => Err(format!("the stack budget is a number of stacks per second from 0 (no budget) to {max}, got `{s}`")),
+    }
+}
+
+fn parse_sample_bytes(s: &str) -> Result<u64, String> {
+    let v = parse_bytes(s)?;
+    if v == 0 || v > gpumem_common::sampling::MAX_RATE {
+        return Err(format!("the sampling rate must be between 1 byte and 1TiB, got {v}"));
+    }
+    Ok(v)
+}
+
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     // Binary units: GPU memory is sized in powers of two (64K = 65536).
     parse_size::Config::new()
@@ -442,6 +474,9 @@ mod tests {
             (&["trace", "--from", "f.rec", "-c", "true"], "cannot be used with"),
             (&["trace", "--bogus"], "unexpected argument '--bogus'"),
             (&["trace", "--stacks", "maybe"], "[possible values: on, off]"),
+            (&["trace", "--stack-budget", "2000000"], "stacks per second from 0 (no budget) to 1000000"),
+            (&["trace", "--stack-sample-bytes", "0"], "between 1 byte and 1TiB"),
+            (&["trace", "--stack-ring-bytes", "5000"], "a power of two"),
             (&["trace", "--nvml", "x", "--no-nvml"], "cannot be used with"),
             (&["top", "--exited-grace", "-1"], "age must be zero or a positive number of seconds"),
         ] {

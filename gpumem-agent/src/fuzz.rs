@@ -8,12 +8,12 @@
 //! `proptest-regressions/` (committed too), so that it is replayed first.
 use std::{collections::BTreeMap, convert::Infallible, process::ExitCode};
 
-use gpumem_common::{flags, Event, StackEvent, EVENT_SIZE, STACK_BYTES, STACK_HEADER_SIZE};
+use gpumem_common::{Event, EVENT_SIZE, STACK_BYTES, STACK_HEADER_SIZE};
 use proptest::prelude::*;
 
 use crate::{
     analysis::{leaks, view::ViewOptions},
-    events::{self, Decoded},
+    events,
     export::{
         leaks::LeaksReport,
         prometheus::{self, Scrape},
@@ -101,6 +101,7 @@ fn render_all(p: &mut Pipeline, end: &End) {
         oom_events: vec![],
         oom_events_dropped: 0,
         stacks: p.stacks.stats.clone(),
+        stacks_dropped: Default::default(),
         lost_events: 0,
         distributions: p.distributions.summary(),
     };
@@ -208,16 +209,18 @@ fn any_event() -> impl Strategy<Value = Event> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
-    /// Ring-buffer records of any length and content: decoded or counted as
-    /// malformed, never read out of bounds.
+    /// Ring-buffer records of any length and content, read as events and as
+    /// stacks: decoded or refused as too short, never read out of bounds.
     #[test]
     fn ring_records_of_any_bytes_decode_safely(bytes in proptest::collection::vec(any::<u8>(), 0..(STACK_HEADER_SIZE + STACK_BYTES + 64))) {
-        let mut buf = Box::new(unsafe { std::mem::zeroed::<StackEvent>() });
-        match events::decode(&bytes, &mut buf) {
-            Decoded::Malformed => prop_assert!(bytes.len() < EVENT_SIZE),
-            Decoded::Event(ev) => prop_assert_eq!(ev.flags & flags::HAS_STACK, 0),
-            Decoded::StackMissing(_) => prop_assert!(bytes.len() < STACK_HEADER_SIZE),
-            Decoded::WithStack(_) => prop_assert!(buf.len as usize <= bytes.len().min(STACK_HEADER_SIZE + STACK_BYTES) - STACK_HEADER_SIZE),
+        let mut buf = events::decode::stack_buffer();
+        prop_assert_eq!(events::decode_event(&bytes).is_some(), bytes.len() >= EVENT_SIZE);
+        match events::decode_stack(&bytes, &mut buf) {
+            None => prop_assert!(bytes.len() < STACK_HEADER_SIZE),
+            Some((tid, ts_ns)) => {
+                prop_assert_eq!((tid, ts_ns), (buf.event.tid, buf.event.ts_ns));
+                prop_assert!(buf.len as usize <= bytes.len().min(STACK_HEADER_SIZE + STACK_BYTES) - STACK_HEADER_SIZE);
+            }
         }
     }
 
@@ -292,7 +295,14 @@ fn every_api_in_the_state_table_is_exercised_by_the_generator() {
 fn a_crafted_recording_with_extreme_oom_and_rm_fields_renders_everywhere() {
     use gpumem_common::api;
     let mut w = record::Writer::new(Vec::new()).unwrap();
-    let header = record::Header { gpumem_version: "test".into(), recorded_by: "test".into(), command: None, pids: vec![], started_ns: 0 };
+    let header = record::Header {
+        gpumem_version: "test".into(),
+        recorded_by: "test".into(),
+        command: None,
+        pids: vec![],
+        started_ns: 0,
+        stack_sample_bytes: 0,
+    };
     w.header(&header).unwrap();
     let max = |api_id| Event {
         pid: 7,

@@ -4,6 +4,8 @@
 //! (never `bool` or Rust enums) so that both sides agree byte for byte.
 #![no_std]
 
+pub mod sampling;
+
 /// Identifiers of the traced calls. Stable numbers: they travel in events and
 /// in recordings, so never renumber; append.
 pub mod api {
@@ -44,6 +46,7 @@ pub mod api {
     /// `pid`/`comm` are the victim's, `tid` the task that triggered the kill;
     /// `addr` total_vm, `size` anon_rss, `handle` file_rss, `aux` shmem_rss, in kB.
     pub const OOM_KILL: u32 = 101;
+
     /// NVIDIA driver ioctls (see `nv`): not libcuda calls.
     pub const RM_ALLOC: u32 = 200;
     pub const RM_FREE: u32 = 201;
@@ -158,8 +161,16 @@ pub mod flags {
     pub const OUT_READ_FAILED: u32 = 1 << 0;
     /// `device` comes from the call's own arguments (cuMemCreate, ctx calls).
     pub const DEVICE_FROM_ARGS: u32 = 1 << 1;
-    /// The record is a `StackEvent`: the event followed by the caller's stack.
+    /// The caller's stack went to the stack ring (STACKS) as a `StackEvent`
+    /// with this event's `tid` and `ts_ns`, committed before this event.
     pub const HAS_STACK: u32 = 1 << 2;
+    /// The process was over its stack budget and this allocation's stack was
+    /// taken by byte-weighted sampling: it stands for 1/p allocations
+    /// (`sampling::probability` of its size).
+    pub const STACK_SAMPLED: u32 = 1 << 3;
+    /// Over the stack budget and not sampled: no stack was taken; the
+    /// sampled stacks' estimates stand for it.
+    pub const STACK_NOT_SAMPLED: u32 = 1 << 4;
 }
 
 /// CUresult values that gpumem names.
@@ -237,6 +248,18 @@ pub const STACK_EVENT_SIZE: usize = core::mem::size_of::<StackEvent>();
 pub const STACK_HEADER_SIZE: usize = EVENT_SIZE + 32;
 const _: () = assert!(STACK_EVENT_SIZE == STACK_HEADER_SIZE + STACK_BYTES);
 
+/// A process's stack budget: a token bucket, `tokens` in stack-nanoseconds
+/// (one stack is 1e9), refilled at the budget's rate up to one second's worth.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StackBudget {
+    pub tokens: u64,
+    pub last_ns: u64,
+}
+
+/// Processes whose stack budget and copy length are kept at once.
+pub const STACK_BUDGET_PIDS: u32 = 4096;
+
 /// Indices into the eBPF `STATS` per-CPU array: things the kernel side could
 /// not do. Every one is surfaced by the agent.
 pub mod stat {
@@ -250,9 +273,13 @@ pub mod stat {
     pub const TRACKED_FULL: u32 = 3;
     /// Pid filter table full: a child of a `-c` command is not followed.
     pub const FILTER_FULL: u32 = 4;
-    pub const COUNT: u32 = 5;
+    /// Stack ring full (or the per-CPU scratch taken by a preempting probe):
+    /// the event went without its stack. Accounting is not affected.
+    pub const STACKS_DROPPED: u32 = 5;
+    pub const COUNT: u32 = 6;
     /// Names for reports, in index order.
-    pub const NAMES: [&str; COUNT as usize] = ["ringbuf_full", "pending_full", "return_without_entry", "tracked_full", "filter_full"];
+    pub const NAMES: [&str; COUNT as usize] =
+        ["ringbuf_full", "pending_full", "return_without_entry", "tracked_full", "filter_full", "stacks_dropped"];
 }
 
 /// Filter modes for the `FILTER_MODE` global.
@@ -385,8 +412,12 @@ pub struct PendingKey {
 pub const NV_PREFIX_MAX: usize = 64;
 
 /// Sizes of the kernel-side tables (also used by the agent for reporting).
-/// Room for about 4000 allocations with their stacks in flight.
+/// The accounting ring: room for about 170,000 events in flight (records
+/// are 88 bytes plus the ring's 8-byte header; stacks go to their own ring).
 pub const RINGBUF_BYTES: u32 = 16 * 1024 * 1024;
+/// The stack ring: room for about 2,000 full 8 KiB stacks in flight. When it
+/// is full, events go without their stacks (counted as `stacks_dropped`).
+pub const STACK_RING_BYTES: u32 = 16 * 1024 * 1024;
 /// How often the agent drains the ring buffer without being woken: records
 /// wake it only when the ring is an eighth full (see WAKEUP_BYTES in the
 /// eBPF maps), so an event reaches it at most this late.

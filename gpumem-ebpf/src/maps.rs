@@ -1,14 +1,23 @@
 //! Maps and load-time globals shared by every probe family.
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 pub use gpumem_common::PendingKey;
-use gpumem_common::{stat, FILTER_MAX, LOST_PIDS_MAX, PENDING_MAX, RINGBUF_BYTES, TRACKED_MAX};
+use gpumem_common::{
+    stat, StackBudget, FILTER_MAX, LOST_PIDS_MAX, PENDING_MAX, RINGBUF_BYTES, STACK_BUDGET_PIDS, STACK_RING_BYTES, TRACKED_MAX,
+};
 
-/// Every event to userspace.
+/// Every event to userspace: accounting only, small fixed-size records.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
+
+/// Allocation stacks, apart from the accounting so that a storm of stacks
+/// cannot crowd accounting out: when this ring is full, events go without
+/// their stacks. Never wakes the agent: it reads a stack when it reads the
+/// event that names it.
+#[map]
+pub static STACKS: RingBuf = RingBuf::with_byte_size(STACK_RING_BYTES, 0);
 
 /// What the kernel side could not do (indexed by `gpumem_common::stat`).
 #[map]
@@ -18,6 +27,16 @@ pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 
 /// in-flight table full): the agent marks those processes' accounting uncertain.
 #[map]
 pub static LOST_BY_PID: PerCpuHashMap<u32, u64> = PerCpuHashMap::with_max_entries(LOST_PIDS_MAX, 0);
+
+/// Each process's stack budget (a token bucket); least recently used
+/// processes make room for new ones.
+#[map]
+pub static STACK_BUDGET: LruHashMap<u32, StackBudget> = LruHashMap::with_max_entries(STACK_BUDGET_PIDS, 0);
+
+/// Bytes of stack to copy for a process, learned by the agent from its
+/// unwinds (absent: all of STACK_BYTES); least recently used go first.
+#[map]
+pub static STACK_COPY_BYTES: LruHashMap<u32, u32> = LruHashMap::with_max_entries(STACK_BUDGET_PIDS, 0);
 
 /// Per-CPU scratch for building a record with a stack (too big for the BPF stack).
 #[map]
@@ -48,7 +67,7 @@ pub static FILTER_MODE: u32 = 0;
 #[no_mangle]
 pub static WAKEUP_BYTES: u64 = 0;
 
-const BPF_RB_NO_WAKEUP: u64 = 1;
+pub const BPF_RB_NO_WAKEUP: u64 = 1;
 pub const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
 
@@ -64,6 +83,22 @@ pub fn submit_flags() -> u64 {
     } else {
         BPF_RB_NO_WAKEUP
     }
+}
+
+/// Stacks per second each process may have copied in full (0: no budget,
+/// every stack); beyond it, byte-weighted sampling (`STACK_SAMPLE_BYTES`).
+#[no_mangle]
+pub static STACK_BUDGET_PER_S: u64 = 0;
+
+/// Mean bytes between sampled stacks beyond the budget (see
+/// `gpumem_common::sampling`).
+#[no_mangle]
+pub static STACK_SAMPLE_BYTES: u64 = 0;
+
+#[inline(always)]
+pub fn load_time_u64(v: &u64) -> u64 {
+    // SAFETY: read of a load-time constant (see filter_mode).
+    unsafe { core::ptr::read_volatile(v) }
 }
 
 /// 1: allocations carry the caller's stack; 0 (`--stacks off`): they do not.

@@ -108,3 +108,61 @@ fn stacks_off_traces_the_same_allocations_without_copying_stacks() {
     assert_eq!(t.summary["lost_events"], 0);
     assert_eq!(t.released_at_exit(pid), [(0, 100 * 4 * KIB * 36, 800)], "the same figures as with stacks");
 }
+
+#[test]
+fn stacks_beyond_the_budget_are_sampled_and_weighed_into_unbiased_estimates() {
+    require_root();
+    // A budget of 100 stacks/s and one sample per 64 KiB on average: of the
+    // 33,001 allocations most are over budget, 4 KiB ones sampled with
+    // p = 1 - exp(-1/16) (about 6 %) and each weighed 1/p; the 4 MiB one
+    // always (p = 1). Accounting stays exact.
+    let f = fixtures();
+    let cmd = workload_cmd("sampled");
+    let v = leaks(
+        &[
+            "--libcuda",
+            f.libcuda.to_str().unwrap(),
+            "--older-than",
+            "0",
+            "--duration",
+            "4",
+            "--stack-budget",
+            "100",
+            "--stack-sample-bytes",
+            "64KiB",
+            "-n",
+            "10",
+            "-c",
+            &cmd,
+        ],
+        &[("GPUMEM_SECONDS", "10")],
+    );
+    let p = &v["processes"][0];
+    const KIB: u64 = 1024;
+    // Exact, sampled or not.
+    assert_eq!(p["outstanding_allocs"].as_u64(), Some(33_001), "{p:#}");
+    assert_eq!(p["outstanding_bytes"].as_u64(), Some(33_000 * 4 * KIB + 4 * MIB));
+    let not_sampled = p["not_sampled_allocs"].as_u64().unwrap();
+    assert!(not_sampled > 25_000, "most allocations are over the budget: {p:#}");
+    let groups = p["stacks"].as_array().unwrap();
+    let group = |name: &str| {
+        groups.iter().find(|g| function_names(g).first().map(String::as_str) == Some(name)).unwrap_or_else(|| panic!("{name}: {groups:#?}"))
+    };
+    let (many, few, big) = (group("sampled_many"), group("sampled_few"), group("sampled_big"));
+    for g in [many, few, big] {
+        assert_eq!(g["estimated"], true, "{g:#}");
+    }
+    // p = 1: the estimate is the truth.
+    assert_eq!((big["count"].as_u64(), big["bytes"].as_u64()), (Some(1), Some(4 * MIB)));
+    // About 1,800 and 180 samples: within 4 standard errors (10 % and 30 %).
+    let close = |g: &Value, truth: u64, tolerance: f64| {
+        let est = g["bytes"].as_u64().unwrap() as f64;
+        assert!((est - truth as f64).abs() / truth as f64 <= tolerance, "estimated {est} vs {truth}: {g:#}");
+    };
+    close(many, 30_000 * 4 * KIB, 0.10);
+    close(few, 3_000 * 4 * KIB, 0.30);
+    let s = &v["stacks"];
+    assert_eq!(s["not_sampled"].as_u64(), Some(not_sampled));
+    assert!(s["sampled"].as_u64().unwrap() > 1000, "{s:#}");
+    eprintln!("sampled: many {} (truth {}), few {} (truth {}), stacks {s}", many["bytes"], 30_000 * 4 * KIB, few["bytes"], 3_000 * 4 * KIB);
+}

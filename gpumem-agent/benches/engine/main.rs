@@ -103,6 +103,7 @@ fn synthetic_recording(events: u64, processes: u32) -> Result<Vec<u8>> {
         command: None,
         pids: vec![],
         started_ns: 0,
+        stack_sample_bytes: 0,
     })?;
     let mut ts = 1u64;
     let mut ev = |pid: u32, e: Event, w: &mut record::Writer<Vec<u8>>| -> Result<()> {

@@ -10,7 +10,7 @@ use super::{
     growth::{GrowthConfig, Series, Verdict},
 };
 use crate::{
-    stacks::{Frame, StackId, Stacks},
+    stacks::{policy, Frame, Sampling, StackId, Stacks},
     state::{Memory, Process, State},
 };
 
@@ -18,8 +18,12 @@ use crate::{
 pub struct LeakGroup {
     /// None when the stack could not be captured or unwound.
     pub stack_id: Option<String>,
+    /// Allocations and bytes: exact, or with `estimated` unbiased estimates
+    /// (stacks sampled beyond the process's stack budget, each weighed by
+    /// the inverse of its sampling probability).
     pub count: u64,
     pub bytes: u64,
+    pub estimated: bool,
     pub oldest_age_s: f64,
     pub frames: Vec<Frame>,
 }
@@ -42,15 +46,32 @@ pub struct ProcessLeaks {
     pub stacks: Vec<LeakGroup>,
     /// Groups beyond `top`, not shown.
     pub more_stacks: usize,
+    /// Of the outstanding allocations, those over the stack budget whose
+    /// stacks were not sampled (exact): the estimated groups stand for them.
+    pub not_sampled_allocs: u64,
+    pub not_sampled_bytes: u64,
     /// How the live memory is cut up (fragmentation signals).
     pub layout: DeviceLayout,
 }
 
 #[derive(Default)]
 struct Group {
+    /// Allocations seen with this stack, exact.
     count: u64,
     bytes: u64,
+    /// The same, each weighed by the inverse of its sampling probability.
+    est_count: f64,
+    est_bytes: f64,
+    estimated: bool,
     oldest_ts: u64,
+}
+
+/// A device's outstanding allocations, grouped by stack.
+#[derive(Default)]
+struct DeviceGroups {
+    groups: HashMap<Option<StackId>, Group>,
+    /// Over the stack budget and not sampled: (allocations, bytes).
+    not_sampled: (u64, u64),
 }
 
 /// Live bytes per (pid, device), sampled over the session for the growth detector.
@@ -109,23 +130,34 @@ impl GrowthTracker {
     }
 }
 
-/// A process's allocations on each device older than `older_than_ns`, grouped by stack.
-fn group_by_stack(p: &Process, now_ns: u64, older_than_ns: u64) -> BTreeMap<i32, HashMap<Option<StackId>, Group>> {
-    let mut per_dev: BTreeMap<i32, HashMap<Option<StackId>, Group>> = BTreeMap::new();
-    let mut add = |dev: i32, stack: Option<StackId>, size: u64, ts: u64| {
+/// A process's allocations on each device older than `older_than_ns`,
+/// grouped by stack; `sample_bytes`: the session's stack sampling rate.
+fn group_by_stack(p: &Process, now_ns: u64, older_than_ns: u64, sample_bytes: u64) -> BTreeMap<i32, DeviceGroups> {
+    let mut per_dev: BTreeMap<i32, DeviceGroups> = BTreeMap::new();
+    let mut add = |dev: i32, stack: Option<StackId>, size: u64, ts: u64, sampling: Sampling| {
         if now_ns.saturating_sub(ts) < older_than_ns {
             return;
         }
-        let g = per_dev.entry(dev).or_default().entry(stack).or_insert(Group { oldest_ts: u64::MAX, ..Default::default() });
+        let d = per_dev.entry(dev).or_default();
+        if sampling == Sampling::NotSampled {
+            d.not_sampled.0 += 1;
+            d.not_sampled.1 += size;
+            return;
+        }
+        let g = d.groups.entry(stack).or_insert(Group { oldest_ts: u64::MAX, ..Default::default() });
+        let w = policy::weight(sampling, size, sample_bytes);
         g.count += 1;
         g.bytes += size;
+        g.est_count += w;
+        g.est_bytes += w * size as f64;
+        g.estimated |= sampling == Sampling::Sampled;
         g.oldest_ts = g.oldest_ts.min(ts);
     };
     for a in p.held.allocs.values().filter(|a| a.memory == Memory::Device) {
-        add(a.device(), a.stack(), a.size, a.ts_ns);
+        add(a.device(), a.stack(), a.size, a.ts_ns, a.sampling);
     }
     for h in p.held.vmm_handles.values() {
-        add(h.device, h.stack, h.size, h.ts_ns);
+        add(h.device, h.stack, h.size, h.ts_ns, h.sampling);
     }
     per_dev
 }
@@ -142,15 +174,16 @@ pub fn bytes_allocated_before(p: &Process, device: i32, before_ns: u64) -> u64 {
 /// The largest `top` groups, symbolized; and how many more there were.
 fn largest(groups: HashMap<Option<StackId>, Group>, stacks: &mut Stacks, now_ns: u64, top: usize) -> (Vec<LeakGroup>, usize) {
     let mut groups: Vec<(Option<StackId>, Group)> = groups.into_iter().collect();
-    groups.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(b.1.count.cmp(&a.1.count)));
+    groups.sort_by(|a, b| b.1.est_bytes.total_cmp(&a.1.est_bytes).then(b.1.count.cmp(&a.1.count)));
     let more = groups.len().saturating_sub(top);
     let shown = groups
         .into_iter()
         .take(top)
         .map(|(id, g)| LeakGroup {
             stack_id: id.map(|i| format!("{i:016x}")),
-            count: g.count,
-            bytes: g.bytes,
+            count: if g.estimated { g.est_count.round() as u64 } else { g.count },
+            bytes: if g.estimated { g.est_bytes.round() as u64 } else { g.bytes },
+            estimated: g.estimated,
             oldest_age_s: now_ns.saturating_sub(g.oldest_ts) as f64 / 1e9,
             frames: id.map(|i| stacks.frames(i)).unwrap_or_default(),
         })
@@ -161,8 +194,8 @@ fn largest(groups: HashMap<Option<StackId>, Group>, stacks: &mut Stacks, now_ns:
 /// A process's top stacks on a device (for OOM snapshots).
 /// Ages are taken at `now_ns` (the event that asked: replays give the same answer).
 pub fn top_stacks(p: &Process, device: i32, stacks: &mut Stacks, top: usize, now: u64) -> Vec<LeakGroup> {
-    match group_by_stack(p, now, 0).remove(&device) {
-        Some(groups) => largest(groups, stacks, now, top).0,
+    match group_by_stack(p, now, 0, stacks.sample_bytes).remove(&device) {
+        Some(d) => largest(d.groups, stacks, now, top).0,
         None => Vec::new(),
     }
 }
@@ -178,10 +211,11 @@ pub fn find(
 ) -> Vec<ProcessLeaks> {
     let mut out = Vec::new();
     for p in state.processes.values().filter(|p| !p.exited) {
-        for (dev, groups) in group_by_stack(p, now_ns, older_than_ns) {
-            let outstanding_bytes = groups.values().map(|g| g.bytes).sum();
-            let outstanding_allocs = groups.values().map(|g| g.count).sum();
-            let (shown, more_stacks) = largest(groups, stacks, now_ns, top);
+        for (dev, d) in group_by_stack(p, now_ns, older_than_ns, stacks.sample_bytes) {
+            let (not_sampled_allocs, not_sampled_bytes) = d.not_sampled;
+            let outstanding_bytes = d.groups.values().map(|g| g.bytes).sum::<u64>() + not_sampled_bytes;
+            let outstanding_allocs = d.groups.values().map(|g| g.count).sum::<u64>() + not_sampled_allocs;
+            let (shown, more_stacks) = largest(d.groups, stacks, now_ns, top);
             let c = p.container.clone().unwrap_or_default();
             out.push(ProcessLeaks {
                 pid: p.pid,
@@ -196,6 +230,8 @@ pub fn find(
                 growth: growth.verdict(p.pid, dev),
                 stacks: shown,
                 more_stacks,
+                not_sampled_allocs,
+                not_sampled_bytes,
                 layout: fragmentation::layout(p, dev),
             });
         }

@@ -80,6 +80,7 @@ impl Output for Leaks {
             oom_events,
             oom_events_dropped: p.ooms.dropped,
             stacks: f.stacks.clone(),
+            stacks_dropped: f.stacks_dropped,
             lost_events: f.lost.total(),
             distributions: p.distributions.summary(),
         };

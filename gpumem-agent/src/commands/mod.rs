@@ -36,7 +36,12 @@ impl ProbeArgs {
                 (Some(p), false) => Some(nvml::Library::Path(p.clone())),
                 (None, false) => Some(nvml::Library::System),
             },
-            stacks: self.stacks == Switch::On,
+            stacks: crate::stacks::StackPolicy {
+                capture: self.stacks == Switch::On,
+                ring_bytes: self.stack_ring_bytes,
+                budget_per_s: self.stack_budget,
+                sample_bytes: self.stack_sample_bytes,
+            },
             uprobe_links: self.uprobe_links,
             refuse_uprobe_multi: self.refuse_uprobe_multi,
         }

@@ -51,6 +51,7 @@ impl Recorder {
             command: s.command.clone(),
             pids: s.pids.clone(),
             started_ns: 0,
+            stack_sample_bytes: s.probing.stacks.effective_sample_bytes(),
         };
         Ok(Recorder { writer: Some(w), path: path.to_path_buf(), header })
     }

@@ -39,30 +39,68 @@ pub struct TablesFull {
     pub pid_filter: u64,
 }
 
+/// Allocation events that arrived without their stack: their accounting is
+/// whole, only the call site is missing.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StacksDropped {
+    /// The kernel's stack ring was full (or a preempting probe took the
+    /// per-CPU scratch).
+    pub ring_full: u64,
+    /// Flagged with a stack the reader did not find in the stack ring.
+    pub unmatched: u64,
+}
+
+impl StacksDropped {
+    pub fn total(&self) -> u64 {
+        self.ring_full + self.unmatched
+    }
+}
+
+/// What the event reader itself counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReaderCounts {
+    /// Records too short to decode.
+    pub malformed: u64,
+    /// Events whose stack was not in the stack ring.
+    pub stacks_unmatched: u64,
+}
+
 /// What the kernel side counted, as the agent last read it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct KernelCounters {
     pub lost: LostEvents,
     #[serde(default)]
     pub tables_full: TablesFull,
+    #[serde(default)]
+    pub stacks_dropped: StacksDropped,
 }
 
 impl KernelCounters {
-    /// From the kernel's STATS array (summed over CPUs) and the reader's malformed records.
-    pub fn from_stats(kernel: &[u64; stat::COUNT as usize], malformed: u64, by_pid: BTreeMap<u32, u64>) -> Self {
+    /// From the kernel's STATS array (summed over CPUs) and the reader's own counts.
+    pub fn from_stats(kernel: &[u64; stat::COUNT as usize], reader: ReaderCounts, by_pid: BTreeMap<u32, u64>) -> Self {
         KernelCounters {
             lost: LostEvents {
                 ringbuf_full: kernel[stat::RINGBUF_FULL as usize],
                 pending_full: kernel[stat::PENDING_FULL as usize],
                 return_without_entry: kernel[stat::RETURN_WITHOUT_ENTRY as usize],
-                malformed,
+                malformed: reader.malformed,
                 by_pid,
             },
             tables_full: TablesFull {
                 tracked_processes: kernel[stat::TRACKED_FULL as usize],
                 pid_filter: kernel[stat::FILTER_FULL as usize],
             },
+            stacks_dropped: StacksDropped { ring_full: kernel[stat::STACKS_DROPPED as usize], unmatched: reader.stacks_unmatched },
         }
+    }
+
+    /// These counters with the reader's own counts brought up to date (they
+    /// need no kernel read).
+    pub fn with_reader(&self, reader: ReaderCounts) -> Self {
+        let mut k = self.clone();
+        k.lost.malformed = reader.malformed;
+        k.stacks_dropped.unmatched = reader.stacks_unmatched;
+        k
     }
 }
 
@@ -76,10 +114,14 @@ mod tests {
         for (i, s) in stats.iter_mut().enumerate() {
             *s = 10 + i as u64;
         }
-        let k = KernelCounters::from_stats(&stats, 7, BTreeMap::from([(42, 3)]));
+        let reader = ReaderCounts { malformed: 7, stacks_unmatched: 2 };
+        let k = KernelCounters::from_stats(&stats, reader, BTreeMap::from([(42, 3)]));
         assert_eq!((k.lost.ringbuf_full, k.lost.pending_full, k.lost.return_without_entry, k.lost.malformed), (10, 11, 12, 7));
         assert_eq!((k.tables_full.tracked_processes, k.tables_full.pid_filter), (13, 14));
-        assert_eq!(k.lost.total(), 40);
-        assert_eq!(stat::COUNT, 5, "a new kernel counter must be surfaced here");
+        assert_eq!(k.stacks_dropped, StacksDropped { ring_full: 15, unmatched: 2 });
+        assert_eq!(k.lost.total(), 40, "dropped stacks are not lost events");
+        assert_eq!(stat::COUNT, 6, "a new kernel counter must be surfaced here");
+        let later = k.with_reader(ReaderCounts { malformed: 8, stacks_unmatched: 3 });
+        assert_eq!((later.lost.malformed, later.stacks_dropped.unmatched, later.stacks_dropped.ring_full), (8, 3, 15));
     }
 }

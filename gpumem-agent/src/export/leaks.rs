@@ -6,6 +6,7 @@ use serde::Serialize;
 use crate::names::{bytes, printable, short_id};
 use crate::{
     analysis::{distributions::DistributionSummary, leaks::ProcessLeaks},
+    events::StacksDropped,
     stacks::StackStats,
     state::OomCounters,
 };
@@ -25,6 +26,8 @@ pub struct LeaksReport {
     /// Out-of-memory records beyond the ones kept (still counted in `oom`).
     pub oom_events_dropped: u64,
     pub stacks: StackStats,
+    /// Allocations that arrived without their stack (their bytes are counted).
+    pub stacks_dropped: StacksDropped,
     pub lost_events: u64,
     /// Sizes, lifetimes and latencies over the session (as in the trace summary).
     pub distributions: DistributionSummary,
@@ -53,9 +56,12 @@ impl LeaksReport {
         let s = &self.stacks;
         writeln!(
             out,
-            "\nstacks: {} captured ({} unique), {:.0} bytes copied per allocation, unwinding {:.1} µs each, depth {:.1} mean / {} max; {} lost event(s)",
+            "\nstacks: {} captured ({} unique, {} by sampling beyond the budget), {} not sampled, {} dropped, {:.0} bytes copied per allocation, unwinding {:.1} µs each, depth {:.1} mean / {} max; {} lost event(s)",
             s.captured,
             s.unique,
+            s.sampled,
+            s.not_sampled,
+            self.stacks_dropped.total(),
             s.mean_bytes(),
             s.mean_unwind_us(),
             s.mean_depth(),
@@ -123,7 +129,7 @@ fn write_process(out: &mut impl Write, p: &ProcessLeaks) -> io::Result<()> {
         )?;
     }
     for g in &p.stacks {
-        writeln!(out, "  {} in {} allocation(s), oldest {:.1} s:", bytes(g.bytes), g.count, g.oldest_age_s)?;
+        writeln!(out, "  {}, oldest {:.1} s:", super::group_figures(g), g.oldest_age_s)?;
         if g.frames.is_empty() {
             writeln!(out, "      [stack not captured]")?;
         }
@@ -133,6 +139,9 @@ fn write_process(out: &mut impl Write, p: &ProcessLeaks) -> io::Result<()> {
     }
     if p.more_stacks > 0 {
         writeln!(out, "  ... {} more stack(s); raise -n to see them", p.more_stacks)?;
+    }
+    if let Some(note) = super::not_sampled_note(p.not_sampled_allocs, p.not_sampled_bytes) {
+        writeln!(out, "  {note}")?;
     }
     Ok(())
 }
@@ -182,20 +191,34 @@ mod tests {
                     growth_bytes: 80 << 20,
                     reason: "growing",
                 }),
-                stacks: vec![LeakGroup {
-                    stack_id: Some("00000000000000aa".into()),
-                    count: 20,
-                    bytes: 80 << 20,
-                    oldest_age_s: 2.5,
-                    frames: vec![frame("leak_buffer", 10), frame("train_step", 20)],
-                }],
+                stacks: vec![
+                    LeakGroup {
+                        stack_id: Some("00000000000000aa".into()),
+                        count: 20,
+                        bytes: 80 << 20,
+                        estimated: false,
+                        oldest_age_s: 2.5,
+                        frames: vec![frame("leak_buffer", 10), frame("train_step", 20)],
+                    },
+                    LeakGroup {
+                        stack_id: Some("00000000000000bb".into()),
+                        count: 300,
+                        bytes: 3 << 20,
+                        estimated: true,
+                        oldest_age_s: 1.5,
+                        frames: vec![frame("small_tensors", 30)],
+                    },
+                ],
                 more_stacks: 2,
+                not_sampled_allocs: 280,
+                not_sampled_bytes: 2 << 20,
                 layout: DeviceLayout { largest_allocation: 4 << 20, ..Default::default() },
             }],
             oom: OomCounters { cuda_ooms: 1, fragmentation_ooms: 1, host_oom_kills: 0 },
             oom_events: Vec::new(),
             oom_events_dropped: 0,
             stacks: StackStats { captured: 20, unique: 1, bytes_copied: 20 * 4096, ..Default::default() },
+            stacks_dropped: StacksDropped::default(),
             lost_events: 0,
             distributions: DistributionSummary::default(),
         };
@@ -207,6 +230,8 @@ mod tests {
             "growth: LEAK SUSPECTED",
             "4.0 MiB/s, confidence 0.97",
             "80.0 MiB in 20 allocation(s), oldest 2.5 s:",
+            "~3.0 MiB in ~300 allocation(s), oldest 1.5 s:",
+            "2.0 MiB in 280 allocation(s) over the stack budget were not sampled: the ~ figures are unbiased estimates that include them",
             "leak_buffer+0x11 (train.c:10) [train]",
             "train_step+0x11 (train.c:20) [train]",
             "... 2 more stack(s)",
@@ -219,5 +244,9 @@ mod tests {
         report.write_json(&mut json).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
         assert_eq!(v["processes"][0]["stacks"][0]["frames"][1]["function"], "train_step");
+        assert_eq!(
+            (&v["processes"][0]["stacks"][1]["estimated"], &v["processes"][0]["not_sampled_bytes"]),
+            (&true.into(), &(2u64 << 20).into())
+        );
     }
 }

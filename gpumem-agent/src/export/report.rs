@@ -340,12 +340,14 @@ impl ReportData {
                 let frames: Vec<String> = g.frames.iter().map(|f| escape(&f.display())).collect();
                 let _ = writeln!(
                     h,
-                    "<p>{} in {} allocation(s), oldest {:.1} s</p><pre>{}</pre>",
-                    bytes(g.bytes),
-                    g.count,
+                    "<p>{}, oldest {:.1} s</p><pre>{}</pre>",
+                    escape(&super::group_figures(g)),
                     g.oldest_age_s,
                     if frames.is_empty() { "(no stack)".to_string() } else { frames.join("\n") }
                 );
+            }
+            if let Some(note) = super::not_sampled_note(p.not_sampled_allocs, p.not_sampled_bytes) {
+                let _ = writeln!(h, "<p>{}</p>", escape(&note));
             }
         }
     }

@@ -11,7 +11,7 @@ use crate::{
         reconcile::Reconciliation,
         view::{View, Workload},
     },
-    events::{LostEvents, TablesFull},
+    events::{LostEvents, StacksDropped, TablesFull},
     probes::discover::ScanStats,
     record::Footer,
     stacks::StackStats,
@@ -93,6 +93,8 @@ pub struct Summary {
     pub oom: OomCounters,
     /// Allocation stacks: how many, what they cost.
     pub stacks: StackStats,
+    /// Allocations that arrived without their stack (accounting unaffected).
+    pub stacks_dropped: StacksDropped,
     /// Sizes, lifetimes and latencies (the same observations the exporter's histograms count).
     pub distributions: DistributionSummary,
     /// Traced bytes against NVML's per-process figures; None without NVML.
@@ -171,6 +173,7 @@ impl Summary {
             discovery: footer.discovery.clone(),
             oom: state.oom.clone(),
             stacks: footer.stacks.clone(),
+            stacks_dropped: footer.stacks_dropped,
             distributions,
             reconciliation: footer.reconciliation.clone(),
             nvml: footer.nvml.clone(),
@@ -301,6 +304,16 @@ impl Summary {
                 out,
                 "\nLOST EVENTS: {} (ring buffer full {}, call table full {}, return without entry {}, malformed {})",
                 self.lost_events, l.ringbuf_full, l.pending_full, l.return_without_entry, l.malformed
+            )?;
+        }
+        let d = &self.stacks_dropped;
+        if d.total() > 0 {
+            writeln!(
+                out,
+                "STACKS DROPPED: {} allocation(s) without their stack (stack ring full {}, not found {}); their bytes are counted",
+                d.total(),
+                d.ring_full,
+                d.unmatched
             )?;
         }
         let o = &self.state_overflow;

@@ -126,6 +126,7 @@ impl Pipeline {
         if self.lookups.is_live() && !matches!(kind, Kind::Exit | Kind::OomKill(_)) && !self.state.processes.contains_key(&ev.pid) {
             self.stacks.prepare(ev.pid);
         }
+        self.stacks.count_sampling(ev.flags);
         let stack = match stack {
             Stack::None => None,
             Stack::Captured(s) => self.stacks.record(s),

@@ -31,10 +31,24 @@ impl Agent {
         pids.insert(&pid, &value, 0).map_err(|source| ProbeError::Map { map: "FILTER_PIDS", source: Box::new(source) })
     }
 
-    /// The event ring buffer, handed to the reader once.
-    pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
-        let map = self.ebpf.take_map("EVENTS").ok_or(ProbeError::MissingMap("EVENTS"))?;
-        RingBuf::try_from(map).map_err(|source| ProbeError::Map { map: "EVENTS", source: Box::new(source) })
+    /// Tells the kernel how many stack bytes to copy for these processes
+    /// (learned from their unwinds). A failed update leaves the full copy.
+    pub fn set_stack_copy_bytes(&mut self, updates: &[(u32, u32)]) {
+        let Some(map) = self.ebpf.map_mut("STACK_COPY_BYTES") else { return };
+        let Ok(mut m) = BpfHashMap::<_, u32, u32>::try_from(map) else { return };
+        for (pid, bytes) in updates {
+            let _ = m.insert(pid, bytes, 0);
+        }
+    }
+
+    /// The event ring and the stack ring, handed to the reader once.
+    pub fn take_rings(&mut self) -> Result<(RingBuf<MapData>, RingBuf<MapData>), ProbeError> {
+        Ok((self.take_ring("EVENTS")?, self.take_ring("STACKS")?))
+    }
+
+    fn take_ring(&mut self, name: &'static str) -> Result<RingBuf<MapData>, ProbeError> {
+        let map = self.ebpf.take_map(name).ok_or(ProbeError::MissingMap(name))?;
+        RingBuf::try_from(map).map_err(|source| ProbeError::Map { map: name, source: Box::new(source) })
     }
 
     /// Kernel-side drop counters, summed over CPUs, in `stat` index order.
@@ -51,15 +65,15 @@ impl Agent {
     }
 
     /// Everything the kernel side counted: losses (with the per-process ones
-    /// and the reader's `malformed` records) and full tables.
-    pub fn kernel_counters(&self, malformed: u64) -> Result<crate::events::KernelCounters, ProbeError> {
+    /// and the reader's own counts), full tables and dropped stacks.
+    pub fn kernel_counters(&self, reader: crate::events::ReaderCounts) -> Result<crate::events::KernelCounters, ProbeError> {
         let stats = self.kernel_stats()?;
         let map = self.ebpf.map("LOST_BY_PID").ok_or(ProbeError::MissingMap("LOST_BY_PID"))?;
         let by_pid: aya::maps::PerCpuHashMap<_, u32, u64> =
             aya::maps::PerCpuHashMap::try_from(map).map_err(|source| ProbeError::Map { map: "LOST_BY_PID", source: Box::new(source) })?;
         // An entry removed while iterating ends the walk early; the next read has it.
         let by_pid = by_pid.iter().filter_map(Result::ok).map(|(pid, per_cpu)| (pid, per_cpu.iter().sum())).collect();
-        Ok(crate::events::KernelCounters::from_stats(&stats, malformed, by_pid))
+        Ok(crate::events::KernelCounters::from_stats(&stats, reader, by_pid))
     }
 
     /// Removes the saved entries of calls whose thread is gone: a thread

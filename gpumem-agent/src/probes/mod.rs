@@ -58,8 +58,8 @@ pub struct Options {
     pub filter_pids: bool,
     pub probe_set: ProbeSet,
     pub ringbuf_bytes: u32,
-    /// Copy the caller's stack at allocations.
-    pub capture_stacks: bool,
+    /// Which allocation stacks the kernel copies.
+    pub stacks: crate::stacks::StackPolicy,
     /// NVIDIA device-node prefix for the ioctl path.
     pub nvidia_prefix: String,
     pub ioctl_mode: ioctl::IoctlMode,
@@ -180,12 +180,16 @@ impl Agent {
             .override_global("NV_PREFIX", &prefix_bytes, true)
             .override_global("NV_PREFIX_LEN", &prefix_len, true)
             .override_global("FILTER_MODE", &mode, true)
-            .override_global("CAPTURE_STACKS", &(options.capture_stacks as u32), true)
+            .override_global("CAPTURE_STACKS", &(options.stacks.capture as u32), true)
+            .override_global("STACK_BUDGET_PER_S", &(options.stacks.budget_per_s as u64), true)
+            .override_global("STACK_SAMPLE_BYTES", &options.stacks.sample_bytes, true)
             // Wake the reader at an eighth of the ring; below, it polls (POLL_MS).
             .override_global("WAKEUP_BYTES", &(options.ringbuf_bytes as u64 / 8), true)
             .override_global("FORK_CHILD_PID_OFFSET", &fork_offset, true)
             .override_global("OOM_OFFSETS", &oom_offsets, true)
             .map_max_entries("EVENTS", options.ringbuf_bytes)
+            // A page when stacks are off: the ring must exist, nothing goes to it.
+            .map_max_entries("STACKS", if options.stacks.capture { options.stacks.ring_bytes } else { 4096 })
             .load(EBPF_OBJECT)
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
         let (path, why) = ioctl::choose(options.ioctl_mode, features::detect().kprobes, ioctl::nvidia_module_loaded(), &prefix);

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     analysis::reconcile::Reconciliation,
-    events::{LostEvents, TablesFull},
+    events::{LostEvents, StacksDropped, TablesFull},
     probes::discover::ScanStats,
     stacks::{Frame, StackId, StackStats},
     state::container::ContainerInfo,
@@ -53,6 +53,10 @@ pub struct Header {
     pub pids: Vec<u32>,
     /// CLOCK_MONOTONIC at the start (the clock of events' ts_ns).
     pub started_ns: u64,
+    /// The stack sampling rate beyond the budget (what sampled allocations
+    /// are weighed with); 0: no stack was sampled.
+    #[serde(default)]
+    pub stack_sample_bytes: u64,
 }
 
 /// What the agent looked up about a process while it was alive: written
@@ -132,6 +136,9 @@ pub struct Footer {
     /// Kernel tables that were full during the session.
     #[serde(default)]
     pub tables_full: TablesFull,
+    /// Allocations that arrived without their stack.
+    #[serde(default)]
+    pub stacks_dropped: StacksDropped,
 }
 
 /// One frame of a recording.

@@ -6,7 +6,15 @@ use crate::state::testing::ev;
 
 fn sample() -> Vec<u8> {
     let mut w = Writer::new(Vec::new()).unwrap();
-    w.header(&Header { gpumem_version: "0.1.0".into(), recorded_by: "test".into(), command: None, pids: vec![], started_ns: 5 }).unwrap();
+    w.header(&Header {
+        gpumem_version: "0.1.0".into(),
+        recorded_by: "test".into(),
+        command: None,
+        pids: vec![],
+        started_ns: 5,
+        stack_sample_bytes: 0,
+    })
+    .unwrap();
     w.lookup(&Lookup { pid: 100, container: Some(ContainerInfo { qos: Some("burstable"), ..Default::default() }), memcg: None }).unwrap();
     for i in 0..3 {
         w.event(&Event { addr: i, size: 4096, ..ev(api::CU_MEM_ALLOC_V2) }, (i == 1).then_some(77)).unwrap();

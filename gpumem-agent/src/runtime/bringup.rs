@@ -26,7 +26,7 @@ pub fn load(p: &Probing, filter_pids: bool, probe_set: ProbeSet, ringbuf_bytes: 
         ringbuf_bytes,
         nvidia_prefix: p.nvidia_prefix.clone(),
         ioctl_mode: p.ioctl,
-        capture_stacks: p.stacks,
+        stacks: p.stacks,
         uprobe_links: p.uprobe_links,
         refuse_uprobe_multi: p.refuse_uprobe_multi,
     })

@@ -98,6 +98,7 @@ impl<'o, O: Output> Live<'o, O> {
     fn start(s: Session, out: &'o mut O) -> Result<Self> {
         let (mut agent, reader) = attach(&s)?;
         let mut pipeline = Pipeline::new(s.pipeline, Lookups::live(s.record_lookups));
+        pipeline.stacks.sample_bytes = s.probing.stacks.effective_sample_bytes();
         let (nvml, nvml_rx) = match &s.probing.nvml {
             Some(lib) => {
                 let (tx, rx) = mpsc::channel(64);
@@ -180,13 +181,17 @@ impl<'o, O: Output> Live<'o, O> {
         });
         if n > 0 {
             out.drained(&mut Ctx { pipeline, agent, elapsed_s })?;
+            let learned = pipeline.stacks.take_copy_updates();
+            if !learned.is_empty() {
+                self.agent.set_stack_copy_bytes(&learned);
+            }
         }
         result
     }
 
     /// The maintenance tick; why the session ends, if it does.
     fn tick(&mut self) -> Result<Option<Ended>> {
-        let gone = self.maintenance.tick(&mut self.agent, &self.s, &mut self.pipeline, &mut self.status, self.reader.malformed);
+        let gone = self.maintenance.tick(&mut self.agent, &self.s, &mut self.pipeline, &mut self.status, self.reader.counts());
         let elapsed_s = self.elapsed_s();
         let flow = self.out.tick(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s })?;
         Ok(if gone { Some(Ended::Done) } else { flow.stopped(Ended::ByOutput) })
@@ -210,7 +215,7 @@ impl<'o, O: Output> Live<'o, O> {
     }
 
     fn refresh(&mut self) {
-        self.maintenance.refresh(&self.agent, &mut self.pipeline, &mut self.status, self.reader.malformed);
+        self.maintenance.refresh(&self.agent, &mut self.pipeline, &mut self.status, self.reader.counts());
         self.status.stale_calls_removed = self.agent.stale_calls_removed;
         self.status.discovery = self.agent.scan_stats.clone();
         self.status.usage = Usage::now();
@@ -277,6 +282,7 @@ impl<'o, O: Output> Live<'o, O> {
             ended_ns: monotonic_ns(),
             lost: self.status.kernel.lost.clone(),
             tables_full: self.status.kernel.tables_full.clone(),
+            stacks_dropped: self.status.kernel.stacks_dropped,
             probes_attached: self.status.probes_attached,
             discovery: self.agent.scan_stats.clone(),
             stacks: self.pipeline.stacks.stats.clone(),
@@ -311,7 +317,8 @@ fn attach(s: &Session) -> Result<(Agent, EventReader)> {
     for note in &agent.notes {
         say(note.clone());
     }
-    let reader = EventReader::new(agent.take_events()?).context("watching the ring buffer")?;
+    let (events, stacks) = agent.take_rings()?;
+    let reader = EventReader::new(events, stacks).context("watching the ring buffer")?;
     let announce = |m: String| {
         if s.announce {
             say(m)

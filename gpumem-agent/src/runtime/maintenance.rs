@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::{bringup, Session};
-use crate::{clock::monotonic_ns, events::KernelCounters, pipeline::Pipeline, probes::Agent, selfstat::AgentStatus};
+use crate::{clock::monotonic_ns, events::ReaderCounts, pipeline::Pipeline, probes::Agent, selfstat::AgentStatus};
 
 /// How often new libcuda copies are looked for.
 pub const EVERY: Duration = Duration::from_millis(500);
@@ -30,7 +30,14 @@ impl Maintenance {
     }
 
     /// One tick; true when every process traced with -p has exited.
-    pub fn tick(&mut self, agent: &mut Agent, s: &Session, pipeline: &mut Pipeline, status: &mut AgentStatus, malformed: u64) -> bool {
+    pub fn tick(
+        &mut self,
+        agent: &mut Agent,
+        s: &Session,
+        pipeline: &mut Pipeline,
+        status: &mut AgentStatus,
+        reader: ReaderCounts,
+    ) -> bool {
         bringup::attach_discovered(agent, &s.probing, false, |m| {
             if s.announce {
                 eprintln!("gpumem: {m}");
@@ -50,18 +57,18 @@ impl Maintenance {
         if let Some(grace) = s.forget_after {
             pipeline.forget_exited_before(monotonic_ns().saturating_sub(grace.as_nanos() as u64));
         }
-        self.refresh(agent, pipeline, status, malformed);
+        self.refresh(agent, pipeline, status, reader);
         !s.pids.is_empty() && s.pids.iter().all(|&p| !crate::procfs::alive(p, None))
     }
 
     /// Reads the kernel's counters into the status and marks the processes
     /// that lost events. A failed read keeps the last figures and is counted.
-    pub fn refresh(&mut self, agent: &Agent, pipeline: &mut Pipeline, status: &mut AgentStatus, malformed: u64) {
+    pub fn refresh(&mut self, agent: &Agent, pipeline: &mut Pipeline, status: &mut AgentStatus, reader: ReaderCounts) {
         let read = if self.fail_reads > 0 {
             self.fail_reads -= 1;
             Err(crate::probes::ProbeError::Injected("reading the kernel's counters"))
         } else {
-            agent.kernel_counters(malformed)
+            agent.kernel_counters(reader)
         };
         match read {
             Ok(k) => {
@@ -74,9 +81,8 @@ impl Maintenance {
                     eprintln!("gpumem: reading the kernel's counters failed ({e}); the last figures stay until a read succeeds");
                 }
                 *n += 1;
-                // Errors other than losses (malformed records) are the agent's own: keep them current.
-                status.kernel =
-                    KernelCounters { lost: crate::events::LostEvents { malformed, ..status.kernel.lost.clone() }, ..status.kernel.clone() };
+                // The reader's own counts need no kernel read: keep them current.
+                status.kernel = status.kernel.with_reader(reader);
             }
         }
     }

@@ -41,8 +41,8 @@ pub struct Probing {
     pub ioctl: IoctlMode,
     /// None: NVML is not used.
     pub nvml: Option<nvml::Library>,
-    /// Copy the caller's stack at allocations.
-    pub stacks: bool,
+    /// Which allocation stacks the kernel copies.
+    pub stacks: crate::stacks::StackPolicy,
     pub uprobe_links: crate::probes::links::UprobeLinks,
     /// Tests: act as a kernel that refuses uprobe_multi links.
     pub refuse_uprobe_multi: bool,

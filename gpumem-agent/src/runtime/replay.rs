@@ -24,7 +24,10 @@ pub fn replay<R: Read, O: Output>(reader: &mut Reader<R>, options: pipeline::Opt
         let elapsed_s = header.as_ref().map_or(0.0, |h| last_ts.saturating_sub(h.started_ns) as f64 / 1e9);
         let mut ctx = Ctx { pipeline: &mut pipeline, agent: &agent, elapsed_s };
         match rec {
-            Ok(Record::Header(h)) => header = Some(h),
+            Ok(Record::Header(h)) => {
+                ctx.pipeline.stacks.sample_bytes = h.stack_sample_bytes;
+                header = Some(h);
+            }
             Ok(Record::Event { event, stack }) => {
                 last_ts = event.ts_ns;
                 let o = ctx.pipeline.apply(&event, stack.map_or(Stack::None, Stack::Recorded));
@@ -62,6 +65,7 @@ pub fn replay<R: Read, O: Output>(reader: &mut Reader<R>, options: pipeline::Opt
     agent.probes_attached = footer.probes_attached;
     agent.kernel.lost = footer.lost.clone();
     agent.kernel.tables_full = footer.tables_full.clone();
+    agent.kernel.stacks_dropped = footer.stacks_dropped;
     agent.stale_calls_removed = footer.stale_calls_removed;
     agent.discovery = footer.discovery.clone();
     out.drained(&mut Ctx { pipeline: &mut pipeline, agent: &agent, elapsed_s: footer.duration_s })?;

@@ -1,5 +1,6 @@
 //! Allocation stacks: unwound from the stack slice each allocation event
 //! carries, deduplicated by id, symbolized on demand.
+pub mod policy;
 pub mod symbolize;
 pub mod unwind;
 
@@ -10,6 +11,7 @@ use std::{
 };
 
 use gpumem_common::StackEvent;
+pub use policy::{Sampling, StackPolicy};
 use serde::Serialize;
 pub use symbolize::Frame;
 use unwind::{ModuleCache, ProcessUnwinder, RawFrame};
@@ -37,6 +39,12 @@ pub struct StackStats {
     pub unwind_ns_total: u64,
     pub frames_total: u64,
     pub max_depth: u64,
+    /// Allocations over their process's stack budget whose stack was taken
+    /// by sampling (counted in `captured` too), and whose was not.
+    #[serde(default)]
+    pub sampled: u64,
+    #[serde(default)]
+    pub not_sampled: u64,
 }
 
 impl StackStats {
@@ -73,6 +81,10 @@ pub struct Stacks {
     symbolized: HashMap<StackId, Vec<Frame>>,
     symbolizer: symbolize::Symbolizer,
     pub stats: StackStats,
+    /// The session's stack sampling rate (beyond the budget): what sampled
+    /// allocations are weighed with. 0: none were sampled.
+    pub sample_bytes: u64,
+    copy: policy::CopyLengths,
 }
 
 impl Stacks {
@@ -90,6 +102,15 @@ impl Stacks {
         }
     }
 
+    /// Counts an allocation event's stack sampling (see `StackStats`).
+    pub fn count_sampling(&mut self, event_flags: u32) {
+        match Sampling::of(event_flags) {
+            Sampling::Sampled => self.stats.sampled += 1,
+            Sampling::NotSampled => self.stats.not_sampled += 1,
+            Sampling::Every => {}
+        }
+    }
+
     /// Unwinds one captured stack and returns its id.
     pub fn record(&mut self, rec: &StackEvent) -> Option<StackId> {
         let began = Instant::now();
@@ -100,12 +121,15 @@ impl Stacks {
         self.prepare(pid);
         let frames = match self.unwinders.get_mut(&pid) {
             Some(u) => {
-                let (mut frames, unknown) = u.unwind(rec.ip, rec.sp, rec.bp, &rec.data[..len], MAX_FRAMES);
-                if unknown && u.refresh(&mut self.modules).is_some() {
+                let mut unwound = u.unwind(rec.ip, rec.sp, rec.bp, &rec.data[..len], MAX_FRAMES);
+                if unwound.unknown && u.refresh(&mut self.modules).is_some() {
                     // A library loaded since we read the maps (dlopen).
-                    frames = u.unwind(rec.ip, rec.sp, rec.bp, &rec.data[..len], MAX_FRAMES).0;
+                    unwound = u.unwind(rec.ip, rec.sp, rec.bp, &rec.data[..len], MAX_FRAMES);
                 }
-                frames
+                if !unwound.frames.is_empty() {
+                    self.copy.learn(pid, len, &unwound);
+                }
+                unwound.frames
             }
             None => Vec::new(),
         };
@@ -144,6 +168,12 @@ impl Stacks {
     /// Forgets a process's unwind state (it exited).
     pub fn forget_process(&mut self, pid: u32) {
         self.unwinders.remove(&pid);
+        self.copy.forget(pid);
+    }
+
+    /// Stack copy lengths learned since the last call, for the kernel.
+    pub fn take_copy_updates(&mut self) -> Vec<(u32, u32)> {
+        std::mem::take(&mut self.copy.updates)
     }
 
     /// A stack from a recording, symbolized when it was recorded.

@@ -184,13 +184,19 @@ impl ProcessUnwinder {
         self.maps.iter().find(|m| m.range.contains(&addr))
     }
 
-    /// Unwinds from the caller's registers over the captured stack slice.
-    /// Returns the frames, innermost first, and whether a frame was outside
-    /// every known mapping (worth a refresh).
-    pub fn unwind(&mut self, ip: u64, sp: u64, bp: u64, stack: &[u8], max_frames: usize) -> (Vec<RawFrame>, bool) {
+    /// Unwinds from the caller's registers over the captured stack slice:
+    /// the frames, innermost first, whether a frame was outside every known
+    /// mapping (worth a refresh), and how much of the slice it needed.
+    pub fn unwind(&mut self, ip: u64, sp: u64, bp: u64, stack: &[u8], max_frames: usize) -> Unwound {
+        let (reach, ran_out) = (std::cell::Cell::new(0usize), std::cell::Cell::new(false));
         let mut read = |addr: u64| -> Result<u64, ()> {
             let off = addr.checked_sub(sp).ok_or(())? as usize;
-            let bytes = stack.get(off..off + 8).ok_or(())?;
+            let end = off.checked_add(8).ok_or(())?;
+            let Some(bytes) = stack.get(off..end) else {
+                ran_out.set(true);
+                return Err(());
+            };
+            reach.set(reach.get().max(end));
             Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
         };
         let mut frames = Vec::new();
@@ -206,6 +212,7 @@ impl ProcessUnwinder {
                 Ok(None) | Err(_) => break,
             }
         }
+
         for a in addrs {
             match self.mapping(a) {
                 Some(m) => frames.push(RawFrame { module: m.module.clone(), file_offset: a - m.range.start + m.file_offset }),
@@ -215,8 +222,19 @@ impl ProcessUnwinder {
                 }
             }
         }
-        (frames, unknown)
+        Unwound { frames, unknown, reach: reach.get(), ran_out: ran_out.get() }
     }
+}
+
+/// One unwind's result.
+pub struct Unwound {
+    pub frames: Vec<RawFrame>,
+    /// A frame was outside every known mapping (worth a refresh).
+    pub unknown: bool,
+    /// Bytes of the stack slice it read, from its start to its deepest read.
+    pub reach: usize,
+    /// It wanted bytes past the slice's end (a deeper stack than was copied).
+    pub ran_out: bool,
 }
 
 #[cfg(test)]
@@ -279,7 +297,7 @@ mod tests {
         let (ip, sp, bp, stack) = capture();
         let mut cache = ModuleCache::default();
         let mut u = ProcessUnwinder::new(std::process::id(), &mut cache).expect("own maps");
-        let (frames, _) = u.unwind(ip + 1, sp, bp, &stack, 64);
+        let frames = u.unwind(ip + 1, sp, bp, &stack, 64).frames;
         assert!(frames.len() >= 3, "{frames:?}");
         assert!(frames[0].module.path.contains("gpumem"), "{frames:?}");
     }

@@ -6,7 +6,7 @@ use super::{
     process::{Allocation, Memory, Process},
     Applied,
 };
-use crate::stacks::StackId;
+use crate::stacks::{Sampling, StackId};
 
 impl Process {
     /// A successful allocation; `room`: the global table has space for it.
@@ -19,7 +19,7 @@ impl Process {
             return;
         }
         let ctx = self.current_ctx(ev.tid);
-        let alloc = Allocation::new(ev.size, device, memory, self.ctx_index(ctx), ev.ts_ns, stack);
+        let alloc = Allocation::new(ev.size, device, memory, self.ctx_index(ctx), ev.ts_ns, stack, Sampling::of(ev.flags));
         // A pointer handed out twice: its free is late (another thread's,
         // not yet seen; see below) or was missed. Replace it, and remember
         // that a late free of this address may still come.

@@ -11,7 +11,9 @@ use std::{
 // beyond what the per-process entry caps already bound.
 pub use rustc_hash::FxHashMap as HashMap;
 
-use crate::stacks::StackId;
+use crate::stacks::{Sampling, StackId};
+
+const _: () = assert!(std::mem::size_of::<Allocation>() == 32, "a million live allocations: keep it packed");
 
 /// Where an allocation lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,12 +37,14 @@ pub struct Allocation {
     /// CUdevice ordinal (DEVICE_UNKNOWN is -1); ordinals fit in 16 bits.
     device: i16,
     pub memory: Memory,
+    /// How its stack was taken (budget, sampled, not sampled): in the padding.
+    pub sampling: Sampling,
 }
 
 impl Allocation {
-    pub fn new(size: u64, device: i32, memory: Memory, ctx: u32, ts_ns: u64, stack: Option<StackId>) -> Self {
+    pub fn new(size: u64, device: i32, memory: Memory, ctx: u32, ts_ns: u64, stack: Option<StackId>, sampling: Sampling) -> Self {
         let stack = stack.map(|s| NonZeroU64::new(s).unwrap_or(NonZeroU64::MIN));
-        Allocation { size, ts_ns, stack, ctx, device: pack_device(device), memory }
+        Allocation { size, ts_ns, stack, ctx, device: pack_device(device), memory, sampling }
     }
     pub fn device(&self) -> i32 {
         self.device as i32
@@ -68,6 +72,7 @@ pub struct VmmHandle {
     pub released: bool,
     pub ts_ns: u64,
     pub stack: Option<StackId>,
+    pub sampling: Sampling,
 }
 
 #[derive(Clone, Debug)]

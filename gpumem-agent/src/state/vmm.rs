@@ -7,7 +7,7 @@ use super::{
     process::{Mapping, Process, VmmHandle},
     Applied, Release,
 };
-use crate::stacks::StackId;
+use crate::stacks::{Sampling, StackId};
 
 impl Process {
     /// A successful VMM or address-space call; `room`: the global table has space.
@@ -48,7 +48,7 @@ impl Process {
             out.dropped = true;
             return;
         }
-        let h = VmmHandle { size: ev.size, device, mappings: 0, released: false, ts_ns: ev.ts_ns, stack };
+        let h = VmmHandle { size: ev.size, device, mappings: 0, released: false, ts_ns: ev.ts_ns, stack, sampling: Sampling::of(ev.flags) };
         if let Some(old) = self.held.vmm_handles.insert(ev.handle, h) {
             self.uncount_handle(&old);
         }

@@ -54,6 +54,8 @@ catalog! {
     GPU_XID_ERRORS, Counter, "gpumem_gpu_xid_errors", "XID events received from NVML since the agent started, by XID code";
     GPU_HEALTH_SCORE, Gauge, "gpumem_gpu_health_score", "Health score 0-100 from ECC, retirement, remap, temperature and XID rules (see `gpumem health`)";
     LOST_EVENTS, Counter, "gpumem_lost_events", "Events that never reached the agent, by reason";
+    STACKS_SAMPLING, Counter, "gpumem_stack_sampling", "Allocations over their process's stack budget, by outcome (sampled: stack taken and weighed; not_sampled: stood for by the sampled ones)";
+    STACKS_DROPPED, Counter, "gpumem_stacks_dropped", "Allocations that reached the agent without their stack, by reason (their bytes are counted)";
     TABLE_OVERFLOW, Counter, "gpumem_table_overflow", "Records not kept because a bounded table was full, by table (kernel_* tables are the eBPF side's)";
     IMPLAUSIBLE_EVENTS, Counter, "gpumem_implausible_events", "Successful calls with a size no GPU could hold (an ABI mismatch or garbled read): not applied";
     UNKNOWN_EVENTS, Counter, "gpumem_unknown_events", "Events of an id this agent does not know (a newer eBPF object): not applied";

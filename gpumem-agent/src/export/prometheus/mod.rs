@@ -261,6 +261,11 @@ fn self_families(fams: &mut Families, s: &Scrape<'_>) {
         ("malformed", lost.malformed),
     ];
     fams.add(m::LOST_EVENTS).extend(reasons.iter().map(|&(r, n)| (vec![("reason", r.to_string())], Value::Count(n))));
+    let outcomes = [("sampled", s.stacks.sampled), ("not_sampled", s.stacks.not_sampled)];
+    fams.add(m::STACKS_SAMPLING).extend(outcomes.iter().map(|&(o, n)| (vec![("outcome", o.to_string())], Value::Count(n))));
+    let d = &a.kernel.stacks_dropped;
+    let reasons = [("ring_full", d.ring_full), ("unmatched", d.unmatched)];
+    fams.add(m::STACKS_DROPPED).extend(reasons.iter().map(|&(r, n)| (vec![("reason", r.to_string())], Value::Count(n))));
     let o = &s.state.overflow;
     let tables = [
         ("allocations", o.entries_dropped),
