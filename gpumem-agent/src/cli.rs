@@ -115,6 +115,10 @@ pub struct ProbeArgs {
     /// Tests: act as a kernel that refuses uprobe_multi links.
     #[arg(long, hide = true)]
     pub refuse_uprobe_multi: bool,
+    /// Tests and benchmarks: act as if no dynamic loader could be hooked
+    /// (discovery falls back to scanning every process).
+    #[arg(long, hide = true)]
+    pub refuse_loader_hooks: bool,
 }
 
 /// What to trace and for how long (shared by trace and leaks).

@@ -1,12 +1,14 @@
 //! gpumem's eBPF programs: one uprobe/uretprobe pair for every libcuda entry
 //! point (told apart by the attach cookie, an id of `gpumem_common::api`),
-//! the process lifecycle tracepoints, and an empty pair used as the baseline
+//! the process lifecycle tracepoints, the discovery signals (exec and the
+//! dynamic loader's debugger hook), and an empty pair used as the baseline
 //! when measuring probe overhead.
 #![no_std]
 #![no_main]
 #![allow(non_snake_case)]
 
 mod cuda;
+mod discovery;
 mod ioctl;
 mod maps;
 mod oom;
@@ -55,6 +57,17 @@ fn api_of(ctx: &impl EbpfContext) -> u32 {
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     process::on_exit(&ctx)
+}
+
+#[tracepoint]
+pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
+    discovery::on_exec()
+}
+
+/// On `_dl_debug_state` of each dynamic loader the agent found.
+#[uprobe]
+pub fn dl_debug_state(_ctx: ProbeContext) -> u32 {
+    discovery::on_link_map()
 }
 
 #[tracepoint]

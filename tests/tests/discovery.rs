@@ -6,6 +6,41 @@ use serde_json::Value;
 
 #[test]
 fn library_loaded_after_the_agent_started_is_attached() {
+    late_library_is_attached(&[]);
+}
+
+#[test]
+fn without_loader_hooks_the_periodic_scan_still_attaches_a_late_library() {
+    // The fallback: no dynamic loader hooked (refusal simulated), every
+    // process is read at each scan, twice a second, as before the hooks.
+    late_library_is_attached(&["--refuse-loader-hooks"]);
+    let out = run_gpumem(&["status", "--json", "--refuse-loader-hooks"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let d = &v["discovery"];
+    assert_eq!((&d["mode"], d["full_scan_every_s"].as_f64()), (&Value::from("periodic"), Some(0.5)), "{d:#}");
+    assert!(d["loaders"].as_array().unwrap().iter().all(|l| l["attached"] == false && l["error"].is_string()), "{d:#}");
+}
+
+#[test]
+fn status_says_discovery_is_event_driven_through_the_hooked_loaders() {
+    require_root();
+    let out = run_gpumem(&["status", "--json"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let d = &v["discovery"];
+    assert_eq!((&d["mode"], d["full_scan_every_s"].as_f64()), (&Value::from("event_driven"), Some(30.0)), "{d:#}");
+    // This machine's glibc loader, by the path processes map it at.
+    let loaders = d["loaders"].as_array().unwrap();
+    assert!(loaders.iter().any(|l| l["attached"] == true && l["path"].as_str().unwrap().ends_with("ld-linux-x86-64.so.2")), "{d:#}");
+    let exec = v["tracepoints"].as_array().unwrap().iter().find(|t| t["tracepoint"] == "sched:sched_process_exec").unwrap();
+    assert_eq!(exec["attached"], true);
+    let human = run_gpumem(&["status"], &[]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(text.contains("discovery: event-driven — sched_process_exec and the _dl_debug_state hook of"), "{text}");
+}
+
+fn late_library_is_attached(extra: &[&str]) {
     require_root();
     let f = fixtures();
     // A fresh copy: an inode no agent has seen, not in ld.so.cache, not given.
@@ -17,7 +52,9 @@ fn library_loaded_after_the_agent_started_is_attached() {
     // The workload calls 1 s after loading the library: every call, from
     // cuInit on, is traced only if the library was attached within a second.
     let cmd = format!("{} {} late_load", f.workload.display(), lib.display());
-    let t = trace(&["-c", &cmd], &[]);
+    let mut args = extra.to_vec();
+    args.extend(["-c", &cmd]);
+    let t = trace(&args, &[]);
     assert!(t.status.success(), "{}", t.stderr);
     assert!(t.stderr.contains(&format!("root{}", lib.display())), "attached through /proc/PID/root: {}", t.stderr);
     let pid = single_pid(&t);
@@ -136,4 +173,37 @@ fn pid_option_traces_a_running_process_until_it_exits() {
     assert_eq!(sizes(&allocs), [8 * MIB, 4 * MIB]);
     let exit = events.iter().find(|e| e["type"] == "exit").expect("exit event");
     assert_eq!(released(exit), [(0, 4 * MIB, 1)]);
+}
+
+#[test]
+fn fresh_libcuda_copies_opened_with_dlopen_are_attached_before_their_first_call() {
+    require_root();
+    let f = fixtures();
+    // Five copies, each a fresh inode, each opened with dlopen and first
+    // called 100 ms later: the loader's hook wakes the agent, which reads
+    // that one process's maps and attaches the copy.
+    let dir = f.dir.join("fresh");
+    std::fs::create_dir_all(&dir).unwrap();
+    let libs: Vec<String> = (0..5)
+        .map(|i| {
+            let lib = dir.join(i.to_string()).join("libcuda.so.1");
+            std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+            let _ = std::fs::remove_file(&lib);
+            std::fs::copy(&f.libcuda, &lib).unwrap();
+            lib.display().to_string()
+        })
+        .collect();
+    let cmd = format!("{} {} fresh", f.workload.display(), f.libcuda.display());
+    let t = trace(&["-c", &cmd], &[("GPUMEM_LIBS", &libs.join(":"))]);
+    assert!(t.status.success(), "{}", t.stderr);
+    let pid = single_pid(&t);
+    assert_eq!(t.of_type("init").len(), 5, "every copy's cuInit is traced: {}", t.stderr);
+    assert_eq!(sizes(&t.of_type("alloc")), [MIB; 5]);
+    assert_eq!(t.released_at_exit(pid).iter().map(|r| r.1).sum::<u64>(), 5 * MIB);
+    // When the breakpoint appeared in the process, measured by the process.
+    let attach_ms: Vec<f64> =
+        t.stderr.split_whitespace().filter_map(|w| w.strip_prefix("fresh_attach_ms=")).map(|v| v.parse().unwrap()).collect();
+    assert_eq!(attach_ms.len(), 5, "{}", t.stderr);
+    assert!(attach_ms.iter().all(|&ms| ms >= 0.0), "attached before the first call: {attach_ms:?}");
+    eprintln!("fresh copies attached {attach_ms:?} ms after their dlopen");
 }

@@ -107,14 +107,26 @@ pub fn overhead(pairs: u64, rounds: u32) -> Result<()> {
     let none = med[0].1.expect("measured");
     let empty = med[1].1.expect("measured");
     println!("probe overhead on cuMemAlloc_v2/cuMemFree_v2 ({calls} calls per run, median of {rounds} interleaved runs):");
-    println!("  {:<22} {:>9} {:>10} {:>14} {:>16}", "", "ns/call", "added ns", "ratio to empty", "added vs empty's");
+    println!(
+        "  {:<22} {:>9} {:>10} {:>14} {:>16} {:>16}",
+        "", "ns/call", "added ns", "ratio to empty", "added vs empty's", "added ns per hit"
+    );
     for (label, v) in &med {
+        // Probe hits per call: gpumem (and the empty baseline) trap at entry
+        // and return of both calls; the bpftrace script skips cuMemFree_v2's
+        // return (so it cannot tell a failed free).
+        let hits = match *label {
+            "no probes" => f64::NAN,
+            "bpftrace (peer)" => 1.5,
+            _ => 2.0,
+        };
         match v {
             Some(v) => println!(
-                "  {label:<22} {v:>9.0} {:>10.0} {:>14.2} {:>16.2}",
+                "  {label:<22} {v:>9.0} {:>10.0} {:>14.2} {:>16.2} {:>16.0}",
                 v - none,
                 v / empty,
-                if *label == "no probes" { 0.0 } else { (v - none) / (empty - none) }
+                if *label == "no probes" { 0.0 } else { (v - none) / (empty - none) },
+                (v - none) / hits
             ),
             None => println!("  {label:<22} not measured (bpftrace is not installed)"),
         }
@@ -240,6 +252,92 @@ pub fn metrics(idle_s: u64) -> Result<()> {
         bpf / 1048576.0
     );
     println!("  CPU              {:.2} % of one core", 100.0 * cpu / dt);
+    let (status, stderr) = serve.stop();
+    if !status.success() {
+        bail!("gpumem serve failed: {stderr}");
+    }
+    Ok(())
+}
+
+/// `gpumem serve` at rest among `processes` idle host processes: its CPU
+/// over `seconds` with event-driven discovery, then with the loader hooks
+/// refused (every process's maps read twice a second), side by side.
+pub fn idle(processes: u32, seconds: u64) -> Result<()> {
+    crate::run(crate::cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
+    std::env::set_var("GPUMEM_BIN", gpumem_tests::target_dir().join("release/gpumem"));
+    let mut sleepers = Vec::new();
+    for _ in 0..processes {
+        sleepers.push(Command::new("sleep").arg("3600").spawn().context("starting an idle process")?);
+    }
+    let f = gpumem_tests::fixtures();
+    let lib = f.libcuda.to_str().unwrap().to_string();
+    let mut result = Ok(());
+    for (mode, extra) in [("event-driven discovery", None), ("every process scanned every 0.5 s", Some("--refuse-loader-hooks"))] {
+        let mut args = vec!["--libcuda", lib.as_str(), "--no-nvml"];
+        args.extend(extra);
+        let serve = gpumem_tests::Serve::start(&args, &[]);
+        std::thread::sleep(std::time::Duration::from_secs(5));
+        let cpu = |text: &str| gpumem_tests::sample(text, "gpumem_agent_cpu_seconds_total").unwrap_or(f64::NAN);
+        let before = cpu(&serve.metrics());
+        let t0 = std::time::Instant::now();
+        std::thread::sleep(std::time::Duration::from_secs(seconds));
+        let after = cpu(&serve.metrics());
+        let dt = t0.elapsed().as_secs_f64();
+        println!(
+            "gpumem serve at rest among {processes} idle processes, {mode}: {:.2} % of one core over {dt:.0} s",
+            100.0 * (after - before) / dt
+        );
+        let (status, stderr) = serve.stop();
+        if !status.success() {
+            result = Err(anyhow::anyhow!("gpumem serve failed: {stderr}"));
+            break;
+        }
+    }
+    for mut s in sleepers {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+    result
+}
+
+/// `gpumem serve`'s CPU while one process allocates and frees at a steady
+/// rate, each allocation's stack 16 frames deep and taken (under the stack
+/// budget at 1 000/s, sampled beyond it at 10 000/s), beside the daemon at
+/// rest in the same run.
+pub fn agent_cpu(seconds: u64) -> Result<()> {
+    crate::run(crate::cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
+    std::env::set_var("GPUMEM_BIN", gpumem_tests::target_dir().join("release/gpumem"));
+    let f = gpumem_tests::fixtures();
+    let serve = gpumem_tests::Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"], &[]);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let cpu = || gpumem_tests::sample(&serve.metrics(), "gpumem_agent_cpu_seconds_total").unwrap_or(f64::NAN);
+    let secs = seconds.to_string();
+    let mut idle = 0.0;
+    println!("gpumem serve (release), one process allocating at a steady rate, 16-frame stacks, {seconds} s each:");
+    for rate in [0u32, 1000, 10_000] {
+        let before = cpu();
+        let t0 = std::time::Instant::now();
+        if rate == 0 {
+            std::thread::sleep(std::time::Duration::from_secs(seconds));
+        } else {
+            let rate_s = rate.to_string();
+            let mut w = gpumem_tests::spawn_workload("steady", &[("GPUMEM_RATE", rate_s.as_str()), ("GPUMEM_SECONDS", secs.as_str())]);
+            let st = w.wait()?;
+            if !st.success() {
+                bail!("the steady workload failed: {st}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        let share = 100.0 * (cpu() - before) / dt;
+        if rate == 0 {
+            idle = share;
+            println!("  at rest: {share:.2} % of one core");
+        } else {
+            let per_alloc_us = (share - idle) / 100.0 * dt / (rate as f64 * seconds as f64) * 1e6;
+            println!("  {rate} allocations/s: {share:.2} % of one core ({per_alloc_us:.1} µs of agent CPU per allocation+free above rest)");
+        }
+    }
     let (status, stderr) = serve.stop();
     if !status.success() {
         bail!("gpumem serve failed: {stderr}");

@@ -9,6 +9,8 @@
 //! - `bench-engine`: events/s through the pipeline (decode → lookups → stacks → state → analyses) from a recording; bytes per live allocation
 //! - `bench-metrics`: /metrics render time and size, the daemon's idle memory and CPU
 //! - `bench-stacks`: unwinding and symbolization (uncached, cached) per stack
+//! - `bench-idle`: the daemon's idle CPU among many host processes (discovery's cost)
+//! - `bench-agent`: the daemon's CPU per allocation at steady rates, stacks on
 //! - `soak`: `gpumem serve` for 10 minutes under process churn and a million live allocations
 mod bench;
 mod setup;
@@ -69,6 +71,24 @@ enum Cmd {
         /// seconds the daemon is left idle for the CPU measurement
         #[arg(long, default_value_t = 30)]
         idle: u64,
+    },
+    /// Measure `gpumem serve`'s idle CPU among many host processes, with
+    /// event-driven discovery and, side by side, with every process scanned
+    /// twice a second (the fallback).
+    BenchIdle {
+        /// idle host processes (`sleep`) started for the measurement
+        #[arg(long, default_value_t = 2000)]
+        processes: u32,
+        /// seconds the daemon is measured for, in each mode
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+    },
+    /// Measure `gpumem serve`'s CPU per allocation at steady rates (1 000/s
+    /// and 10 000/s, 16-frame stacks), beside the daemon at rest.
+    BenchAgent {
+        /// seconds at each rate
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
     },
     /// Soak `gpumem serve`: process churn and many live allocations, memory sampled every 10 s.
     Soak {
@@ -196,27 +216,23 @@ fn main() -> Result<()> {
             test.args(["test", "--workspace", "--no-fail-fast", "--exclude", "gpumem-ebpf", "--", "--test-threads=1"]).args(&args);
             run(&mut test)
         }
-        Cmd::BenchIoctl { calls, rounds } => {
-            require_root("the benchmark")?;
-            setup::setup()?;
-            bench::ioctl_overhead(calls, rounds)
-        }
         Cmd::BenchEngine { events } => run(&mut engine_bench(&["engine", "--events", &events.to_string()])),
         Cmd::BenchStacks { rounds } => run(&mut engine_bench(&["stacks", "--rounds", &rounds.to_string()])),
-        Cmd::BenchMetrics { idle } => {
-            require_root("the benchmark")?;
-            setup::setup()?;
-            bench::metrics(idle)
-        }
-        Cmd::Soak { minutes, live, max_allocations } => {
-            require_root("the soak")?;
-            setup::setup()?;
-            soak::soak(minutes, live, max_allocations)
-        }
-        Cmd::Bench { pairs, rounds } => {
-            require_root("the benchmark")?;
-            setup::setup()?;
-            bench::overhead(pairs, rounds)
-        }
+        measurement => measure(measurement),
+    }
+}
+
+/// The benchmarks and the soak that run the agent: as root, set up first.
+fn measure(cmd: Cmd) -> Result<()> {
+    require_root("the measurement")?;
+    setup::setup()?;
+    match cmd {
+        Cmd::BenchIoctl { calls, rounds } => bench::ioctl_overhead(calls, rounds),
+        Cmd::BenchMetrics { idle } => bench::metrics(idle),
+        Cmd::BenchIdle { processes, seconds } => bench::idle(processes, seconds),
+        Cmd::BenchAgent { seconds } => bench::agent_cpu(seconds),
+        Cmd::Soak { minutes, live, max_allocations } => soak::soak(minutes, live, max_allocations),
+        Cmd::Bench { pairs, rounds } => bench::overhead(pairs, rounds),
+        _ => bail!("not a measurement"),
     }
 }

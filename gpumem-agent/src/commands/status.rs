@@ -39,6 +39,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
             "tracepoints": agent.tracepoints,
             "ioctl": agent.ioctl,
             "uprobe_links": agent.uprobe_links,
+            "discovery": runtime::discovery::report(&agent),
             "nvml": nvml,
             "libraries": agent.libraries,
             "notes": notes,
@@ -49,7 +50,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
         agent.detach_in_background();
         return Ok(());
     }
-    crate::export::status::write_human(&mut out, &features, &agent, &nvml, &notes)?;
+    crate::export::status::write_human(&mut out, &features, &agent, &runtime::discovery::report(&agent), &nvml, &notes)?;
     out.flush()?;
     agent.detach_in_background();
     Ok(())

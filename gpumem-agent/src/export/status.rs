@@ -2,12 +2,16 @@
 //! path, NVML, every libcuda found and every probe attached or skipped.
 use std::io::Write;
 
-use crate::probes::{features, Agent, ProbeStatus};
+use crate::{
+    probes::{features, Agent, ProbeStatus},
+    runtime::discovery::DiscoveryReport,
+};
 
 pub fn write_human(
     out: &mut impl Write,
     features: &features::KernelFeatures,
     agent: &Agent,
+    discovery: &DiscoveryReport,
     nvml: &str,
     notes: &[String],
 ) -> std::io::Result<()> {
@@ -43,6 +47,14 @@ pub fn write_human(
     }
     let l = &agent.uprobe_links;
     writeln!(out, "uprobe links: {} — {} ({} link(s))", l.mode.name(), l.why, l.links)?;
+    let d = discovery;
+    writeln!(out, "discovery: {} — {}; every process rescanned every {} s", d.mode.replace('_', "-"), d.why, d.full_scan_every_s)?;
+    for l in &d.loaders {
+        match &l.error {
+            None => writeln!(out, "  loader {} (inode {}) hooked", l.path, l.inode)?,
+            Some(e) => writeln!(out, "  loader {} (inode {}) NOT hooked: {e}", l.path, l.inode)?,
+        }
+    }
     writeln!(out, "NVML: {nvml}")?;
     if agent.libraries.is_empty() {
         writeln!(out, "libcuda: none found (not in ld.so.cache, not loaded by any process); give one with --libcuda PATH")?;

@@ -124,7 +124,9 @@ pub fn deleted_libcuda_in_maps(maps: &[procfs::MapsEntry]) -> Vec<&procfs::MapsE
     out
 }
 
-/// What the periodic scans of /proc cost, for the summary.
+/// What finding libraries cost, for the summary: full scans of /proc (at
+/// start, then a slow safety net) and the reads of single processes that
+/// discovery signals (exec, dlopen) asked for.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ScanStats {
     pub scans: u64,
@@ -132,6 +134,14 @@ pub struct ScanStats {
     pub max_us: u64,
     /// Processes whose maps the last scan read.
     pub last_processes: u64,
+    /// Discovery signals received (exec, the loader's link-map hook).
+    #[serde(default)]
+    pub signals: u64,
+    /// Processes read for them, and what that took.
+    #[serde(default)]
+    pub signal_reads: u64,
+    #[serde(default)]
+    pub signal_read_us: u64,
 }
 
 impl ScanStats {
@@ -144,28 +154,68 @@ impl ScanStats {
     }
 }
 
-/// Scans every process's maps for libcuda copies; returns them and how many
-/// processes were read. Unreadable processes (exited meanwhile, kernel
-/// threads) are skipped.
-pub fn from_processes(skip_pid: u32) -> (Vec<Library>, u64) {
-    let mut libs = Vec::new();
-    let mut read = 0;
-    for pid in procfs::pids().filter(|&p| p != skip_pid) {
-        let Ok(maps) = procfs::read_maps(pid) else { continue };
-        read += 1;
-        for path in libcuda_in_maps(&maps) {
-            if let Ok(lib) = stat_library(&procfs::in_root(pid, &path), Source::ProcessMaps { pid }) {
-                libs.push(lib);
-            }
-        }
-        for e in deleted_libcuda_in_maps(&maps) {
-            // Needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE; without, the copy is missed.
-            if let Ok(lib) = stat_library(&procfs::map_files_path(pid, e), Source::DeletedInProcess { pid }) {
-                libs.push(lib);
-            }
+/// Is this file name a dynamic loader (glibc's ld-linux-x86-64.so.2,
+/// ld-linux.so.2, old ld-2.31.so; musl's ld-musl-x86_64.so.1)? Each has the
+/// debugger hook `_dl_debug_state`.
+pub fn is_loader_name(name: &str) -> bool {
+    name.starts_with("ld-") && name.contains(".so")
+}
+
+/// The dynamic loaders one process maps, each once (paths inside its mount namespace).
+pub fn loaders_in_maps(maps: &[procfs::MapsEntry]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let named = |e: &&procfs::MapsEntry| e.path.as_deref().is_some_and(|p| is_loader_name(p.rsplit('/').next().unwrap_or("")));
+    for path in maps.iter().filter(|e| !e.deleted).filter(named).filter_map(|e| e.path.clone()) {
+        if !out.contains(&path) {
+            out.push(path);
         }
     }
-    (libs, read)
+    out
+}
+
+/// What one process maps that the agent attaches to.
+#[derive(Debug, Default)]
+pub struct Found {
+    pub libcuda: Vec<Library>,
+    pub loaders: Vec<Library>,
+}
+
+/// The libcuda copies and dynamic loaders one process maps; None if its
+/// maps cannot be read (exited meanwhile, a kernel thread).
+pub fn in_process(pid: u32) -> Option<Found> {
+    let maps = procfs::read_maps(pid).ok()?;
+    let mut found = Found::default();
+    for path in libcuda_in_maps(&maps) {
+        if let Ok(lib) = stat_library(&procfs::in_root(pid, &path), Source::ProcessMaps { pid }) {
+            found.libcuda.push(lib);
+        }
+    }
+    for e in deleted_libcuda_in_maps(&maps) {
+        // Needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE; without, the copy is missed.
+        if let Ok(lib) = stat_library(&procfs::map_files_path(pid, e), Source::DeletedInProcess { pid }) {
+            found.libcuda.push(lib);
+        }
+    }
+    for path in loaders_in_maps(&maps) {
+        if let Ok(lib) = stat_library(&procfs::in_root(pid, &path), Source::ProcessMaps { pid }) {
+            found.loaders.push(lib);
+        }
+    }
+    Some(found)
+}
+
+/// Scans every process's maps for libcuda copies and dynamic loaders;
+/// returns them and how many processes were read.
+pub fn from_processes(skip_pid: u32) -> (Found, u64) {
+    let mut all = Found::default();
+    let mut read = 0;
+    for pid in procfs::pids().filter(|&p| p != skip_pid) {
+        let Some(found) = in_process(pid) else { continue };
+        read += 1;
+        all.libcuda.extend(found.libcuda);
+        all.loaders.extend(found.loaders);
+    }
+    (all, read)
 }
 
 #[cfg(test)]
@@ -208,6 +258,19 @@ mod tests {
         let found: Vec<(String, Option<&str>)> =
             deleted_libcuda_in_maps(&maps).iter().map(|e| (e.range_name(), e.path.as_deref())).collect();
         assert_eq!(found, vec![("7f00-7f10".to_string(), Some("/usr/lib/libcuda.so.535.1"))]);
+    }
+
+    #[test]
+    fn loaders_are_found_by_name() {
+        let maps = "7f00-7f10 r--p 00000000 fd:01 5 /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2\n\
+            7f10-7f20 r-xp 00001000 fd:01 5 /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2\n\
+            7f20-7f30 r-xp 00000000 fd:01 6 /lib/ld-musl-x86_64.so.1\n\
+            7f30-7f40 r-xp 00000000 fd:01 7 /usr/lib/libld-helper.so\n\
+            7f40-7f50 r-xp 00000000 fd:01 8 /usr/bin/ld-tool\n";
+        assert_eq!(
+            loaders_in_maps(&procfs::parse_maps(maps)),
+            vec!["/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2".to_string(), "/lib/ld-musl-x86_64.so.1".to_string()]
+        );
     }
 
     #[test]

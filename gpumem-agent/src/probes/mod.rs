@@ -5,6 +5,7 @@ pub mod discover;
 pub mod features;
 pub mod ioctl;
 pub mod links;
+pub mod loaders;
 mod maps;
 pub mod symbols;
 pub mod tracefs;
@@ -38,6 +39,8 @@ pub enum ProbeError {
     MissingMap(&'static str),
     #[error("eBPF map {map}: {source}")]
     Map { map: &'static str, source: Box<aya::maps::MapError> },
+    #[error("the dynamic loader's hook: {0}")]
+    Hook(String),
     /// Tests' fault injection (hidden options): what was made to fail.
     #[error("{0} failed (fault injected)")]
     Injected(&'static str),
@@ -66,6 +69,8 @@ pub struct Options {
     pub uprobe_links: UprobeLinks,
     /// Tests: act as a kernel that refuses uprobe_multi links at attach time.
     pub refuse_uprobe_multi: bool,
+    /// Tests and benchmarks: act as if no dynamic loader could be hooked.
+    pub refuse_loader_hooks: bool,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -118,6 +123,10 @@ pub struct Agent {
     options: Options,
     seen: HashSet<(u64, u64)>,
     pub libraries: Vec<LibraryReport>,
+    /// Dynamic loaders whose debugger hook is probed (discovery signals).
+    pub loaders: Vec<loaders::LoaderReport>,
+    loaders_seen: HashSet<(u64, u64)>,
+    hook_loaded: bool,
     pub tracepoints: Vec<TracepointReport>,
     pub uprobe_links: LinkReport,
     pub notes: Vec<String>,
@@ -200,6 +209,9 @@ impl Agent {
             options,
             seen: HashSet::new(),
             libraries: Vec::new(),
+            loaders: Vec::new(),
+            loaders_seen: HashSet::new(),
+            hook_loaded: false,
             tracepoints: Vec::new(),
             uprobe_links,
             notes,
@@ -226,7 +238,8 @@ impl Agent {
     }
 
     fn attach_tracepoints(&mut self, fork_known: bool, oom_known: bool) {
-        let mut wanted = vec![("sched", "sched_process_exit")];
+        // Exec: a discovery signal (the new program's libraries and loader).
+        let mut wanted = vec![("sched", "sched_process_exit"), ("sched", "sched_process_exec")];
         if self.options.filter_pids && fork_known {
             wanted.push(("sched", "sched_process_fork"));
         }
@@ -241,12 +254,14 @@ impl Agent {
             let result = self.attach_tracepoint(category, name);
             let tracepoint = match name {
                 "sched_process_exit" => "sched:sched_process_exit",
+                "sched_process_exec" => "sched:sched_process_exec",
                 "sched_process_fork" => "sched:sched_process_fork",
                 _ => "oom:mark_victim",
             };
             if let Err(e) = &result {
                 let consequence = match name {
                     "sched_process_exit" => "exits will not release memory",
+                    "sched_process_exec" => "new programs are found by the periodic scan only",
                     "sched_process_fork" => "children of -c commands are not followed",
                     _ => "host OOM kills are not traced",
                 };

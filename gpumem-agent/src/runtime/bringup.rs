@@ -29,6 +29,7 @@ pub fn load(p: &Probing, filter_pids: bool, probe_set: ProbeSet, ringbuf_bytes: 
         stacks: p.stacks,
         uprobe_links: p.uprobe_links,
         refuse_uprobe_multi: p.refuse_uprobe_multi,
+        refuse_loader_hooks: p.refuse_loader_hooks,
     })
     .context("loading eBPF programs")
 }
@@ -81,24 +82,41 @@ pub fn attach_given(agent: &mut Agent, p: &Probing, mut say: impl FnMut(String))
     Ok(())
 }
 
-/// Attaches libcuda copies found in ld.so.cache and in running processes
-/// that are not attached yet.
+/// Attaches libcuda copies found in ld.so.cache and in every running
+/// process that are not attached yet, and hooks their dynamic loaders.
 pub fn attach_discovered(agent: &mut Agent, p: &Probing, with_ld_cache: bool, mut say: impl FnMut(String)) {
     if !p.discover {
         return;
     }
-    let mut found = Vec::new();
+    let mut found = discover::Found::default();
     if with_ld_cache {
         match discover::from_ld_cache() {
-            Ok(paths) => found.extend(paths.iter().filter_map(|p| discover::stat_library(p, Source::LdCache).ok())),
+            Ok(paths) => found.libcuda.extend(paths.iter().filter_map(|p| discover::stat_library(p, Source::LdCache).ok())),
             Err(e) => say(format!("note: {e}")),
         }
     }
     let began = std::time::Instant::now();
-    let (libs, processes) = discover::from_processes(std::process::id());
+    let (in_processes, processes) = discover::from_processes(std::process::id());
     agent.scan_stats.record(began.elapsed(), processes);
-    found.extend(libs);
-    for lib in found {
+    found.libcuda.extend(in_processes.libcuda);
+    found.loaders.extend(in_processes.loaders);
+    attach_found(agent, found, &mut say);
+}
+
+/// Reads one process's maps (it exec'd or loaded a library) and attaches
+/// what it maps that is new. True if it maps a loader not hooked before:
+/// its first link-map change may have come before the hook.
+pub fn attach_in_process(agent: &mut Agent, pid: u32, mut say: impl FnMut(String)) -> bool {
+    let began = std::time::Instant::now();
+    let Some(found) = discover::in_process(pid) else { return false };
+    agent.scan_stats.signal_reads += 1;
+    agent.scan_stats.signal_read_us += began.elapsed().as_micros() as u64;
+    attach_found(agent, found, &mut say)
+}
+
+/// Attaches new libcuda copies, then hooks new loaders; whether a loader was new.
+fn attach_found(agent: &mut Agent, found: discover::Found, say: &mut impl FnMut(String)) -> bool {
+    for lib in found.libcuda {
         if agent.knows(&lib) {
             continue;
         }
@@ -106,4 +124,14 @@ pub fn attach_discovered(agent: &mut Agent, p: &Probing, with_ld_cache: bool, mu
             say(describe(report));
         }
     }
+    let mut new_loader = false;
+    for lib in found.loaders {
+        if let Some(report) = agent.hook_loader(&lib) {
+            new_loader = true;
+            if let Some(e) = &report.error {
+                say(format!("note: dynamic loader {}: {e}; its processes' libraries are found by the periodic scan", report.path));
+            }
+        }
+    }
+    new_loader
 }

@@ -15,6 +15,7 @@ use tokio::{
 use super::{
     bringup,
     child::{self, Child},
+    discovery::Signals,
     maintenance::{self, Maintenance},
     Ctx, Detach, End, Flow, Output, Session,
 };
@@ -90,6 +91,8 @@ struct Live<'o, O: Output> {
     child: Option<Child>,
     status: AgentStatus,
     maintenance: Maintenance,
+    /// Processes that exec'd or loaded a library, read after each drain.
+    signals: Signals,
     began: Instant,
 }
 
@@ -122,7 +125,21 @@ impl<'o, O: Output> Live<'o, O> {
         let inputs = out.inputs();
         let status = AgentStatus { probes_attached: agent.attached_probe_count(), ..Default::default() };
         let maintenance = Maintenance::new(&s);
-        let mut live = Live { s, out, agent, reader, pipeline, nvml, nvml_rx, inputs, child, status, maintenance, began: Instant::now() };
+        let mut live = Live {
+            s,
+            out,
+            agent,
+            reader,
+            pipeline,
+            nvml,
+            nvml_rx,
+            inputs,
+            child,
+            status,
+            maintenance,
+            signals: Signals::default(),
+            began: Instant::now(),
+        };
         live.out.started(&mut Ctx { pipeline: &mut live.pipeline, agent: &live.status, elapsed_s: 0.0 })?;
         Ok(live)
     }
@@ -170,11 +187,14 @@ impl<'o, O: Output> Live<'o, O> {
     /// Applies every event in the ring and hands each to the output.
     fn drain(&mut self) -> Result<Flow> {
         let elapsed_s = self.elapsed_s();
-        let (pipeline, out, agent) = (&mut self.pipeline, &mut *self.out, &self.status);
+        let (pipeline, out, agent, signals) = (&mut self.pipeline, &mut *self.out, &self.status, &mut self.signals);
         let mut result = Ok(Flow::Continue);
         // Once an output stops the session (or fails), the rest stays in the
         // ring: every output has seen every event the state has.
         let n = self.reader.drain_now(&mut |ev, stack| {
+            if signals.take(ev) {
+                return true;
+            }
             let o = pipeline.apply(ev, stack.map_or(Stack::None, Stack::Captured));
             result = out.event(&mut Ctx { pipeline: &mut *pipeline, agent, elapsed_s }, &o);
             matches!(result, Ok(Flow::Continue))
@@ -185,6 +205,14 @@ impl<'o, O: Output> Live<'o, O> {
             if !learned.is_empty() {
                 self.agent.set_stack_copy_bytes(&learned);
             }
+        }
+        if self.s.probing.discover {
+            let announce = self.s.announce;
+            self.signals.run(&mut self.agent, Instant::now(), |m| {
+                if announce {
+                    eprintln!("gpumem: {m}");
+                }
+            });
         }
         result
     }

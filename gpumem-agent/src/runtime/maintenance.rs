@@ -2,12 +2,12 @@
 //! attached, NVIDIA descriptors rescanned, stale calls swept, exited
 //! processes forgotten (state, growth, stacks, the kernel's loss counts),
 //! and the kernel's counters read.
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::{bringup, Session};
+use super::{bringup, discovery::Signals, Session};
 use crate::{clock::monotonic_ns, events::ReaderCounts, pipeline::Pipeline, probes::Agent, selfstat::AgentStatus};
 
-/// How often new libcuda copies are looked for.
+/// How often the tick runs.
 pub const EVERY: Duration = Duration::from_millis(500);
 /// NVIDIA descriptors the open tracepoint cannot see (inherited, dup'ed) are
 /// picked up from /proc, and calls of dead threads swept, every this many
@@ -18,6 +18,8 @@ const READ_COUNTERS: &str = "read_kernel_counters";
 
 pub struct Maintenance {
     ticks: u64,
+    /// The last scan of every process for libraries (see `discovery`).
+    last_full_scan: Instant,
     /// Fault injection: reads of the kernel counters still to fail.
     fail_reads: u32,
     /// Say what fails on stderr (not while a full-screen UI runs).
@@ -26,7 +28,7 @@ pub struct Maintenance {
 
 impl Maintenance {
     pub fn new(s: &Session) -> Self {
-        Maintenance { ticks: 0, fail_reads: s.fail_counter_reads, announce: s.announce }
+        Maintenance { ticks: 0, last_full_scan: Instant::now(), fail_reads: s.fail_counter_reads, announce: s.announce }
     }
 
     /// One tick; true when every process traced with -p has exited.
@@ -38,11 +40,14 @@ impl Maintenance {
         status: &mut AgentStatus,
         reader: ReaderCounts,
     ) -> bool {
-        bringup::attach_discovered(agent, &s.probing, false, |m| {
-            if s.announce {
-                eprintln!("gpumem: {m}");
-            }
-        });
+        if self.last_full_scan.elapsed() >= Signals::full_scan_every(agent) {
+            self.last_full_scan = Instant::now();
+            bringup::attach_discovered(agent, &s.probing, false, |m| {
+                if s.announce {
+                    eprintln!("gpumem: {m}");
+                }
+            });
+        }
         status.probes_attached = agent.attached_probe_count();
         status.discovery = agent.scan_stats.clone();
         self.ticks += 1;

@@ -9,6 +9,7 @@
 //! at the end a footer and the output's report.
 mod bringup;
 pub mod child;
+pub mod discovery;
 mod live;
 mod maintenance;
 mod replay;
@@ -46,6 +47,8 @@ pub struct Probing {
     pub uprobe_links: crate::probes::links::UprobeLinks,
     /// Tests: act as a kernel that refuses uprobe_multi links.
     pub refuse_uprobe_multi: bool,
+    /// Tests and benchmarks: act as if no dynamic loader could be hooked.
+    pub refuse_loader_hooks: bool,
 }
 
 /// When the probes go at the end.
