@@ -8,7 +8,7 @@
 //! `proptest-regressions/` (committed too), so that it is replayed first.
 use std::{collections::BTreeMap, convert::Infallible, process::ExitCode};
 
-use gpumem_common::{Event, EVENT_SIZE, STACK_BYTES, STACK_HEADER_SIZE};
+use gpumem_common::{Event, EVENT_SIZE, STACK_HEADER_SIZE};
 use proptest::prelude::*;
 
 use crate::{
@@ -212,14 +212,16 @@ proptest! {
     /// Ring-buffer records of any length and content, read as events and as
     /// stacks: decoded or refused as too short, never read out of bounds.
     #[test]
-    fn ring_records_of_any_bytes_decode_safely(bytes in proptest::collection::vec(any::<u8>(), 0..(STACK_HEADER_SIZE + STACK_BYTES + 64))) {
+    fn ring_records_of_any_bytes_decode_safely(bytes in proptest::collection::vec(any::<u8>(), 0..(gpumem_common::STACK_EVENT_SIZE + 64))) {
         let mut buf = events::decode::stack_buffer();
         prop_assert_eq!(events::decode_event(&bytes).is_some(), bytes.len() >= EVENT_SIZE);
         match events::decode_stack(&bytes, &mut buf) {
             None => prop_assert!(bytes.len() < STACK_HEADER_SIZE),
             Some((tid, ts_ns)) => {
                 prop_assert_eq!((tid, ts_ns), (buf.event.tid, buf.event.ts_ns));
-                prop_assert!(buf.len as usize <= bytes.len().min(STACK_HEADER_SIZE + STACK_BYTES) - STACK_HEADER_SIZE);
+                let held = bytes.len().min(gpumem_common::STACK_EVENT_SIZE) - STACK_HEADER_SIZE;
+                prop_assert!(buf.len as usize + buf.py_frames as usize * gpumem_common::python::PY_FRAME_SIZE <= held);
+                prop_assert!(buf.stack().len() == buf.len as usize && buf.python_frames().count() == buf.py_frames as usize);
             }
         }
     }

@@ -17,6 +17,7 @@ pub mod pipeline;
 pub mod privileges;
 pub mod probes;
 pub mod procfs;
+pub mod python;
 pub mod record;
 pub mod runtime;
 pub mod selfstat;

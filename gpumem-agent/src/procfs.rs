@@ -74,6 +74,22 @@ pub fn in_root(pid: u32, path: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/root{path}"))
 }
 
+/// Where the agent opens the file a process maps at `path` (inode
+/// `inode`): through the process's root (its mount namespace), or, for a
+/// process that chroot'ed without a mount namespace of its own (whose maps
+/// name paths as the host sees them), the path itself: whichever is the
+/// mapped file.
+pub fn mapped_file(pid: u32, path: &str, inode: u64) -> PathBuf {
+    use std::os::unix::fs::MetadataExt as _;
+    let through_root = in_root(pid, path);
+    let is_it = |p: &std::path::Path| std::fs::metadata(p).is_ok_and(|m| m.ino() == inode);
+    if !is_it(&through_root) && is_it(std::path::Path::new(path)) {
+        PathBuf::from(path)
+    } else {
+        through_root
+    }
+}
+
 /// The link that opens a mapping's file as the process mapped it, even
 /// when it was deleted or replaced since (needs CAP_SYS_ADMIN or
 /// CAP_CHECKPOINT_RESTORE).
@@ -85,7 +101,7 @@ pub fn map_files_path(pid: u32, entry: &MapsEntry) -> PathBuf {
 /// the path through the process's root otherwise.
 pub fn open_path(pid: u32, entry: &MapsEntry) -> Option<PathBuf> {
     let path = entry.path.as_deref()?;
-    Some(if entry.deleted { map_files_path(pid, entry) } else { in_root(pid, path) })
+    Some(if entry.deleted { map_files_path(pid, entry) } else { mapped_file(pid, path, entry.inode) })
 }
 
 /// The fields of `/proc/PID/status` the agent uses.
@@ -235,6 +251,37 @@ pub fn alive(pid: u32, tid: Option<u32>) -> bool {
         Some(tid) => Path::new(&format!("/proc/{pid}/task/{tid}")).exists(),
         None => Path::new(&format!("/proc/{pid}")).exists(),
     }
+}
+
+/// A process's memory, read through /proc/PID/mem (needs ptrace access:
+/// root or CAP_SYS_PTRACE, as for its maps).
+pub struct ProcessMemory(std::fs::File);
+
+impl ProcessMemory {
+    pub fn open(pid: u32) -> io::Result<Self> {
+        Ok(ProcessMemory(std::fs::File::open(format!("/proc/{pid}/mem"))?))
+    }
+
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.0, buf, addr)
+    }
+
+    pub fn u64(&self, addr: u64) -> Option<u64> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b).ok()?;
+        Some(u64::from_ne_bytes(b))
+    }
+
+    pub fn u32(&self, addr: u64) -> Option<u32> {
+        let mut b = [0u8; 4];
+        self.read(addr, &mut b).ok()?;
+        Some(u32::from_ne_bytes(b))
+    }
+}
+
+/// Reads `buf.len()` bytes of a process's memory at `addr`.
+pub fn read_memory(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+    ProcessMemory::open(pid)?.read(addr, buf)
 }
 
 #[cfg(test)]

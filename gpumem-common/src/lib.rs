@@ -4,6 +4,7 @@
 //! (never `bool` or Rust enums) so that both sides agree byte for byte.
 #![no_std]
 
+pub mod python;
 pub mod sampling;
 
 /// Identifiers of the traced calls. Stable numbers: they travel in events and
@@ -242,7 +243,9 @@ pub const STACK_CHUNK: usize = 512;
 
 /// A successful allocation with the caller's registers and stack, taken at
 /// the call's return: `ip` is the return address in the caller, `sp` and
-/// `bp` the caller's registers, `data[..len]` the stack from `sp` up.
+/// `bp` the caller's registers. `data` holds first `py_frames` Python frames
+/// (`python::PyFrameRef`, innermost first; none for native-only processes),
+/// then `len` bytes of the stack from `sp` up.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct StackEvent {
@@ -251,14 +254,15 @@ pub struct StackEvent {
     pub sp: u64,
     pub bp: u64,
     pub len: u32,
-    pub _pad: u32,
-    pub data: [u8; STACK_BYTES],
+    pub py_frames: u32,
+    pub data: [u8; STACK_BYTES + python::PY_BYTES_MAX],
 }
 
 pub const STACK_EVENT_SIZE: usize = core::mem::size_of::<StackEvent>();
-/// Bytes before `data`: a record is this header plus the `len` bytes copied.
+/// Bytes before `data`: a record is this header, the Python frames and the
+/// `len` stack bytes copied.
 pub const STACK_HEADER_SIZE: usize = EVENT_SIZE + 32;
-const _: () = assert!(STACK_EVENT_SIZE == STACK_HEADER_SIZE + STACK_BYTES);
+const _: () = assert!(STACK_EVENT_SIZE == STACK_HEADER_SIZE + STACK_BYTES + python::PY_BYTES_MAX);
 
 /// A process's stack budget: a token bucket, `tokens` in stack-nanoseconds
 /// (one stack is 1e9), refilled at the budget's rate up to one second's worth.
@@ -377,6 +381,8 @@ mod user {
     unsafe impl aya::Pod for super::FdKey {}
     // SAFETY: u64 + two u32, no padding.
     unsafe impl aya::Pod for super::PendingKey {}
+    // SAFETY: eight u32, no padding.
+    unsafe impl aya::Pod for super::python::PyLayout {}
 }
 
 impl Event {

@@ -13,6 +13,7 @@ mod ioctl;
 mod maps;
 mod oom;
 mod process;
+mod python;
 mod stack;
 mod vmm;
 

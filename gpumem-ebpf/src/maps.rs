@@ -38,6 +38,15 @@ pub static STACK_BUDGET: LruHashMap<u32, StackBudget> = LruHashMap::with_max_ent
 #[map]
 pub static STACK_COPY_BYTES: LruHashMap<u32, u32> = LruHashMap::with_max_entries(STACK_BUDGET_PIDS, 0);
 
+/// The CPython thread state of each Python thread (by pid_tgid), found by
+/// the agent in the process's memory.
+#[map]
+pub static PY_THREADS: HashMap<u64, u64> = HashMap::with_max_entries(gpumem_common::python::PY_THREADS_MAX, BPF_F_NO_PREALLOC);
+
+/// Where the Python version of each Python process keeps its frames.
+#[map]
+pub static PY_LAYOUTS: HashMap<u32, gpumem_common::python::PyLayout> = HashMap::with_max_entries(STACK_BUDGET_PIDS, 0);
+
 /// Per-CPU scratch for building a record with a stack (too big for the BPF stack).
 #[map]
 pub static STACK_SCRATCH: PerCpuArray<gpumem_common::StackEvent> = PerCpuArray::with_max_entries(1, 0);
@@ -66,6 +75,9 @@ pub static FILTER_MODE: u32 = 0;
 /// always caught up. 0: the kernel's default (wake when the reader caught up).
 #[no_mangle]
 pub static WAKEUP_BYTES: u64 = 0;
+
+/// Hash maps filled by the agent only: no memory until used.
+const BPF_F_NO_PREALLOC: u32 = 1;
 
 pub const BPF_RB_NO_WAKEUP: u64 = 1;
 pub const BPF_RB_FORCE_WAKEUP: u64 = 2;

@@ -5,14 +5,21 @@
 //! `rip` is the return address in the caller and `rsp`/`rbp` are the
 //! caller's, so the unwind starts in the caller.
 use aya_ebpf::{
-    helpers::{bpf_get_prandom_u32, generated::bpf_probe_read_user},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_prandom_u32, generated::bpf_probe_read_user},
     programs::RetProbeContext,
 };
-use gpumem_common::{flags, sampling, stat, Event, StackBudget, STACK_BYTES, STACK_CHUNK, STACK_HEADER_SIZE};
+use gpumem_common::{
+    flags,
+    python::{PY_FRAMES_MAX, PY_FRAME_SIZE},
+    sampling, stat, Event, StackBudget, STACK_BYTES, STACK_CHUNK, STACK_HEADER_SIZE,
+};
 
-use crate::maps::{
-    count, load_time_u64, lost, BPF_RB_NO_WAKEUP, EVENTS, STACKS, STACK_BUDGET, STACK_BUDGET_PER_S, STACK_COPY_BYTES, STACK_SAMPLE_BYTES,
-    STACK_SCRATCH,
+use crate::{
+    maps::{
+        count, load_time_u64, lost, BPF_RB_NO_WAKEUP, EVENTS, STACKS, STACK_BUDGET, STACK_BUDGET_PER_S, STACK_COPY_BYTES,
+        STACK_SAMPLE_BYTES, STACK_SCRATCH,
+    },
+    python,
 };
 
 const NS_PER_S: u64 = 1_000_000_000;
@@ -105,8 +112,11 @@ fn send_stack(ctx: &RetProbeContext, ev: &Event) -> bool {
         (*rec).ip = ip;
         (*rec).sp = sp;
         (*rec).bp = bp;
-        (*rec)._pad = 0;
-        let data = (*rec).data.as_mut_ptr();
+        // The Python frames first (none for native-only processes), then the stack.
+        let py = python::walk(bpf_get_current_pid_tgid(), (*rec).data.as_mut_ptr().cast()) as usize;
+        let py_bytes = (py & (PY_FRAMES_MAX * 2 - 1)).min(PY_FRAMES_MAX) * PY_FRAME_SIZE;
+        (*rec).py_frames = (py_bytes / PY_FRAME_SIZE) as u32;
+        let data = (*rec).data.as_mut_ptr().add(py_bytes);
         let mut i = 0;
         while i < STACK_BYTES / STACK_CHUNK && i < chunks {
             let off = i * STACK_CHUNK;
@@ -124,7 +134,7 @@ fn send_stack(ctx: &RetProbeContext, ev: &Event) -> bool {
         if (*rec).event.tid != ev.tid || (*rec).event.ts_ns != ev.ts_ns {
             return false;
         }
-        let bytes = core::slice::from_raw_parts(rec as *const u8, STACK_HEADER_SIZE + len.min(STACK_BYTES));
+        let bytes = core::slice::from_raw_parts(rec as *const u8, STACK_HEADER_SIZE + py_bytes + len.min(STACK_BYTES));
         STACKS.output::<[u8]>(bytes, BPF_RB_NO_WAKEUP).is_ok()
     }
 }

@@ -35,8 +35,37 @@ fn bpftrace_script(lib: &str) -> String {
     )
 }
 
+/// The program that allocates and frees in a loop and times itself: the C
+/// workload, or the same loop in Python over ctypes (Python frames walked).
+struct Churn {
+    argv: Vec<String>,
+}
+
+impl Churn {
+    fn new(f: &gpumem_tests::Fixtures, python: bool) -> Self {
+        let lib = f.libcuda.display().to_string();
+        let argv = if python {
+            let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/churn.py");
+            vec!["python3".into(), script.display().to_string(), lib]
+        } else {
+            vec![f.workload.display().to_string(), lib, "churn".into()]
+        };
+        Churn { argv }
+    }
+
+    fn command(&self, n: &str) -> Command {
+        let mut c = Command::new(&self.argv[0]);
+        c.args(&self.argv[1..]).env("GPUMEM_BENCH_N", n);
+        c
+    }
+
+    fn shell(&self) -> String {
+        self.argv.join(" ")
+    }
+}
+
 /// ns per call of the churn workload under the bpftrace script.
-fn under_bpftrace(f: &gpumem_tests::Fixtures, n: &str) -> Result<(u64, u64)> {
+fn under_bpftrace(f: &gpumem_tests::Fixtures, churn: &Churn, n: &str) -> Result<(u64, u64)> {
     let lib = f.libcuda.to_str().unwrap();
     let mut bt = Command::new("bpftrace")
         .args(["-e", &bpftrace_script(lib)])
@@ -59,18 +88,21 @@ fn under_bpftrace(f: &gpumem_tests::Fixtures, n: &str) -> Result<(u64, u64)> {
         }
     }
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let r = churn_ns(Command::new(&f.workload).args([lib, "churn"]).env("GPUMEM_BENCH_N", n));
+    let r = churn_ns(&mut churn.command(n));
     // SAFETY: signals our own child.
     unsafe { libc::kill(bt.id() as i32, libc::SIGINT) };
     let _ = bt.wait();
     r
 }
 
-pub fn overhead(pairs: u64, rounds: u32) -> Result<()> {
+pub fn overhead(pairs: u64, rounds: u32, python: bool) -> Result<()> {
     let bin = crate::build_agent()?;
     let f = gpumem_tests::fixtures();
     let lib = f.libcuda.to_str().unwrap();
-    let workload = format!("{} {} churn", f.workload.display(), lib);
+    let churn = Churn::new(f, python);
+    let workload = churn.shell();
+    // Python: discovery on, so that the interpreter is found at its dlopen.
+    let discover: &[&str] = if python { &[] } else { &["--no-discover"] };
     let n = pairs.to_string();
     let has_bpftrace = Command::new("bpftrace").arg("--version").output().is_ok_and(|o| o.status.success());
     // (label, ns per call of each round)
@@ -84,20 +116,22 @@ pub fn overhead(pairs: u64, rounds: u32) -> Result<()> {
     let mut calls = 0;
     for round in 0..rounds {
         gpumem_tests::wait_for_detach();
-        let (c, t) = churn_ns(Command::new(&f.workload).args([lib, "churn"]).env("GPUMEM_BENCH_N", &n))?;
+        let (c, t) = churn_ns(&mut churn.command(&n))?;
         calls = c;
         runs[0].1.push(t as f64 / c as f64);
         for (i, (set, stacks)) in [("empty", "on"), ("full", "on"), ("full", "off")].into_iter().enumerate() {
             let (c, t) = churn_ns(
                 Command::new(&bin)
-                    .args(["bench", "--probes", set, "--stacks", stacks, "--no-discover", "--libcuda", lib, "-c", &workload])
+                    .args(["bench", "--probes", set, "--stacks", stacks])
+                    .args(discover)
+                    .args(["--libcuda", lib, "-c", &workload])
                     .env("GPUMEM_BENCH_N", &n),
             )?;
             runs[i + 1].1.push(t as f64 / c as f64);
             gpumem_tests::wait_for_detach();
         }
         if has_bpftrace {
-            let (c, t) = under_bpftrace(f, &n)?;
+            let (c, t) = under_bpftrace(f, &churn, &n)?;
             runs[4].1.push(t as f64 / c as f64);
         }
         let now: Vec<String> = runs.iter().filter_map(|(l, v)| v.last().map(|x| format!("{l} {x:.0}"))).collect();

@@ -109,6 +109,9 @@ enum Cmd {
         /// runs of each configuration, interleaved
         #[arg(long, default_value_t = 5)]
         rounds: u32,
+        /// the loop in Python over ctypes (Python frames walked) instead of C
+        #[arg(long)]
+        python: bool,
     },
 }
 
@@ -210,6 +213,7 @@ fn main() -> Result<()> {
             require_root("the test suite")?;
             setup::setup()?;
             setup::nvidia_libs()?;
+            setup::python313_root()?;
             build_agent()?;
             // End-to-end tests load eBPF and mount/unmount tracefs: one at a time.
             let mut test = cargo();
@@ -232,7 +236,7 @@ fn measure(cmd: Cmd) -> Result<()> {
         Cmd::BenchIdle { processes, seconds } => bench::idle(processes, seconds),
         Cmd::BenchAgent { seconds } => bench::agent_cpu(seconds),
         Cmd::Soak { minutes, live, max_allocations } => soak::soak(minutes, live, max_allocations),
-        Cmd::Bench { pairs, rounds } => bench::overhead(pairs, rounds),
+        Cmd::Bench { pairs, rounds, python } => bench::overhead(pairs, rounds, python),
         _ => bail!("not a measurement"),
     }
 }

@@ -10,8 +10,12 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// (server and promtool) for the exporter's tests, tmux to drive `top` in a
 /// real terminal, and headless Chromium (with aha for terminal captures) to
 /// open the HTML report and take screenshots; bpftrace is the peer in the
-/// probe-overhead benchmark.
+/// probe-overhead benchmark; Debian's python3.11 (interpreter linked into
+/// the executable) and debootstrap (a trixie root with python3.13) for the
+/// Python frame tests.
 const APT_PACKAGES: &[&str] = &[
+    "python3.11",
+    "debootstrap",
     "llvm-22-dev",
     "libpolly-22-dev",
     "libzstd-dev",
@@ -67,6 +71,21 @@ pub fn setup() -> Result<()> {
 }
 
 const NONFREE_SOURCES: &str = "/etc/apt/sources.list.d/gpumem-debian-nonfree.sources";
+
+/// A Debian trixie root with its python3.13 (the interpreter linked into
+/// the executable), for the Python frame tests; made once, kept in target/.
+pub fn python313_root() -> Result<PathBuf> {
+    let dest = gpumem_tests::target_dir().join("py313-root");
+    if dest.join("usr/bin/python3.13").exists() {
+        return Ok(dest);
+    }
+    let _ = std::fs::remove_dir_all(&dest);
+    run(Command::new("debootstrap")
+        .args(["--variant=minbase", "--include=python3.13", "trixie"])
+        .arg(&dest)
+        .arg("http://deb.debian.org/debian"))?;
+    Ok(dest)
+}
 
 /// NVIDIA's user-space driver libraries, version 535 from Debian bookworm
 /// non-free, unpacked (not installed: installing pulls the whole driver stack).

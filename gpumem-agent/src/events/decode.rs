@@ -1,6 +1,9 @@
 //! Ring-buffer records into events and stacks: any bytes are accepted, and
 //! a record that cannot hold what it claims is reported as such, never misread.
-use gpumem_common::{Event, StackEvent, STACK_EVENT_SIZE, STACK_HEADER_SIZE};
+use gpumem_common::{
+    python::{PY_FRAMES_MAX, PY_FRAME_SIZE},
+    Event, StackEvent, STACK_EVENT_SIZE, STACK_HEADER_SIZE,
+};
 
 /// One record of the event ring; None if shorter than an Event (an ABI
 /// mismatch): nothing can be read from it.
@@ -22,14 +25,17 @@ pub fn stack_key(item: &[u8]) -> Option<StackKey> {
 }
 
 /// Copies one stack-ring record into `buf` (only the bytes the record holds,
-/// its length clamped to them); None if it is shorter than a stack header.
+/// the Python frame count and the stack length clamped to them); None if it
+/// is shorter than a stack header.
 pub fn decode_stack(item: &[u8], buf: &mut StackEvent) -> Option<StackKey> {
     let key = stack_key(item)?;
-    // Header plus only the stack bytes that were copied.
+    // Header plus only the frames and stack bytes that were copied.
     let n = item.len().min(STACK_EVENT_SIZE);
     // SAFETY: n fits both the record and the buffer; StackEvent is plain old data.
     unsafe { std::ptr::copy_nonoverlapping(item.as_ptr(), (buf as *mut StackEvent).cast::<u8>(), n) };
-    buf.len = buf.len.min((n - STACK_HEADER_SIZE) as u32);
+    let data = n - STACK_HEADER_SIZE;
+    buf.py_frames = buf.py_frames.min(PY_FRAMES_MAX as u32).min((data / PY_FRAME_SIZE) as u32);
+    buf.len = buf.len.min((data - buf.py_frames as usize * PY_FRAME_SIZE) as u32);
     Some(key)
 }
 

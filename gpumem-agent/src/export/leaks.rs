@@ -164,6 +164,7 @@ mod tests {
             line: Some(line),
             module: Arc::from("/opt/app/train"),
             module_offset: 0x1234,
+            python: false,
         }
     }
 

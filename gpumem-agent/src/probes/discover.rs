@@ -184,9 +184,13 @@ pub struct Found {
 /// maps cannot be read (exited meanwhile, a kernel thread).
 pub fn in_process(pid: u32) -> Option<Found> {
     let maps = procfs::read_maps(pid).ok()?;
+    let file = |path: &str| {
+        let inode = maps.iter().find(|e| e.path.as_deref() == Some(path)).map_or(0, |e| e.inode);
+        procfs::mapped_file(pid, path, inode)
+    };
     let mut found = Found::default();
     for path in libcuda_in_maps(&maps) {
-        if let Ok(lib) = stat_library(&procfs::in_root(pid, &path), Source::ProcessMaps { pid }) {
+        if let Ok(lib) = stat_library(&file(&path), Source::ProcessMaps { pid }) {
             found.libcuda.push(lib);
         }
     }
@@ -197,7 +201,7 @@ pub fn in_process(pid: u32) -> Option<Found> {
         }
     }
     for path in loaders_in_maps(&maps) {
-        if let Ok(lib) = stat_library(&procfs::in_root(pid, &path), Source::ProcessMaps { pid }) {
+        if let Ok(lib) = stat_library(&file(&path), Source::ProcessMaps { pid }) {
             found.loaders.push(lib);
         }
     }

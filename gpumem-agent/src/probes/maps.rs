@@ -41,6 +41,35 @@ impl Agent {
         }
     }
 
+    /// Where this Python process's version keeps its frames.
+    pub fn set_python_layout(&mut self, pid: u32, layout: &gpumem_common::python::PyLayout) {
+        if let Some(Ok(mut m)) = self.ebpf.map_mut("PY_LAYOUTS").map(BpfHashMap::<_, u32, gpumem_common::python::PyLayout>::try_from) {
+            let _ = m.insert(&pid, layout, 0);
+        }
+    }
+
+    /// The thread states of a Python process's threads (`now`), and its
+    /// threads that are gone. A failed update leaves those threads without
+    /// Python frames.
+    pub fn set_python_threads(&mut self, pid: u32, now: &[(u32, u64)], gone: &[u32]) {
+        let Some(Ok(mut m)) = self.ebpf.map_mut("PY_THREADS").map(BpfHashMap::<_, u64, u64>::try_from) else { return };
+        let key = |tid: u32| (pid as u64) << 32 | tid as u64;
+        for &tid in gone {
+            let _ = m.remove(&key(tid));
+        }
+        for &(tid, tstate) in now {
+            let _ = m.insert(&key(tid), &tstate, 0);
+        }
+    }
+
+    /// A Python process is gone: its layout and threads leave the kernel's tables.
+    pub fn forget_python(&mut self, pid: u32, tids: &[u32]) {
+        self.set_python_threads(pid, &[], tids);
+        if let Some(Ok(mut m)) = self.ebpf.map_mut("PY_LAYOUTS").map(BpfHashMap::<_, u32, gpumem_common::python::PyLayout>::try_from) {
+            let _ = m.remove(&pid);
+        }
+    }
+
     /// The event ring and the stack ring, handed to the reader once.
     pub fn take_rings(&mut self) -> Result<(RingBuf<MapData>, RingBuf<MapData>), ProbeError> {
         Ok((self.take_ring("EVENTS")?, self.take_ring("STACKS")?))

@@ -104,14 +104,16 @@ pub fn attach_discovered(agent: &mut Agent, p: &Probing, with_ld_cache: bool, mu
 }
 
 /// Reads one process's maps (it exec'd or loaded a library) and attaches
-/// what it maps that is new. True if it maps a loader not hooked before:
-/// its first link-map change may have come before the hook.
-pub fn attach_in_process(agent: &mut Agent, pid: u32, mut say: impl FnMut(String)) -> bool {
+/// what it maps that is new. Returns whether it maps a loader not hooked
+/// before (its first link-map change may have come before the hook) and
+/// whether it maps libcuda.
+pub fn attach_in_process(agent: &mut Agent, pid: u32, mut say: impl FnMut(String)) -> (bool, bool) {
     let began = std::time::Instant::now();
-    let Some(found) = discover::in_process(pid) else { return false };
+    let Some(found) = discover::in_process(pid) else { return (false, false) };
     agent.scan_stats.signal_reads += 1;
     agent.scan_stats.signal_read_us += began.elapsed().as_micros() as u64;
-    attach_found(agent, found, &mut say)
+    let cuda = !found.libcuda.is_empty();
+    (attach_found(agent, found, &mut say), cuda)
 }
 
 /// Attaches new libcuda copies, then hooks new loaders; whether a loader was new.

@@ -22,6 +22,8 @@ const RECHECKS: [Duration; 2] = [Duration::from_millis(100), Duration::from_secs
 
 #[derive(Default)]
 pub struct Signals {
+    /// Python processes among those that map libcuda.
+    pub python: crate::python::threads::Tracker,
     pending: BTreeSet<u32>,
     /// Signals taken since the last run (several may name one process).
     received: u64,
@@ -46,8 +48,13 @@ impl Signals {
         self.rechecks.retain(|(at, _)| *at > now);
         agent.scan_stats.signals += std::mem::take(&mut self.received);
         for pid in std::mem::take(&mut self.pending).into_iter().chain(due) {
-            if bringup::attach_in_process(agent, pid, &mut say) {
+            let (new_loader, cuda) = bringup::attach_in_process(agent, pid, &mut say);
+            if new_loader {
                 self.rechecks.extend(RECHECKS.iter().map(|d| (now + *d, pid)));
+            }
+            if cuda {
+                // Before its first allocation, as a rule: dlopen of libcuda signalled it.
+                self.python.check(agent, pid);
             }
         }
     }

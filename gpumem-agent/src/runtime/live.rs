@@ -220,6 +220,8 @@ impl<'o, O: Output> Live<'o, O> {
     /// The maintenance tick; why the session ends, if it does.
     fn tick(&mut self) -> Result<Option<Ended>> {
         let gone = self.maintenance.tick(&mut self.agent, &self.s, &mut self.pipeline, &mut self.status, self.reader.counts());
+        let cuda = self.pipeline.state.processes.values().filter(|p| !p.exited).map(|p| p.pid);
+        self.signals.python.tick(&mut self.agent, cuda);
         let elapsed_s = self.elapsed_s();
         let flow = self.out.tick(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s })?;
         Ok(if gone { Some(Ended::Done) } else { flow.stopped(Ended::ByOutput) })

@@ -1,6 +1,7 @@
 //! Allocation stacks: unwound from the stack slice each allocation event
 //! carries, deduplicated by id, symbolized on demand.
 pub mod policy;
+mod python;
 pub mod symbolize;
 pub mod unwind;
 
@@ -39,6 +40,9 @@ pub struct StackStats {
     pub unwind_ns_total: u64,
     pub frames_total: u64,
     pub max_depth: u64,
+    /// Python frames resolved, in total (Python processes only).
+    #[serde(default)]
+    pub python_frames_total: u64,
     /// Allocations over their process's stack budget whose stack was taken
     /// by sampling (counted in `captured` too), and whose was not.
     #[serde(default)]
@@ -85,6 +89,9 @@ pub struct Stacks {
     /// allocations are weighed with. 0: none were sampled.
     pub sample_bytes: u64,
     copy: policy::CopyLengths,
+    /// Python frames resolved at capture, per stack (Python processes only).
+    python_frames: HashMap<StackId, Vec<crate::python::code::PyFrame>>,
+    python: crate::python::code::Resolver,
 }
 
 impl Stacks {
@@ -115,16 +122,17 @@ impl Stacks {
     pub fn record(&mut self, rec: &StackEvent) -> Option<StackId> {
         let began = Instant::now();
         let pid = rec.event.pid;
-        let len = (rec.len as usize).min(rec.data.len());
+        let stack = rec.stack();
+        let len = stack.len();
         self.stats.captured += 1;
         self.stats.bytes_copied += len as u64;
         self.prepare(pid);
         let frames = match self.unwinders.get_mut(&pid) {
             Some(u) => {
-                let mut unwound = u.unwind(rec.ip, rec.sp, rec.bp, &rec.data[..len], MAX_FRAMES);
+                let mut unwound = u.unwind(rec.ip, rec.sp, rec.bp, stack, MAX_FRAMES);
                 if unwound.unknown && u.refresh(&mut self.modules).is_some() {
                     // A library loaded since we read the maps (dlopen).
-                    unwound = u.unwind(rec.ip, rec.sp, rec.bp, &rec.data[..len], MAX_FRAMES);
+                    unwound = u.unwind(rec.ip, rec.sp, rec.bp, stack, MAX_FRAMES);
                 }
                 if !unwound.frames.is_empty() {
                     self.copy.learn(pid, len, &unwound);
@@ -138,6 +146,9 @@ impl Stacks {
             self.stats.unwind_failed += 1;
             return None;
         }
+        // Resolved now: the interpreter's code objects are read while it runs.
+        let py = if rec.py_frames > 0 { self.python.resolve(pid, rec.python_frames()) } else { Vec::new() };
+        self.stats.python_frames_total += py.len() as u64;
         self.stats.frames_total += frames.len() as u64;
         self.stats.max_depth = self.stats.max_depth.max(frames.len() as u64);
         let mut h = DefaultHasher::new();
@@ -146,7 +157,11 @@ impl Stacks {
             f.module.file.hash(&mut h);
             f.file_offset.hash(&mut h);
         }
+        py.hash(&mut h);
         let id = h.finish();
+        if !py.is_empty() {
+            self.python_frames.entry(id).or_insert(py);
+        }
         if !self.table.contains_key(&id) && !self.symbolized.contains_key(&id) {
             if self.table.len() + self.symbolized.len() >= MAX_STACKS {
                 self.stats.table_full += 1;
@@ -168,6 +183,7 @@ impl Stacks {
     /// Forgets a process's unwind state (it exited).
     pub fn forget_process(&mut self, pid: u32) {
         self.unwinders.remove(&pid);
+        self.python.forget(pid);
         self.copy.forget(pid);
     }
 
@@ -182,11 +198,18 @@ impl Stacks {
     }
 
     /// The symbolized frames of a stack, innermost first.
+    /// Python frames take the place of the `_PyEval_EvalFrameDefault`
+    /// native frames that ran them.
     pub fn frames(&mut self, id: StackId) -> Vec<Frame> {
-        if let Some(frames) = self.symbolized.get(&id) {
-            return frames.clone();
+        let natives = if let Some(frames) = self.symbolized.get(&id) {
+            frames.clone()
+        } else {
+            let Some(raw) = self.table.get(&id) else { return Vec::new() };
+            raw.iter().map(|f| self.symbolizer.frame(f)).collect()
+        };
+        match self.python_frames.get(&id) {
+            Some(py) => python::interleave(natives, py),
+            None => natives,
         }
-        let Some(raw) = self.table.get(&id) else { return Vec::new() };
-        raw.iter().map(|f| self.symbolizer.frame(f)).collect()
     }
 }

@@ -18,6 +18,10 @@ pub struct Frame {
     /// The module's path as the process sees it.
     pub module: Arc<str>,
     pub module_offset: u64,
+    /// A Python frame (function, file, line of the interpreter's code);
+    /// `module` is then the interpreter's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub python: bool,
 }
 
 impl Frame {
@@ -32,6 +36,10 @@ impl Frame {
         if let (Some(file), Some(line)) = (&self.file, self.line) {
             let file = file.rsplit('/').next().unwrap_or(file);
             s.push_str(&format!(" ({file}:{line})"));
+        }
+        if self.python {
+            s.push_str(" [python]");
+            return s;
         }
         s.push_str(&format!(" [{module}]"));
         s
@@ -53,8 +61,15 @@ impl Symbolizer {
             return f.clone();
         }
         let module = &raw.module;
-        let mut frame =
-            Frame { function: None, offset: None, file: None, line: None, module: module.path.clone(), module_offset: raw.file_offset };
+        let mut frame = Frame {
+            function: None,
+            offset: None,
+            file: None,
+            line: None,
+            module: module.path.clone(),
+            module_offset: raw.file_offset,
+            python: false,
+        };
         // The process may be gone: try its view of the file, then the host
         // path — unless the file was replaced, when the host path is another file.
         let host = (!module.deleted).then_some(&*module.path);

@@ -1,0 +1,115 @@
+//! The thread states of Python processes that call CUDA, put in the
+//! kernel's table (PY_THREADS) so that the walk at an allocation starts
+//! from the calling thread's frame. Found by walking the interpreter's
+//! lists in the process's memory, at registration and at every refresh.
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::Interpreter;
+use crate::{probes::Agent, procfs::ProcessMemory};
+
+/// Interpreters and threads walked per process, at most (a garbled list
+/// cannot loop forever).
+const MAX_INTERPRETERS: usize = 64;
+const MAX_THREADS: usize = 4096;
+
+/// (native thread id, thread state address) of every thread of every
+/// interpreter in the process.
+pub fn thread_states(interp: &Interpreter) -> Vec<(u32, u64)> {
+    let Ok(mem) = ProcessMemory::open(interp.pid) else { return Vec::new() };
+    let l = &interp.layout;
+    let mut out = Vec::new();
+    let mut is = mem.u64(interp.runtime + l.runtime_interpreters_head).unwrap_or(0);
+    for _ in 0..MAX_INTERPRETERS {
+        if is == 0 {
+            break;
+        }
+        let mut ts = mem.u64(is + l.interp_threads_head).unwrap_or(0);
+        for _ in 0..MAX_THREADS {
+            if ts == 0 {
+                break;
+            }
+            if let Some(tid) = mem.u64(ts + l.tstate_native_thread_id).filter(|&t| t > 0 && t <= u32::MAX as u64) {
+                out.push((tid as u32, ts));
+            }
+            ts = mem.u64(ts + l.tstate_next).unwrap_or(0);
+        }
+        is = mem.u64(is + l.interp_next).unwrap_or(0);
+    }
+    out
+}
+
+/// The Python processes known, and what the kernel was told about them.
+#[derive(Default)]
+pub struct Tracker {
+    /// Processes looked at (Python or not), so each is looked at once.
+    checked: BTreeSet<u32>,
+    python: BTreeMap<u32, (Interpreter, Vec<(u32, u64)>)>,
+    /// Python processes whose version gpumem cannot walk, and why.
+    pub unsupported: BTreeMap<u32, String>,
+}
+
+impl Tracker {
+    /// Looks at a process that uses CUDA once: a Python one is registered
+    /// and its threads told to the kernel.
+    pub fn check(&mut self, agent: &mut Agent, pid: u32) {
+        if !self.checked.insert(pid) {
+            return;
+        }
+        match super::find(pid) {
+            Ok(Some(interp)) => {
+                agent.set_python_layout(pid, &interp.layout.frames);
+                self.python.insert(pid, (interp, Vec::new()));
+                self.refresh_one(agent, pid);
+            }
+            Ok(None) => {}
+            Err(why) => {
+                self.unsupported.insert(pid, why);
+            }
+        }
+    }
+
+    /// The maintenance tick: processes that made CUDA calls are looked at
+    /// (those already running when the agent started), and every Python
+    /// process's threads are brought up to date.
+    pub fn tick(&mut self, agent: &mut Agent, cuda_processes: impl Iterator<Item = u32>) {
+        for pid in cuda_processes {
+            self.check(agent, pid);
+        }
+        self.refresh(agent);
+    }
+
+    /// Brings every Python process's threads up to date; forgets the
+    /// processes that are gone.
+    pub fn refresh(&mut self, agent: &mut Agent) {
+        let pids: Vec<u32> = self.python.keys().copied().collect();
+        for pid in pids {
+            if crate::procfs::alive(pid, None) {
+                self.refresh_one(agent, pid);
+            } else {
+                self.forget(agent, pid);
+            }
+        }
+        self.checked.retain(|&pid| crate::procfs::alive(pid, None));
+        self.unsupported.retain(|&pid, _| crate::procfs::alive(pid, None));
+    }
+
+    fn refresh_one(&mut self, agent: &mut Agent, pid: u32) {
+        let Some((interp, known)) = self.python.get_mut(&pid) else { return };
+        let now = thread_states(interp);
+        let gone: Vec<u32> = known.iter().filter(|(tid, _)| !now.iter().any(|(t, _)| t == tid)).map(|&(tid, _)| tid).collect();
+        agent.set_python_threads(pid, &now, &gone);
+        *known = now;
+    }
+
+    fn forget(&mut self, agent: &mut Agent, pid: u32) {
+        if let Some((_, known)) = self.python.remove(&pid) {
+            let tids: Vec<u32> = known.iter().map(|&(t, _)| t).collect();
+            agent.forget_python(pid, &tids);
+        }
+    }
+
+    /// Python processes whose frames the kernel walks.
+    pub fn processes(&self) -> usize {
+        self.python.len()
+    }
+}
