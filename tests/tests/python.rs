@@ -144,3 +144,19 @@ fn python_3_13_in_another_root_is_walked_through_its_debug_offsets() {
     let weights = groups.iter().find(|g| python_frames(g).get(1).is_some_and(|f| f.0 == "Model.load_weights")).expect("the weights");
     assert_eq!(weights["bytes"].as_u64(), Some(64 * MIB));
 }
+
+#[test]
+fn a_python_process_that_exits_mid_trace_keeps_its_frames_and_releases_its_memory() {
+    require_root();
+    // It exits right after its loop, while the trace goes on: its memory is
+    // released at exit, and every stack kept its Python frames (code
+    // objects resolved while it ran answer for stacks read after its exit).
+    let cmd = train_cmd(&pyenv_python());
+    let t = trace(&["--min-size", "1PiB", "-c", &cmd], &[("GPUMEM_HOLD", "0")]);
+    assert!(t.status.success(), "{}", t.stderr);
+    let p = &t.summary["processes"][0];
+    assert_eq!(p["held_at_exit_bytes"].as_u64(), Some(64 * MIB + 20 * MIB), "{p:#}");
+    let s = &t.summary["stacks"];
+    assert_eq!(s["captured"].as_u64(), Some(41), "{s}");
+    assert_eq!(s["python_frames_total"].as_u64(), Some(4 * 41), "every stack's four Python frames: {s}");
+}

@@ -45,14 +45,19 @@ impl Resolver {
     pub fn resolve(&mut self, pid: u32, frames: impl Iterator<Item = PyFrameRef>) -> Vec<PyFrame> {
         let (interp, codes) = self.processes.entry(pid).or_insert_with(|| (super::find(pid).ok().flatten(), HashMap::new()));
         let Some(interp) = interp.as_ref() else { return Vec::new() };
-        let Ok(mem) = ProcessMemory::open(pid) else { return Vec::new() };
+        // Opened for code objects not seen yet only: the cache still answers
+        // once the process is gone (its last stacks are read after its exit).
+        let mut mem: Option<Option<ProcessMemory>> = None;
         let l = &interp.layout.code;
         frames
             .map(|f| {
                 if codes.len() >= MAX_CODES {
                     codes.clear();
                 }
-                let info = codes.entry(f.code).or_insert_with(|| read_code(&mem, l, f.code));
+                let info = codes.entry(f.code).or_insert_with(|| {
+                    let mem = mem.get_or_insert_with(|| ProcessMemory::open(pid).ok()).as_ref()?;
+                    read_code(mem, l, f.code)
+                });
                 let instr = f.instr & !ENTRY;
                 match info {
                     Some(c) => {
