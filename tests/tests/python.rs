@@ -160,3 +160,20 @@ fn a_python_process_that_exits_mid_trace_keeps_its_frames_and_releases_its_memor
     assert_eq!(s["captured"].as_u64(), Some(41), "{s}");
     assert_eq!(s["python_frames_total"].as_u64(), Some(4 * 41), "every stack's four Python frames: {s}");
 }
+
+#[test]
+fn a_thread_started_later_has_its_frames_from_its_second_allocation() {
+    require_root();
+    // Its first stack comes without Python frames (the kernel does not know
+    // its thread state yet) and makes the agent read the thread list again:
+    // the other 19, 10 ms apart, name the thread's functions.
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/threads.py");
+    let cmd = format!("{} {} {}", pyenv_python(), script.display(), fixtures().libcuda.display());
+    let v = leaks(&["--older-than", "0", "--duration", "2", "-n", "10", "-c", &cmd], &[]);
+    let groups = v["processes"][0]["stacks"].as_array().unwrap();
+    let worker = groups.iter().find(|g| python_frames(g).get(1).is_some_and(|f| f.0 == "worker")).unwrap_or_else(|| panic!("{groups:#?}"));
+    assert_eq!(names(&python_frames(worker))[..3], ["alloc", "worker", "Thread.run"]);
+    assert!(worker["count"].as_u64().unwrap() >= 18, "{groups:#?}");
+    let outstanding: u64 = groups.iter().map(|g| g["count"].as_u64().unwrap()).sum();
+    assert_eq!(outstanding, 20);
+}

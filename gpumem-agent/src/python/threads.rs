@@ -38,9 +38,19 @@ pub fn thread_states(interp: &Interpreter) -> Vec<(u32, u64)> {
     out
 }
 
+/// A Python process's thread list is read again for a frameless stack at
+/// most this often (a thread of its own making without a thread state,
+/// a C++ worker say, would otherwise have it read at every allocation).
+const FRAMELESS_REFRESH: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// The Python processes known, and what the kernel was told about them.
 #[derive(Default)]
 pub struct Tracker {
+    /// Python processes whose thread list to read again now (a stack came
+    /// without Python frames: a thread started since the last read), and
+    /// when each was last read so.
+    stale: BTreeSet<u32>,
+    last_read: BTreeMap<u32, std::time::Instant>,
     /// Processes looked at (Python or not), so each is looked at once.
     checked: BTreeSet<u32>,
     python: BTreeMap<u32, (Interpreter, Vec<(u32, u64)>)>,
@@ -65,6 +75,25 @@ impl Tracker {
             Err(why) => {
                 self.unsupported.insert(pid, why);
             }
+        }
+    }
+
+    /// A stack of this process came without Python frames.
+    pub fn frameless(&mut self, pid: u32) {
+        if self.python.contains_key(&pid) {
+            self.stale.insert(pid);
+        }
+    }
+
+    /// Reads again the thread lists of the processes that had frameless
+    /// stacks (after a drain), each at most every FRAMELESS_REFRESH.
+    pub fn refresh_stale(&mut self, agent: &mut Agent, now: std::time::Instant) {
+        for pid in std::mem::take(&mut self.stale) {
+            if self.last_read.get(&pid).is_some_and(|t| now.duration_since(*t) < FRAMELESS_REFRESH) {
+                continue;
+            }
+            self.last_read.insert(pid, now);
+            self.refresh_one(agent, pid);
         }
     }
 
@@ -102,6 +131,7 @@ impl Tracker {
     }
 
     fn forget(&mut self, agent: &mut Agent, pid: u32) {
+        self.last_read.remove(&pid);
         if let Some((_, known)) = self.python.remove(&pid) {
             let tids: Vec<u32> = known.iter().map(|&(t, _)| t).collect();
             agent.forget_python(pid, &tids);

@@ -47,6 +47,7 @@ impl Signals {
         let due: Vec<u32> = self.rechecks.iter().filter(|(at, _)| *at <= now).map(|&(_, pid)| pid).collect();
         self.rechecks.retain(|(at, _)| *at > now);
         agent.scan_stats.signals += std::mem::take(&mut self.received);
+        self.python.refresh_stale(agent, now);
         for pid in std::mem::take(&mut self.pending).into_iter().chain(due) {
             let (new_loader, cuda) = bringup::attach_in_process(agent, pid, &mut say);
             if new_loader {

@@ -195,6 +195,9 @@ impl<'o, O: Output> Live<'o, O> {
             if signals.take(ev) {
                 return true;
             }
+            if let Some(s) = stack.filter(|s| s.py_frames == 0) {
+                signals.python.frameless(s.event.pid);
+            }
             let o = pipeline.apply(ev, stack.map_or(Stack::None, Stack::Captured));
             result = out.event(&mut Ctx { pipeline: &mut *pipeline, agent, elapsed_s }, &o);
             matches!(result, Ok(Flow::Continue))
