@@ -338,7 +338,7 @@ pub fn idle(processes: u32, seconds: u64) -> Result<()> {
 /// rate, each allocation's stack 16 frames deep and taken (under the stack
 /// budget at 1 000/s, sampled beyond it at 10 000/s), beside the daemon at
 /// rest in the same run.
-pub fn agent_cpu(seconds: u64) -> Result<()> {
+pub fn agent_cpu(seconds: u64, python: bool) -> Result<()> {
     crate::run(crate::cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
     std::env::set_var("GPUMEM_BIN", gpumem_tests::target_dir().join("release/gpumem"));
     let f = gpumem_tests::fixtures();
@@ -346,20 +346,17 @@ pub fn agent_cpu(seconds: u64) -> Result<()> {
     std::thread::sleep(std::time::Duration::from_secs(3));
     let cpu = || gpumem_tests::sample(&serve.metrics(), "gpumem_agent_cpu_seconds_total").unwrap_or(f64::NAN);
     let secs = seconds.to_string();
-    let mut idle = 0.0;
-    println!("gpumem serve (release), one process allocating at a steady rate, 16-frame stacks, {seconds} s each:");
-    for rate in [0u32, 1000, 10_000] {
+    let (mut idle, mut pairs) = (0.0, 0u64);
+    let what = if python { "16 Python frames over ctypes" } else { "16-frame C call chains" };
+    println!("gpumem serve (release), one process allocating at a steady rate, {what}, {seconds} s each:");
+    let rates: &[u32] = if python { &[0, 1000, 3000] } else { &[0, 1000, 10_000] };
+    for &rate in rates {
         let before = cpu();
         let t0 = std::time::Instant::now();
         if rate == 0 {
             std::thread::sleep(std::time::Duration::from_secs(seconds));
         } else {
-            let rate_s = rate.to_string();
-            let mut w = gpumem_tests::spawn_workload("steady", &[("GPUMEM_RATE", rate_s.as_str()), ("GPUMEM_SECONDS", secs.as_str())]);
-            let st = w.wait()?;
-            if !st.success() {
-                bail!("the steady workload failed: {st}");
-            }
+            pairs = steady(f, python, rate, &secs)?;
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
         let dt = t0.elapsed().as_secs_f64();
@@ -368,8 +365,11 @@ pub fn agent_cpu(seconds: u64) -> Result<()> {
             idle = share;
             println!("  at rest: {share:.2} % of one core");
         } else {
-            let per_alloc_us = (share - idle) / 100.0 * dt / (rate as f64 * seconds as f64) * 1e6;
-            println!("  {rate} allocations/s: {share:.2} % of one core ({per_alloc_us:.1} µs of agent CPU per allocation+free above rest)");
+            let per_alloc_us = (share - idle) / 100.0 * dt / pairs as f64 * 1e6;
+            println!(
+                "  {rate} allocations/s asked, {:.0}/s made: {share:.2} % of one core ({per_alloc_us:.1} µs of agent CPU per allocation+free above rest)",
+                pairs as f64 / seconds as f64
+            );
         }
     }
     let (status, stderr) = serve.stop();
@@ -377,4 +377,24 @@ pub fn agent_cpu(seconds: u64) -> Result<()> {
         bail!("gpumem serve failed: {stderr}");
     }
     Ok(())
+}
+
+/// Runs the steady workload (C or Python) at `rate` pairs/s; the pairs it made.
+fn steady(f: &gpumem_tests::Fixtures, python: bool, rate: u32, seconds: &str) -> Result<u64> {
+    let lib = f.libcuda.display().to_string();
+    let mut cmd = if python {
+        let mut c = Command::new("python3");
+        c.arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/steady.py")).arg(&lib);
+        c
+    } else {
+        let mut c = Command::new(&f.workload);
+        c.args([lib.as_str(), "steady"]);
+        c
+    };
+    let out = cmd.env("GPUMEM_RATE", rate.to_string()).env("GPUMEM_SECONDS", seconds).output()?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    match text.split_whitespace().find_map(|w| w.strip_prefix("steady_pairs=")).and_then(|v| v.parse().ok()) {
+        Some(n) if out.status.success() => Ok(n),
+        _ => bail!("the steady workload failed ({}): {text}", out.status),
+    }
 }

@@ -89,6 +89,9 @@ enum Cmd {
         /// seconds at each rate
         #[arg(long, default_value_t = 20)]
         seconds: u64,
+        /// the workload in Python over ctypes (Python frames resolved) instead of C
+        #[arg(long)]
+        python: bool,
     },
     /// Soak `gpumem serve`: process churn and many live allocations, memory sampled every 10 s.
     Soak {
@@ -234,7 +237,7 @@ fn measure(cmd: Cmd) -> Result<()> {
         Cmd::BenchIoctl { calls, rounds } => bench::ioctl_overhead(calls, rounds),
         Cmd::BenchMetrics { idle } => bench::metrics(idle),
         Cmd::BenchIdle { processes, seconds } => bench::idle(processes, seconds),
-        Cmd::BenchAgent { seconds } => bench::agent_cpu(seconds),
+        Cmd::BenchAgent { seconds, python } => bench::agent_cpu(seconds, python),
         Cmd::Soak { minutes, live, max_allocations } => soak::soak(minutes, live, max_allocations),
         Cmd::Bench { pairs, rounds, python } => bench::overhead(pairs, rounds, python),
         _ => bail!("not a measurement"),

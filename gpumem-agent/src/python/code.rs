@@ -24,6 +24,9 @@ struct CodeInfo {
     filename: String,
     firstlineno: i32,
     linetable: Vec<u8>,
+    /// Lines found so far, by instruction index (a table is read from its
+    /// start for each lookup, and a loop allocates from the same few).
+    lines: HashMap<u64, Option<u32>>,
 }
 
 /// Longest string or location table read from a process.
@@ -61,13 +64,11 @@ impl Resolver {
                 let instr = f.instr & !ENTRY;
                 match info {
                     Some(c) => {
-                        let index = instr.checked_sub(f.code + l.code_adaptive).map(|b| b / 2);
-                        PyFrame {
-                            function: c.qualname.clone(),
-                            file: c.filename.clone(),
-                            line: index.and_then(|i| line_of(&c.linetable, c.firstlineno, i)),
-                            entry: f.instr & ENTRY != 0,
-                        }
+                        let line = match instr.checked_sub(f.code + l.code_adaptive).map(|b| b / 2) {
+                            Some(i) => *c.lines.entry(i).or_insert_with(|| line_of(&c.linetable, c.firstlineno, i)),
+                            None => None,
+                        };
+                        PyFrame { function: c.qualname.clone(), file: c.filename.clone(), line, entry: f.instr & ENTRY != 0 }
                     }
                     None => PyFrame { function: "?".into(), file: "?".into(), line: None, entry: f.instr & ENTRY != 0 },
                 }
@@ -88,7 +89,7 @@ fn read_code(mem: &ProcessMemory, l: &CodeLayout, code: u64) -> Option<CodeInfo>
     let size = mem.u64(table + l.bytes_size)?.min(MAX_READ);
     let mut linetable = vec![0u8; size as usize];
     mem.read(table + l.bytes_data, &mut linetable).ok()?;
-    Some(CodeInfo { qualname, filename, firstlineno, linetable })
+    Some(CodeInfo { qualname, filename, firstlineno, linetable, lines: HashMap::new() })
 }
 
 /// A `str` object's text: compact strings, ASCII or of 1, 2 or 4 bytes per
