@@ -12,10 +12,11 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// open the HTML report and take screenshots; bpftrace is the peer in the
 /// probe-overhead benchmark; Debian's python3.11 (interpreter linked into
 /// the executable) and debootstrap (a trixie root with python3.13) for the
-/// Python frame tests.
+/// Python frame tests; systemtap-sdt-dev (sys/sdt.h) for the USDT tests.
 const APT_PACKAGES: &[&str] = &[
     "python3.11",
     "debootstrap",
+    "systemtap-sdt-dev",
     "llvm-22-dev",
     "libpolly-22-dev",
     "libzstd-dev",

@@ -9,6 +9,7 @@ pub mod loaders;
 mod maps;
 pub mod symbols;
 pub mod tracefs;
+pub mod usdt;
 
 use std::{collections::HashSet, path::Path};
 

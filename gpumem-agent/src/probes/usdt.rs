@@ -1,0 +1,249 @@
+//! USDT probes (SystemTap SDT notes in `.note.stapsdt`): where each probe of
+//! a library is, the file offset of its semaphore (the counter the kernel
+//! raises while a uprobe with `ref_ctr_offset` is attached, so that
+//! semaphore-gated probes such as PyTorch's fire at all), and how to read
+//! its arguments from the registers and memory at the probe. A building
+//! block for PyTorch's `pytorch:malloc`/`pytorch:free` (issue 15, part 2).
+use std::path::Path;
+
+use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+
+#[derive(Debug, thiserror::Error)]
+pub enum UsdtError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{path} is not an ELF file: {source}")]
+    Parse { path: String, source: object::Error },
+    #[error("{path}: probe {provider}:{name}: argument `{spec}`: {why}")]
+    Argument { path: String, provider: String, name: String, spec: String, why: String },
+}
+
+/// One probe site.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UsdtProbe {
+    pub provider: String,
+    pub name: String,
+    /// File offset of the probed instruction (where the uprobe goes).
+    pub offset: u64,
+    /// File offset of the semaphore (`ref_ctr_offset`), if the probe has one.
+    pub semaphore: Option<u64>,
+    pub args: Vec<UsdtArg>,
+}
+
+/// One argument: its size in bytes, signedness and where it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UsdtArg {
+    pub size: u8,
+    pub signed: bool,
+    pub location: Location,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// A register (its offset in `struct pt_regs`; `high_byte` for ah..dh).
+    Register { pt_regs: u16, high_byte: bool },
+    /// A constant (`$5`).
+    Constant(i64),
+    /// Memory at a register plus a displacement (`-56(%rbp)`).
+    Memory { pt_regs: u16, displacement: i64 },
+}
+
+/// Offsets of the x86_64 general registers in `struct pt_regs`, by their
+/// 64-bit names.
+const PT_REGS: [(&str, u16); 17] = [
+    ("r15", 0),
+    ("r14", 8),
+    ("r13", 16),
+    ("r12", 24),
+    ("rbp", 32),
+    ("rbx", 40),
+    ("r11", 48),
+    ("r10", 56),
+    ("r9", 64),
+    ("r8", 72),
+    ("rax", 80),
+    ("rcx", 88),
+    ("rdx", 96),
+    ("rsi", 104),
+    ("rdi", 112),
+    ("rip", 128),
+    ("rsp", 152),
+];
+
+/// A register by any of its names (rax, eax, ax, al, ah; r8, r8d, r8w, r8b):
+/// its pt_regs offset and whether it is a high byte.
+fn register(name: &str) -> Option<(u16, bool)> {
+    let full = |n: &str| PT_REGS.iter().find(|(r, _)| *r == n).map(|&(_, off)| off);
+    if let Some(off) = full(name) {
+        return Some((off, false));
+    }
+    // r8..r15 with d/w/b suffixes.
+    if let Some(base) = name.strip_suffix(['d', 'w', 'b']).filter(|b| b.starts_with('r') && b[1..].parse::<u8>().is_ok()) {
+        return full(base).map(|off| (off, false));
+    }
+    let legacy = [("a", "rax"), ("b", "rbx"), ("c", "rcx"), ("d", "rdx")];
+    for (l, full_name) in legacy {
+        let off = full(full_name)?;
+        if name == format!("e{l}x") || name == format!("{l}x") || name == format!("{l}l") {
+            return Some((off, false));
+        }
+        if name == format!("{l}h") {
+            return Some((off, true));
+        }
+    }
+    for (short, full_name) in [("si", "rsi"), ("di", "rdi"), ("bp", "rbp"), ("sp", "rsp")] {
+        if name == short || name == format!("e{short}") || name == format!("{short}l") {
+            return full(full_name).map(|off| (off, false));
+        }
+    }
+    None
+}
+
+/// Parses one argument spec: `8@%rax`, `-1@$0`, `-4@-56(%rbp)`, `8@(%rdi)`.
+pub fn parse_arg(spec: &str) -> Result<UsdtArg, String> {
+    let (size, operand) = spec.split_once('@').ok_or("no `size@` before the operand")?;
+    let size: i8 = size.parse().map_err(|_| format!("size `{size}` is not a number"))?;
+    let (signed, size) = (size < 0, size.unsigned_abs());
+    if ![1, 2, 4, 8].contains(&size) {
+        return Err(format!("size {size} is not 1, 2, 4 or 8 bytes"));
+    }
+    let reg = |r: &str| -> Result<(u16, bool), String> {
+        let name = r.strip_prefix('%').ok_or_else(|| format!("`{r}` is not a register"))?;
+        register(name).ok_or_else(|| format!("unknown register `{name}`"))
+    };
+    let location = if let Some(c) = operand.strip_prefix('$') {
+        Location::Constant(c.parse().map_err(|_| format!("constant `{c}` is not a number"))?)
+    } else if let Some((disp, rest)) = operand.split_once('(') {
+        let base = rest.strip_suffix(')').ok_or("unclosed `(`")?;
+        if base.contains(',') {
+            return Err("indexed memory operands are not read".into());
+        }
+        let displacement = if disp.is_empty() { 0 } else { disp.parse().map_err(|_| format!("displacement `{disp}` is not a number"))? };
+        Location::Memory { pt_regs: reg(base)?.0, displacement }
+    } else {
+        let (pt_regs, high_byte) = reg(operand)?;
+        Location::Register { pt_regs, high_byte }
+    };
+    Ok(UsdtArg { size, signed, location })
+}
+
+/// Every USDT probe in a file.
+pub fn probes(path: &Path) -> Result<Vec<UsdtProbe>, UsdtError> {
+    let shown = || path.display().to_string();
+    let data = std::fs::read(path).map_err(|source| UsdtError::Read { path: shown(), source })?;
+    let elf = object::File::parse(&*data).map_err(|source| UsdtError::Parse { path: shown(), source })?;
+    let Some(notes) = elf.section_by_name(".note.stapsdt").and_then(|s| s.data().ok()) else { return Ok(Vec::new()) };
+    let base_section = elf.section_by_name(".stapsdt.base").map(|s| s.address());
+    let file_offset = |vaddr: u64| {
+        elf.segments().find_map(|s| {
+            let (off, size) = s.file_range();
+            (s.address() <= vaddr && vaddr < s.address() + size).then(|| vaddr - s.address() + off)
+        })
+    };
+    let mut out = Vec::new();
+    for note in note_descs(notes) {
+        let Some((pc, base, semaphore, provider, name, args)) = desc(note) else { continue };
+        // Prelinked or moved: the note's base says where .stapsdt.base was.
+        let pc = match base_section {
+            Some(actual) if base != 0 => pc.wrapping_add(actual).wrapping_sub(base),
+            _ => pc,
+        };
+        let Some(offset) = file_offset(pc) else { continue };
+        let args = args
+            .split_whitespace()
+            .map(|spec| {
+                parse_arg(spec).map_err(|why| UsdtError::Argument {
+                    path: shown(),
+                    provider: provider.clone(),
+                    name: name.clone(),
+                    spec: spec.to_string(),
+                    why,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let semaphore = (semaphore != 0).then(|| file_offset(semaphore)).flatten();
+        out.push(UsdtProbe { provider, name, offset, semaphore, args });
+    }
+    Ok(out)
+}
+
+/// The descriptors of the `stapsdt` notes (type 3) of a note section.
+fn note_descs(mut data: &[u8]) -> Vec<&[u8]> {
+    let word = |d: &[u8], i: usize| d.get(i..i + 4).map(|b| u32::from_ne_bytes(b.try_into().unwrap_or_default()) as usize);
+    let pad = |n: usize| n.div_ceil(4) * 4;
+    let mut out = Vec::new();
+    while let (Some(namesz), Some(descsz), Some(kind)) = (word(data, 0), word(data, 4), word(data, 8)) {
+        let name_end = 12 + pad(namesz);
+        let Some(desc) = data.get(name_end..name_end + descsz) else { break };
+        if kind == 3 && data.get(12..12 + namesz) == Some(b"stapsdt\0".as_slice()) {
+            out.push(desc);
+        }
+        let Some(rest) = data.get(name_end + pad(descsz)..) else { break };
+        data = rest;
+    }
+    out
+}
+
+/// pc, base, semaphore, provider, name and argument specs of a descriptor.
+fn desc(d: &[u8]) -> Option<(u64, u64, u64, String, String, String)> {
+    let addr = |i: usize| d.get(i..i + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
+    let mut strings = d.get(24..)?.split(|&b| b == 0).map(|s| String::from_utf8_lossy(s).into_owned());
+    Some((addr(0)?, addr(8)?, addr(16)?, strings.next()?, strings.next()?, strings.next().unwrap_or_default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argument_specs_of_every_kind() {
+        let reg = |r: u16| Location::Register { pt_regs: r, high_byte: false };
+        assert_eq!(parse_arg("8@%rax"), Ok(UsdtArg { size: 8, signed: false, location: reg(80) }));
+        assert_eq!(parse_arg("-1@%dl"), Ok(UsdtArg { size: 1, signed: true, location: reg(96) }));
+        assert_eq!(parse_arg("-8@%r8"), Ok(UsdtArg { size: 8, signed: true, location: reg(72) }));
+        assert_eq!(parse_arg("4@%r9d").map(|a| a.location), Ok(reg(64)));
+        assert_eq!(parse_arg("2@%si").map(|a| a.location), Ok(reg(104)));
+        assert_eq!(parse_arg("1@%ah").map(|a| a.location), Ok(Location::Register { pt_regs: 80, high_byte: true }));
+        assert_eq!(parse_arg("-1@$0"), Ok(UsdtArg { size: 1, signed: true, location: Location::Constant(0) }));
+        assert_eq!(parse_arg("-4@-56(%rbp)").map(|a| a.location), Ok(Location::Memory { pt_regs: 32, displacement: -56 }));
+        assert_eq!(parse_arg("8@(%rdi)").map(|a| a.location), Ok(Location::Memory { pt_regs: 112, displacement: 0 }));
+        for bad in ["8%rax", "3@%rax", "8@%xyz", "8@rax", "8@$x", "8@8(%rax,%rbx,2)", "8@-8(%rbp"] {
+            assert!(parse_arg(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A library built with sys/sdt.h (systemtap-sdt-dev), PyTorch's probe
+    /// shapes with semaphores: the notes, offsets and arguments as readelf
+    /// has them.
+    #[test]
+    fn probes_of_a_library_built_with_sdt_h() {
+        let dir = std::env::temp_dir().join(format!("gpumem-usdt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("t.c");
+        std::fs::write(
+            &src,
+            "#define _SDT_HAS_SEMAPHORES 1\n#include <sys/sdt.h>\n#include <stdint.h>\n\
+             unsigned short pytorch_malloc_semaphore __attribute__((unused)) __attribute__((section(\".probes\")));\n\
+             unsigned short pytorch_free_semaphore __attribute__((unused)) __attribute__((section(\".probes\")));\n\
+             __attribute__((noinline)) void *carve(void *seg, long off, int8_t device, uint64_t size, int64_t stream) {\n\
+               void *p = (char *)seg + off;\n\
+               if (pytorch_malloc_semaphore) STAP_PROBE4(pytorch, malloc, p, device, size, stream);\n  return p; }\n\
+             __attribute__((noinline)) void release(void *p) { if (pytorch_free_semaphore) STAP_PROBE1(pytorch, free, p); }\n",
+        )
+        .unwrap();
+        let lib = dir.join("libt.so");
+        let cc = std::process::Command::new("cc").args(["-O2", "-shared", "-fPIC"]).arg(&src).arg("-o").arg(&lib).output().expect("cc");
+        assert!(cc.status.success(), "needs sys/sdt.h (systemtap-sdt-dev): {}", String::from_utf8_lossy(&cc.stderr));
+        let found = probes(&lib).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let names: Vec<(&str, &str, usize)> = found.iter().map(|p| (p.provider.as_str(), p.name.as_str(), p.args.len())).collect();
+        assert_eq!(names, [("pytorch", "malloc", 4), ("pytorch", "free", 1)]);
+        let malloc = &found[0];
+        assert_eq!((malloc.args[1].size, malloc.args[1].signed), (1, true), "device is an i8: {:?}", malloc.args);
+        assert_eq!((malloc.args[2].size, malloc.args[3].signed), (8, true), "size u64, stream i64: {:?}", malloc.args);
+        // Both semaphores are in .probes, two bytes apart, away from the code.
+        let (a, b) = (malloc.semaphore.unwrap(), found[1].semaphore.unwrap());
+        assert_eq!(a.abs_diff(b), 2);
+        assert!(a > malloc.offset && b > found[1].offset);
+    }
+}
