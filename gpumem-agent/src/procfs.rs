@@ -279,11 +279,6 @@ impl ProcessMemory {
     }
 }
 
-/// Reads `buf.len()` bytes of a process's memory at `addr`.
-pub fn read_memory(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
-    ProcessMemory::open(pid)?.read(addr, buf)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@
 //! `rip` is the return address in the caller and `rsp`/`rbp` are the
 //! caller's, so the unwind starts in the caller.
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_get_prandom_u32, generated::bpf_probe_read_user},
+    helpers::{bpf_get_prandom_u32, generated::bpf_probe_read_user},
     programs::RetProbeContext,
 };
 use gpumem_common::{
@@ -113,7 +113,8 @@ fn send_stack(ctx: &RetProbeContext, ev: &Event) -> bool {
         (*rec).sp = sp;
         (*rec).bp = bp;
         // The Python frames first (none for native-only processes), then the stack.
-        let py = python::walk(bpf_get_current_pid_tgid(), (*rec).data.as_mut_ptr().cast()) as usize;
+        let pid_tgid = ((ev.pid as u64) << 32) | ev.tid as u64;
+        let py = python::walk(pid_tgid, (*rec).data.as_mut_ptr().cast()) as usize;
         let py_bytes = (py & (PY_FRAMES_MAX * 2 - 1)).min(PY_FRAMES_MAX) * PY_FRAME_SIZE;
         (*rec).py_frames = (py_bytes / PY_FRAME_SIZE) as u32;
         let data = (*rec).data.as_mut_ptr().add(py_bytes);

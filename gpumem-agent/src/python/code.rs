@@ -34,20 +34,26 @@ const MAX_READ: u64 = 64 * 1024;
 /// Code objects cached per process, at most.
 const MAX_CODES: usize = 16384;
 
-/// A process's interpreter (None: not Python) and its code objects read so
-/// far (None: unreadable).
-type ProcessCodes = (Option<Interpreter>, HashMap<u64, Option<CodeInfo>>);
+/// A Python process's interpreter and its code objects read so far (None:
+/// unreadable).
+type ProcessCodes = (Interpreter, HashMap<u64, Option<CodeInfo>>);
 
+/// Resolves the Python frames of the processes whose interpreter it was
+/// given (the thread tracker finds them: the kernel walks no process's
+/// frames before that).
 #[derive(Default)]
 pub struct Resolver {
     processes: HashMap<u32, ProcessCodes>,
 }
 
 impl Resolver {
+    pub fn add(&mut self, interp: Interpreter) {
+        self.processes.insert(interp.pid, (interp, HashMap::new()));
+    }
+
     /// Resolves a stack's Python frames (innermost first).
     pub fn resolve(&mut self, pid: u32, frames: impl Iterator<Item = PyFrameRef>) -> Vec<PyFrame> {
-        let (interp, codes) = self.processes.entry(pid).or_insert_with(|| (super::find(pid).ok().flatten(), HashMap::new()));
-        let Some(interp) = interp.as_ref() else { return Vec::new() };
+        let Some((interp, codes)) = self.processes.get_mut(&pid) else { return Vec::new() };
         // Opened for code objects not seen yet only: the cache still answers
         // once the process is gone (its last stacks are read after its exit).
         let mut mem: Option<Option<ProcessMemory>> = None;

@@ -7,7 +7,7 @@ pub mod code;
 pub mod layout;
 pub mod threads;
 
-use std::path::Path;
+use std::{collections::HashMap, path::Path};
 
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 
@@ -17,12 +17,9 @@ use crate::procfs;
 #[derive(Clone, Debug)]
 pub struct Interpreter {
     pub pid: u32,
-    /// The module that holds the interpreter, as the process maps it.
-    pub module: String,
     /// Address of `_PyRuntime` in the process.
     pub runtime: u64,
-    /// (major, minor) from `Py_Version` in the process's memory.
-    pub version: (u8, u8),
+    /// The layout of its version (`Py_Version` in its memory).
     pub layout: layout::Layout,
 }
 
@@ -33,45 +30,67 @@ fn may_hold_interpreter(path: &str) -> bool {
     name.starts_with("libpython3") || name.starts_with("python3")
 }
 
-/// The interpreter a process runs, if any, and a version gpumem knows.
-/// Err names why a Python process cannot be walked (an unknown version).
-pub fn find(pid: u32) -> Result<Option<Interpreter>, String> {
-    let Ok(maps) = procfs::read_maps(pid) else { return Ok(None) };
-    for e in maps.iter().filter(|e| e.offset == 0 && !e.deleted) {
-        let Some(path) = e.path.as_deref().filter(|p| may_hold_interpreter(p)) else { continue };
-        let Some((runtime, version_sym)) = symbols(&procfs::mapped_file(pid, path, e.inode), e.range.start) else { continue };
-        let mut word = [0u8; 8];
-        let version = match version_sym {
-            Some(addr) if procfs::read_memory(pid, addr, &mut word[..4]).is_ok() => {
-                let hex = u32::from_ne_bytes(word[..4].try_into().unwrap_or_default());
-                ((hex >> 24) as u8, (hex >> 16) as u8)
-            }
-            _ => return Err(format!("{path} exports _PyRuntime but no Py_Version (before 3.11)")),
-        };
-        let mem = procfs::ProcessMemory::open(pid).map_err(|e| format!("reading process {pid}'s memory: {e}"))?;
-        let layout = layout::for_version(version, &mem, runtime)
-            .ok_or_else(|| format!("{path} is CPython {}.{}, whose frame layout gpumem does not know", version.0, version.1))?;
-        return Ok(Some(Interpreter { pid, module: path.to_string(), runtime, version, layout }));
-    }
-    Ok(None)
+/// Link-time addresses in a file that holds an interpreter.
+#[derive(Clone, Copy, Debug)]
+struct Linked {
+    /// The first segment's page, against which the load bias is taken.
+    first_segment: u64,
+    runtime: u64,
+    version: Option<u64>,
 }
 
-/// `_PyRuntime` and `Py_Version` in the process, for a module mapped at
-/// `start` (its first mapping); None if it has no `_PyRuntime`.
-fn symbols(file: &Path, start: u64) -> Option<(u64, Option<u64>)> {
+/// Files read at most this many before the cache starts over.
+const MAX_FILES: usize = 1024;
+
+/// Finds interpreters, reading each interpreter file (tens of MiB with its
+/// symbol table) once however many processes map it.
+#[derive(Default)]
+pub struct Finder {
+    /// By (device, inode); None: no `_PyRuntime` there.
+    files: HashMap<(String, u64), Option<Linked>>,
+}
+
+impl Finder {
+    /// The interpreter a process runs, if any, and a version gpumem knows.
+    /// Err names why a Python process cannot be walked (an unknown version).
+    pub fn find(&mut self, pid: u32) -> Result<Option<Interpreter>, String> {
+        let Ok(maps) = procfs::read_maps(pid) else { return Ok(None) };
+        for e in maps.iter().filter(|e| e.offset == 0 && !e.deleted) {
+            let Some(path) = e.path.as_deref().filter(|p| may_hold_interpreter(p)) else { continue };
+            if self.files.len() >= MAX_FILES {
+                self.files.clear();
+            }
+            let linked = *self.files.entry((e.dev.clone(), e.inode)).or_insert_with(|| linked(&procfs::mapped_file(pid, path, e.inode)));
+            let Some(l) = linked else { continue };
+            let bias = e.range.start.wrapping_sub(l.first_segment);
+            let runtime = bias.wrapping_add(l.runtime);
+            let mem = procfs::ProcessMemory::open(pid).map_err(|e| format!("reading process {pid}'s memory: {e}"))?;
+            let version = match l.version.and_then(|v| mem.u32(bias.wrapping_add(v))) {
+                Some(hex) => ((hex >> 24) as u8, (hex >> 16) as u8),
+                None => return Err(format!("{path} exports _PyRuntime but no Py_Version (before 3.11)")),
+            };
+            let layout = layout::for_version(version, &mem, runtime)
+                .ok_or_else(|| format!("{path} is CPython {}.{}, whose frame layout gpumem does not know", version.0, version.1))?;
+            return Ok(Some(Interpreter { pid, runtime, layout }));
+        }
+        Ok(None)
+    }
+}
+
+/// `_PyRuntime` and `Py_Version` as the file links them; None if it has no
+/// `_PyRuntime`.
+fn linked(file: &Path) -> Option<Linked> {
     let data = std::fs::read(file).ok()?;
     let elf = object::File::parse(&*data).ok()?;
-    // Load bias: where the first segment landed against where it was linked.
-    let first = elf.segments().map(|s| s.address()).min()? & !0xfff;
-    let bias = start.wrapping_sub(first);
+    let first_segment = elf.segments().map(|s| s.address()).min()? & !0xfff;
     let mut runtime = None;
     let mut version = None;
     for sym in elf.dynamic_symbols().chain(elf.symbols()) {
         match sym.name() {
-            Ok("_PyRuntime") if runtime.is_none() => runtime = Some(bias.wrapping_add(sym.address())),
-            Ok("Py_Version") if version.is_none() => version = Some(bias.wrapping_add(sym.address())),
+            Ok("_PyRuntime") if runtime.is_none() => runtime = Some(sym.address()),
+            Ok("Py_Version") if version.is_none() => version = Some(sym.address()),
             _ => {}
         }
     }
-    Some((runtime?, version))
+    Some(Linked { first_segment, runtime: runtime?, version })
 }

@@ -54,8 +54,10 @@ pub struct Tracker {
     /// Processes looked at (Python or not), so each is looked at once.
     checked: BTreeSet<u32>,
     python: BTreeMap<u32, (Interpreter, Vec<(u32, u64)>)>,
-    /// Python processes whose version gpumem cannot walk, and why.
-    pub unsupported: BTreeMap<u32, String>,
+    finder: super::Finder,
+    /// Interpreters found since the last `take_found`, for the stack
+    /// resolver (which reads their code objects).
+    found: Vec<Interpreter>,
 }
 
 impl Tracker {
@@ -65,16 +67,13 @@ impl Tracker {
         if !self.checked.insert(pid) {
             return;
         }
-        match super::find(pid) {
-            Ok(Some(interp)) => {
-                agent.set_python_layout(pid, &interp.layout.frames);
-                self.python.insert(pid, (interp, Vec::new()));
-                self.refresh_one(agent, pid);
-            }
-            Ok(None) => {}
-            Err(why) => {
-                self.unsupported.insert(pid, why);
-            }
+        // A version gpumem cannot walk (the error says which) keeps its
+        // native frames; it is not reported anywhere yet.
+        if let Ok(Some(interp)) = self.finder.find(pid) {
+            agent.set_python_layout(pid, &interp.layout.frames);
+            self.found.push(interp.clone());
+            self.python.insert(pid, (interp, Vec::new()));
+            self.refresh_one(agent, pid);
         }
     }
 
@@ -119,7 +118,6 @@ impl Tracker {
             }
         }
         self.checked.retain(|&pid| crate::procfs::alive(pid, None));
-        self.unsupported.retain(|&pid, _| crate::procfs::alive(pid, None));
     }
 
     fn refresh_one(&mut self, agent: &mut Agent, pid: u32) {
@@ -138,8 +136,8 @@ impl Tracker {
         }
     }
 
-    /// Python processes whose frames the kernel walks.
-    pub fn processes(&self) -> usize {
-        self.python.len()
+    /// The interpreters found since the last call.
+    pub fn take_found(&mut self) -> Vec<Interpreter> {
+        std::mem::take(&mut self.found)
     }
 }

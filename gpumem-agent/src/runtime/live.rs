@@ -216,8 +216,17 @@ impl<'o, O: Output> Live<'o, O> {
                     eprintln!("gpumem: {m}");
                 }
             });
+            self.hand_over_interpreters();
         }
         result
+    }
+
+    /// Interpreters the tracker found go to the stack resolver before any
+    /// stack with their Python frames can be read.
+    fn hand_over_interpreters(&mut self) {
+        for interp in self.signals.python.take_found() {
+            self.pipeline.stacks.add_interpreter(interp);
+        }
     }
 
     /// The maintenance tick; why the session ends, if it does.
@@ -225,6 +234,7 @@ impl<'o, O: Output> Live<'o, O> {
         let gone = self.maintenance.tick(&mut self.agent, &self.s, &mut self.pipeline, &mut self.status, self.reader.counts());
         let cuda = self.pipeline.state.processes.values().filter(|p| !p.exited).map(|p| p.pid);
         self.signals.python.tick(&mut self.agent, cuda);
+        self.hand_over_interpreters();
         let elapsed_s = self.elapsed_s();
         let flow = self.out.tick(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s })?;
         Ok(if gone { Some(Ended::Done) } else { flow.stopped(Ended::ByOutput) })

@@ -187,6 +187,11 @@ impl Stacks {
         self.copy.forget(pid);
     }
 
+    /// A Python process's interpreter, so that its stacks' Python frames resolve.
+    pub fn add_interpreter(&mut self, interp: crate::python::Interpreter) {
+        self.python.add(interp);
+    }
+
     /// Stack copy lengths learned since the last call, for the kernel.
     pub fn take_copy_updates(&mut self) -> Vec<(u32, u32)> {
         std::mem::take(&mut self.copy.updates)
