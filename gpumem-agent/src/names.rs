@@ -3,7 +3,7 @@
 use gpumem_common::{api, api_info, ApiClass};
 
 /// Events that are not libcuda calls: (id, `type` in trace output, what fired).
-const OTHER_EVENTS: [(u32, &str, &str); 9] = [
+const OTHER_EVENTS: [(u32, &str, &str); 11] = [
     (api::PROCESS_EXIT, "exit", "sched_process_exit"),
     (api::OOM_KILL, "oom_kill", "oom:mark_victim"),
     (api::RM_ALLOC, "rm_alloc", "NV_ESC_RM_ALLOC"),
@@ -13,6 +13,8 @@ const OTHER_EVENTS: [(u32, &str, &str); 9] = [
     (api::RM_CONTROL, "rm_control", "NV_ESC_RM_CONTROL"),
     (api::UVM_MAP_EXTERNAL_ALLOCATION, "uvm_map", "UVM_MAP_EXTERNAL_ALLOCATION"),
     (api::UVM_FREE, "uvm_free", "UVM_FREE"),
+    (api::TENSOR_ALLOC, "tensor_alloc", "pytorch:malloc"),
+    (api::TENSOR_FREE, "tensor_free", "pytorch:free"),
 ];
 
 fn other_event(api_id: u32) -> Option<&'static (u32, &'static str, &'static str)> {

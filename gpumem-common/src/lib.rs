@@ -6,6 +6,7 @@
 
 pub mod python;
 pub mod sampling;
+pub mod usdt;
 
 /// Identifiers of the traced calls. Stable numbers: they travel in events and
 /// in recordings, so never renumber; append.
@@ -62,8 +63,13 @@ pub mod api {
     pub const RM_CONTROL: u32 = 204;
     pub const UVM_MAP_EXTERNAL_ALLOCATION: u32 = 205;
     pub const UVM_FREE: u32 = 206;
+    /// PyTorch's `pytorch:malloc` (see `usdt`): a tensor's block handed out by
+    /// the caching allocator. `addr` ptr, `size` bytes asked, `device`, `aux` stream.
+    pub const TENSOR_ALLOC: u32 = 300;
+    /// PyTorch's `pytorch:free`: the tensor at `addr` given back to the cache.
+    pub const TENSOR_FREE: u32 = 301;
     /// Highest id in use, for sizing tables.
-    pub const MAX: u32 = 206;
+    pub const MAX: u32 = 301;
 
     /// Whether the event is a discovery signal (not state: the agent looks
     /// for new libraries in the process).

@@ -70,7 +70,7 @@ pub fn on_return(ctx: &RetProbeContext, api_id: u32) -> u32 {
     decode(api_id, &pending, result == 0, &mut ev);
     let flags = submit_flags_for(track(tgid));
     if result == 0 && wants_stack(api_id) && capture_stacks() {
-        stack::emit_with_stack(ctx, ev, flags);
+        stack::emit_with_stack(ctx.regs, ev, flags);
     } else {
         match EVENTS.reserve::<Event>(0) {
             Some(mut entry) => {

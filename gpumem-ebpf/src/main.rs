@@ -15,6 +15,7 @@ mod oom;
 mod process;
 mod python;
 mod stack;
+mod usdt;
 mod vmm;
 
 use aya_ebpf::{
@@ -53,6 +54,13 @@ pub fn cuda_return(ctx: RetProbeContext) -> u32 {
 fn api_of(ctx: &impl EbpfContext) -> u32 {
     // SAFETY: the helper only reads the running program's attach cookie.
     unsafe { bpf_get_attach_cookie(ctx.as_ptr()) as u32 }
+}
+
+/// Every PyTorch allocator probe site (`pytorch:malloc`, `pytorch:free`):
+/// the cookie indexes the site's spec. uprobe_multi links only.
+#[uprobe(multi)]
+pub fn torch_usdt(ctx: ProbeContext) -> u32 {
+    usdt::on_probe(&ctx, api_of(&ctx))
 }
 
 #[tracepoint]
@@ -132,6 +140,11 @@ pub fn empty_m_entry(_ctx: ProbeContext) -> u32 {
 
 #[uretprobe(multi)]
 pub fn empty_m_return(_ctx: RetProbeContext) -> u32 {
+    0
+}
+
+#[uprobe(multi)]
+pub fn empty_usdt(_ctx: ProbeContext) -> u32 {
     0
 }
 

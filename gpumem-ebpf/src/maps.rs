@@ -1,7 +1,7 @@
 //! Maps and load-time globals shared by every probe family.
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 pub use gpumem_common::PendingKey;
 use gpumem_common::{
@@ -46,6 +46,11 @@ pub static PY_THREADS: HashMap<u64, u64> = HashMap::with_max_entries(gpumem_comm
 /// Where the Python version of each Python process keeps its frames.
 #[map]
 pub static PY_LAYOUTS: HashMap<u32, gpumem_common::python::PyLayout> = HashMap::with_max_entries(STACK_BUDGET_PIDS, 0);
+
+/// PyTorch's probe sites: each one's probe and argument specs, by the index
+/// the agent gave the site as its attach cookie.
+#[map]
+pub static USDT_SPECS: Array<gpumem_common::usdt::UsdtSpec> = Array::with_max_entries(gpumem_common::usdt::SPECS_MAX, 0);
 
 /// Per-CPU scratch for building a record with a stack (too big for the BPF stack).
 #[map]

@@ -3,10 +3,11 @@
 //! slice of the user stack go to the agent, which unwinds them with the
 //! binaries' .eh_frame. Taken at the uretprobe: the callee's frame is gone,
 //! `rip` is the return address in the caller and `rsp`/`rbp` are the
-//! caller's, so the unwind starts in the caller.
+//! caller's, so the unwind starts in the caller. (At a USDT probe `rip` is
+//! the probe's own instruction, inside the function that fires it.)
 use aya_ebpf::{
+    bindings::pt_regs,
     helpers::{bpf_get_prandom_u32, generated::bpf_probe_read_user},
-    programs::RetProbeContext,
 };
 use gpumem_common::{
     flags,
@@ -30,7 +31,7 @@ const NS_PER_S: u64 = 1_000_000_000;
 /// the agent finds the stack when it reads the event). `submit`: the ring
 /// buffer flags (wakeup policy) for the event.
 #[inline(always)]
-pub fn emit_with_stack(ctx: &RetProbeContext, mut ev: Event, submit: u64) {
+pub fn emit_with_stack(regs: *const pt_regs, mut ev: Event, submit: u64) {
     let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
         lost(stat::RINGBUF_FULL, ev.pid);
         return;
@@ -45,7 +46,7 @@ pub fn emit_with_stack(ctx: &RetProbeContext, mut ev: Event, submit: u64) {
         false
     };
     if take {
-        if send_stack(ctx, &ev) {
+        if send_stack(regs, &ev) {
             ev.flags |= flags::HAS_STACK;
         } else {
             count(stat::STACKS_DROPPED);
@@ -97,10 +98,10 @@ fn sampled(size: u64) -> bool {
 /// stack), then only the bytes actually read to the stack ring (ring
 /// reservations must have a constant size). False if it could not be sent.
 #[inline(always)]
-fn send_stack(ctx: &RetProbeContext, ev: &Event) -> bool {
+fn send_stack(regs: *const pt_regs, ev: &Event) -> bool {
     let Some(rec) = STACK_SCRATCH.get_ptr_mut(0) else { return false };
-    // SAFETY: the context is the probe's pt_regs.
-    let (ip, sp, bp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp, (*ctx.regs).rbp) };
+    // SAFETY: `regs` is the probe's context, its pt_regs.
+    let (ip, sp, bp) = unsafe { ((*regs).rip, (*regs).rsp, (*regs).rbp) };
     let mut len = 0usize;
     // SAFETY: plain lookup, copied out.
     let chunks = unsafe { STACK_COPY_BYTES.get(&ev.pid) }.map_or(STACK_BYTES, |&b| b as usize) / STACK_CHUNK;

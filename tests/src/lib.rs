@@ -57,6 +57,9 @@ pub struct Fixtures {
     pub nvioctl: PathBuf,
     /// The synthetic NVML, named like the real one.
     pub nvml: PathBuf,
+    /// The PyTorch-shaped test allocator with PyTorch's USDT probes, named
+    /// like PyTorch's library (libc10_cuda.so).
+    pub torch: PathBuf,
 }
 
 fn cc(args: &[&str]) {
@@ -105,7 +108,15 @@ pub fn fixtures() -> &'static Fixtures {
         std::fs::create_dir_all(&nvml_dir).unwrap();
         let nvml = nvml_dir.join("libnvidia-ml.so.1");
         cc(&["-shared", "-fPIC", "-O2", "-Wall", "-o", nvml.to_str().unwrap(), src.join("fake_nvml.c").to_str().unwrap()]);
-        Fixtures { dir, libcuda, workload, nvioctl, nvml }
+        let torch_dir = dir.join("torch");
+        std::fs::create_dir_all(&torch_dir).unwrap();
+        let torch = torch_dir.join("libc10_cuda.so");
+        let torch_tmp = torch_dir.join("libc10_cuda.so.tmp");
+        // sys/sdt.h comes with systemtap-sdt-dev (cargo xtask setup installs it).
+        let (t, s) = (torch_tmp.to_str().unwrap(), src.join("torch_alloc.c"));
+        cc(&["-shared", "-fPIC", "-O2", "-g", "-Wall", "-o", t, s.to_str().unwrap(), "-ldl", "-lpthread"]);
+        std::fs::rename(&torch_tmp, &torch).expect("installing the test allocator");
+        Fixtures { dir, libcuda, workload, nvioctl, nvml, torch }
     })
 }
 

@@ -56,7 +56,7 @@ impl EventCounts {
     /// memory cgroup was looked up).
     pub fn observe(&mut self, ev: &Event, kind: &Kind, applied: &Applied) {
         match kind {
-            Kind::Cuda(_) | Kind::Rm(_) | Kind::Uvm(_) => {
+            Kind::Cuda(_) | Kind::Rm(_) | Kind::Uvm(_) | Kind::TensorAlloc | Kind::TensorFree => {
                 if ev.result == 0 {
                     let i = ev.api as usize;
                     if i >= self.succeeded.len() {

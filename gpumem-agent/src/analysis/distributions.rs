@@ -17,16 +17,19 @@ pub enum MemoryKind {
     Device,
     HostPinned,
     VmmPhysical,
+    /// PyTorch tensors (its allocator's probes), carved from device memory.
+    Tensor,
 }
 
 impl MemoryKind {
-    pub const ALL: [MemoryKind; 3] = [MemoryKind::Device, MemoryKind::HostPinned, MemoryKind::VmmPhysical];
+    pub const ALL: [MemoryKind; 4] = [MemoryKind::Device, MemoryKind::HostPinned, MemoryKind::VmmPhysical, MemoryKind::Tensor];
 
     pub fn label(self) -> &'static str {
         match self {
             MemoryKind::Device => "device",
             MemoryKind::HostPinned => "host_pinned",
             MemoryKind::VmmPhysical => "vmm_physical",
+            MemoryKind::Tensor => "tensor",
         }
     }
 }
@@ -48,6 +51,13 @@ pub fn observe(ev: &Event, kind: &Kind, applied: &Applied) -> Option<Observation
     let class = match kind {
         Kind::Cuda(info) => Some(info.class),
         Kind::Rm(_) | Kind::Uvm(_) => None,
+        Kind::TensorAlloc => {
+            return Some(Observation { api: ev.api, latency_ns: 0, allocation: Some((MemoryKind::Tensor, ev.size)), lifetime: None })
+        }
+        Kind::TensorFree => {
+            let lifetime = applied.lifetime_ns.map(|l| (MemoryKind::Tensor, l));
+            return Some(Observation { api: ev.api, latency_ns: 0, allocation: None, lifetime });
+        }
         Kind::Exit | Kind::OomKill(_) | Kind::Unknown => return None,
     };
     let memory = match class {
@@ -174,11 +184,13 @@ pub struct Percentiles {
 /// Sizes and lifetimes per kind of memory, latencies per API.
 #[derive(Clone, Debug, Default)]
 pub struct Distributions {
-    sizes: [Option<Distribution>; 3],
-    lifetimes: [Option<Distribution>; 3],
+    sizes: [Option<Distribution>; KINDS],
+    lifetimes: [Option<Distribution>; KINDS],
     /// Indexed by API id (ids are small and dense).
     latencies: Vec<Option<Distribution>>,
 }
+
+const KINDS: usize = MemoryKind::ALL.len();
 
 fn slot(kind: MemoryKind) -> usize {
     kind as usize
@@ -190,7 +202,10 @@ impl Distributions {
         if i >= self.latencies.len() {
             self.latencies.resize_with((api::MAX as usize + 1).max(i + 1), || None);
         }
-        self.latencies[i].get_or_insert_with(|| Distribution::new(MAX_NS, latency_bounds(), 1e-9)).record(o.latency_ns);
+        // Probes inside PyTorch's allocator are points, not calls: no latency.
+        if !matches!(o.api, api::TENSOR_ALLOC | api::TENSOR_FREE) {
+            self.latencies[i].get_or_insert_with(|| Distribution::new(MAX_NS, latency_bounds(), 1e-9)).record(o.latency_ns);
+        }
         if let Some((kind, size)) = o.allocation {
             self.sizes[slot(kind)].get_or_insert_with(|| Distribution::new(MAX_SIZE, size_bounds(), 1.0)).record(size);
         }
@@ -215,7 +230,7 @@ impl Distributions {
     }
 
     pub fn summary(&self) -> DistributionSummary {
-        let kinds = |ds: &[Option<Distribution>; 3]| -> BTreeMap<&'static str, Percentiles> {
+        let kinds = |ds: &[Option<Distribution>; KINDS]| -> BTreeMap<&'static str, Percentiles> {
             MemoryKind::ALL.iter().filter_map(|&k| Some((k.label(), ds[slot(k)].as_ref()?.percentiles()))).collect()
         };
         DistributionSummary {
@@ -231,7 +246,7 @@ impl Distributions {
     }
 }
 
-fn by_kind(ds: &[Option<Distribution>; 3]) -> impl Iterator<Item = (MemoryKind, &Buckets)> {
+fn by_kind(ds: &[Option<Distribution>; KINDS]) -> impl Iterator<Item = (MemoryKind, &Buckets)> {
     MemoryKind::ALL.into_iter().filter_map(move |k| Some((k, &ds[slot(k)].as_ref()?.buckets)))
 }
 

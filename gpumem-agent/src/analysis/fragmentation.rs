@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::state::{Memory, Process};
+use crate::state::{tensor::FreeBlocks, Memory, Process};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SizeBucket {
@@ -28,6 +28,9 @@ pub struct DeviceLayout {
     /// program no longer owns yet still holds.
     pub released_but_mapped_handles: u64,
     pub released_but_mapped_bytes: u64,
+    /// Where PyTorch's allocator probes fired: how its tensors use the
+    /// segments (reserved but unused bytes, the largest free block).
+    pub free_blocks: Option<FreeBlocks>,
 }
 
 /// How a process's live memory on one device is laid out.
@@ -60,6 +63,7 @@ pub fn layout(p: &Process, device: i32) -> DeviceLayout {
     }
     l.vmm_reserved_bytes = p.held.reservations.values().filter(|(_, d)| *d == device).map(|(s, _)| s).sum();
     l.size_histogram = hist.into_values().collect();
+    l.free_blocks = p.free_blocks(device);
     l
 }
 

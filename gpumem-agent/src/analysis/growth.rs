@@ -28,9 +28,22 @@ impl Default for GrowthConfig {
     }
 }
 
+/// What the growth is: for a process whose tensors PyTorch's probes show,
+/// allocated bytes growing is a `leak`; reserved growing while allocated
+/// stays flat is `cache_growth` (the caching allocator keeping freed
+/// blocks, or fragmentation), not a leak. Elsewhere growth is a `leak`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finding {
+    Leak,
+    CacheGrowth,
+    None,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Verdict {
     pub leaking: bool,
+    pub verdict: Finding,
     /// 0..1: how consistently the floor rose.
     pub confidence: f64,
     /// Slope of the floor, bytes per second.
@@ -43,7 +56,18 @@ pub struct Verdict {
 
 impl Verdict {
     fn none(reason: &'static str) -> Self {
-        Verdict { leaking: false, confidence: 0.0, rate_bytes_per_s: 0.0, growth_bytes: 0, reason }
+        Verdict { leaking: false, verdict: Finding::None, confidence: 0.0, rate_bytes_per_s: 0.0, growth_bytes: 0, reason }
+    }
+
+    /// Reserved bytes' verdict told apart by the allocated bytes' (where
+    /// known): a leak is in the tensors; reserved growing alone is the cache.
+    pub fn of(reserved: Verdict, allocated: Option<Verdict>) -> Verdict {
+        match allocated {
+            None => reserved,
+            Some(a) if a.leaking => a,
+            Some(_) if reserved.leaking => Verdict { leaking: false, verdict: Finding::CacheGrowth, ..reserved },
+            Some(_) => reserved,
+        }
     }
 }
 
@@ -108,7 +132,9 @@ pub fn assess(samples: &[(f64, u64)], cfg: &GrowthConfig) -> Verdict {
     } else {
         "growing"
     };
-    Verdict { leaking: reason == "growing", confidence, rate_bytes_per_s: rate, growth_bytes: growth, reason }
+    let leaking = reason == "growing";
+    let verdict = if leaking { Finding::Leak } else { Finding::None };
+    Verdict { leaking, verdict, confidence, rate_bytes_per_s: rate, growth_bytes: growth, reason }
 }
 
 fn slope(xs: &[f64], ys: &[f64]) -> f64 {
@@ -251,5 +277,18 @@ mod tests {
         }
         assert_eq!(s.samples.len(), 16);
         assert!(s.assess(&GrowthConfig::default()).leaking);
+    }
+
+    #[test]
+    fn allocated_tells_a_tensor_leak_from_cache_growth() {
+        let reserved = check(&series(|t| 512.0 * MIB + 8.0 * MIB * t));
+        let flat = check(&series(|_| 256.0 * MIB));
+        let rising = check(&series(|t| 256.0 * MIB + 2.0 * MIB * t));
+        let cache = Verdict::of(reserved.clone(), Some(flat));
+        assert_eq!((cache.leaking, cache.verdict), (false, Finding::CacheGrowth), "{cache:?}");
+        let leak = Verdict::of(reserved.clone(), Some(rising));
+        assert_eq!((leak.leaking, leak.verdict), (true, Finding::Leak));
+        assert!((leak.rate_bytes_per_s / MIB - 2.0).abs() < 0.2, "the tensors' rate: {leak:?}");
+        assert_eq!(Verdict::of(reserved, None).verdict, Finding::Leak, "without tensors, growth is a leak");
     }
 }

@@ -52,6 +52,8 @@ pub struct ProcessLeaks {
     pub not_sampled_bytes: u64,
     /// How the live memory is cut up (fragmentation signals).
     pub layout: DeviceLayout,
+    /// Where PyTorch's allocator probes fired: its outstanding tensors.
+    pub tensors: Option<TensorLeaks>,
 }
 
 #[derive(Default)]
@@ -74,9 +76,11 @@ struct DeviceGroups {
     not_sampled: (u64, u64),
 }
 
-/// Live bytes per (pid, device), sampled over the session for the growth detector.
+/// Live bytes per (pid, device), sampled over the session for the growth
+/// detector; and the allocated bytes of processes whose tensors are seen.
 pub struct GrowthTracker {
     series: BTreeMap<(u32, i32), Series>,
+    allocated: BTreeMap<(u32, i32), Series>,
     /// Samples kept per series: the detector's window is cap × the sampling interval.
     cap: usize,
 }
@@ -92,7 +96,7 @@ pub const SERIES_CAP: usize = 2400;
 
 impl GrowthTracker {
     pub fn with_capacity(cap: usize) -> Self {
-        GrowthTracker { series: BTreeMap::new(), cap }
+        GrowthTracker { series: BTreeMap::new(), allocated: BTreeMap::new(), cap }
     }
 
     /// Drops a process's series (it is gone from state).
@@ -100,6 +104,7 @@ impl GrowthTracker {
         let devices: Vec<(u32, i32)> = self.series.range((pid, i32::MIN)..=(pid, i32::MAX)).map(|(&k, _)| k).collect();
         for k in devices {
             self.series.remove(&k);
+            self.allocated.remove(&k);
         }
     }
 
@@ -116,6 +121,9 @@ impl GrowthTracker {
         for p in state.processes.values().filter(|p| !p.exited) {
             for (&dev, totals) in &p.held.devices {
                 self.series.entry((p.pid, dev)).or_insert_with(|| Series::new(self.cap)).push(t_s, totals.live_bytes);
+                if p.tensor_probes {
+                    self.allocated.entry((p.pid, dev)).or_insert_with(|| Series::new(self.cap)).push(t_s, totals.allocated_bytes);
+                }
             }
         }
     }
@@ -126,23 +134,28 @@ impl GrowthTracker {
     }
 
     pub fn verdict(&mut self, pid: u32, device: i32) -> Option<Verdict> {
-        Some(self.series.get_mut(&(pid, device))?.assess(&GrowthConfig::default()))
+        let cfg = GrowthConfig::default();
+        let reserved = self.series.get_mut(&(pid, device))?.assess(&cfg);
+        Some(Verdict::of(reserved, self.allocated.get_mut(&(pid, device)).map(|s| s.assess(&cfg))))
     }
 }
 
-/// A process's allocations on each device older than `older_than_ns`,
-/// grouped by stack; `sample_bytes`: the session's stack sampling rate.
-fn group_by_stack(p: &Process, now_ns: u64, older_than_ns: u64, sample_bytes: u64) -> BTreeMap<i32, DeviceGroups> {
+/// One live block for grouping: device, stack, size, time, how its stack was taken.
+type Item = (i32, Option<StackId>, u64, u64, Sampling);
+
+/// The items older than `older_than_ns` on each device, grouped by stack;
+/// `sample_bytes`: the session's stack sampling rate.
+fn group_items(items: impl Iterator<Item = Item>, now_ns: u64, older_than_ns: u64, sample_bytes: u64) -> BTreeMap<i32, DeviceGroups> {
     let mut per_dev: BTreeMap<i32, DeviceGroups> = BTreeMap::new();
-    let mut add = |dev: i32, stack: Option<StackId>, size: u64, ts: u64, sampling: Sampling| {
+    for (dev, stack, size, ts, sampling) in items {
         if now_ns.saturating_sub(ts) < older_than_ns {
-            return;
+            continue;
         }
         let d = per_dev.entry(dev).or_default();
         if sampling == Sampling::NotSampled {
             d.not_sampled.0 += 1;
             d.not_sampled.1 += size;
-            return;
+            continue;
         }
         let g = d.groups.entry(stack).or_insert(Group { oldest_ts: u64::MAX, ..Default::default() });
         let w = policy::weight(sampling, size, sample_bytes);
@@ -152,19 +165,43 @@ fn group_by_stack(p: &Process, now_ns: u64, older_than_ns: u64, sample_bytes: u6
         g.est_bytes += w * size as f64;
         g.estimated |= sampling == Sampling::Sampled;
         g.oldest_ts = g.oldest_ts.min(ts);
-    };
-    for a in p.held.allocs.values().filter(|a| a.memory == Memory::Device) {
-        add(a.device(), a.stack(), a.size, a.ts_ns, a.sampling);
-    }
-    for h in p.held.vmm_handles.values() {
-        add(h.device, h.stack, h.size, h.ts_ns, h.sampling);
     }
     per_dev
+}
+
+/// A process's device allocations and VMM handles (what it reserved from the driver).
+fn group_by_stack(p: &Process, now_ns: u64, older_than_ns: u64, sample_bytes: u64) -> BTreeMap<i32, DeviceGroups> {
+    let allocs =
+        p.held.allocs.values().filter(|a| a.memory == Memory::Device).map(|a| (a.device(), a.stack(), a.size, a.ts_ns, a.sampling));
+    let handles = p.held.vmm_handles.values().map(|h| (h.device, h.stack, h.size, h.ts_ns, h.sampling));
+    group_items(allocs.chain(handles), now_ns, older_than_ns, sample_bytes)
+}
+
+/// A process's live tensors (PyTorch's allocator probes).
+fn group_tensors(p: &Process, now_ns: u64, older_than_ns: u64, sample_bytes: u64) -> BTreeMap<i32, DeviceGroups> {
+    let tensors = p.held.tensors.values().map(|t| (t.device(), t.stack(), t.size, t.ts_ns, t.sampling));
+    group_items(tensors, now_ns, older_than_ns, sample_bytes)
+}
+
+/// Outstanding tensors of a process on a device, by the stack that made
+/// them (Python frames included): what holds the memory inside the cache.
+#[derive(Debug, Serialize)]
+pub struct TensorLeaks {
+    pub outstanding_bytes: u64,
+    pub outstanding_tensors: u64,
+    /// Bytes of live tensors, young or old (allocated; `live_bytes` is reserved).
+    pub allocated_bytes: u64,
+    pub stacks: Vec<LeakGroup>,
+    pub more_stacks: usize,
 }
 
 /// Bytes of a process's live device memory on `device` allocated at or
 /// before `before_ns` (allocations and VMM handles).
 pub fn bytes_allocated_before(p: &Process, device: i32, before_ns: u64) -> u64 {
+    // Where the tensors are seen, a leak is theirs: not the cache's segments.
+    if p.tensor_probes {
+        return p.held.tensors.values().filter(|t| t.device() == device && t.ts_ns <= before_ns).map(|t| t.size).sum();
+    }
     let allocs =
         p.held.allocs.values().filter(|a| a.memory == Memory::Device && a.device() == device && a.ts_ns <= before_ns).map(|a| a.size);
     let handles = p.held.vmm_handles.values().filter(|h| h.device == device && h.ts_ns <= before_ns).map(|h| h.size);
@@ -191,10 +228,13 @@ fn largest(groups: HashMap<Option<StackId>, Group>, stacks: &mut Stacks, now_ns:
     (shown, more)
 }
 
-/// A process's top stacks on a device (for OOM snapshots).
+/// A process's top stacks on a device (for OOM snapshots): its tensors'
+/// where PyTorch's probes show them.
 /// Ages are taken at `now_ns` (the event that asked: replays give the same answer).
 pub fn top_stacks(p: &Process, device: i32, stacks: &mut Stacks, top: usize, now: u64) -> Vec<LeakGroup> {
-    match group_by_stack(p, now, 0, stacks.sample_bytes).remove(&device) {
+    let grouped =
+        if p.tensor_probes { group_tensors(p, now, 0, stacks.sample_bytes) } else { group_by_stack(p, now, 0, stacks.sample_bytes) };
+    match grouped.into_iter().find(|(d, _)| *d == device).map(|(_, g)| g) {
         Some(d) => largest(d.groups, stacks, now, top).0,
         None => Vec::new(),
     }
@@ -211,7 +251,17 @@ pub fn find(
 ) -> Vec<ProcessLeaks> {
     let mut out = Vec::new();
     for p in state.processes.values().filter(|p| !p.exited) {
+        let mut tensors = if p.tensor_probes { group_tensors(p, now_ns, older_than_ns, stacks.sample_bytes) } else { BTreeMap::new() };
         for (dev, d) in group_by_stack(p, now_ns, older_than_ns, stacks.sample_bytes) {
+            let tensors = p.tensor_probes.then(|| {
+                let t = tensors.remove(&dev).unwrap_or_default();
+                let (ns_allocs, ns_bytes) = t.not_sampled;
+                let outstanding_bytes = t.groups.values().map(|g| g.bytes).sum::<u64>() + ns_bytes;
+                let outstanding_tensors = t.groups.values().map(|g| g.count).sum::<u64>() + ns_allocs;
+                let (shown, more_stacks) = largest(t.groups, stacks, now_ns, top);
+                let allocated_bytes = p.held.devices.get(&dev).map_or(0, |t| t.allocated_bytes);
+                TensorLeaks { outstanding_bytes, outstanding_tensors, allocated_bytes, stacks: shown, more_stacks }
+            });
             let (not_sampled_allocs, not_sampled_bytes) = d.not_sampled;
             let outstanding_bytes = d.groups.values().map(|g| g.bytes).sum::<u64>() + not_sampled_bytes;
             let outstanding_allocs = d.groups.values().map(|g| g.count).sum::<u64>() + not_sampled_allocs;
@@ -233,6 +283,7 @@ pub fn find(
                 not_sampled_allocs,
                 not_sampled_bytes,
                 layout: fragmentation::layout(p, dev),
+                tensors,
             });
         }
     }

@@ -17,6 +17,11 @@ pub enum Kind {
     Rm(Rm),
     /// An NVIDIA UVM ioctl.
     Uvm(Uvm),
+    /// PyTorch's allocator handed out a tensor (`pytorch:malloc`): `addr`,
+    /// `size` asked, `device`, the stream in `aux`.
+    TensorAlloc,
+    /// PyTorch's allocator took a tensor back (`pytorch:free`): `addr`.
+    TensorFree,
     /// An id this agent does not know (a newer kernel side, a damaged recording).
     Unknown,
 }
@@ -95,6 +100,8 @@ impl Kind {
             }
             api::UVM_MAP_EXTERNAL_ALLOCATION => Kind::Uvm(Uvm::Map { base: ev.addr, length: ev.size }),
             api::UVM_FREE => Kind::Uvm(Uvm::Free { base: ev.addr }),
+            api::TENSOR_ALLOC => Kind::TensorAlloc,
+            api::TENSOR_FREE => Kind::TensorFree,
             _ => Kind::Unknown,
         }
     }

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::names::{bytes, printable, short_id};
 use crate::{
-    analysis::{distributions::DistributionSummary, leaks::ProcessLeaks},
+    analysis::{distributions::DistributionSummary, growth::Finding, leaks::ProcessLeaks},
     events::StacksDropped,
     stacks::StackStats,
     state::OomCounters,
@@ -75,7 +75,7 @@ impl LeaksReport {
         if o.cuda_ooms + o.host_oom_kills > 0 {
             writeln!(
                 out,
-                "\nOUT OF MEMORY while tracing: {} CUDA out-of-memory failure(s) ({} with enough memory reported free: fragmentation), {} host OOM kill(s)",
+                "\nOUT OF MEMORY while tracing: {} CUDA out-of-memory failure(s) ({} fragmentation: enough memory reported free or cached by PyTorch, in no block large enough), {} host OOM kill(s)",
                 o.cuda_ooms, o.fragmentation_ooms, o.host_oom_kills
             )?;
         }
@@ -105,7 +105,14 @@ fn write_process(out: &mut impl Write, p: &ProcessLeaks) -> io::Result<()> {
         bytes(p.live_bytes)
     )?;
     if let Some(v) = &p.growth {
-        let verdict = if v.leaking { "LEAK SUSPECTED: growing and never coming back down" } else { "no sustained growth" };
+        let verdict = match v.verdict {
+            Finding::Leak if p.tensors.is_some() => "LEAK SUSPECTED: tensors (allocated bytes) growing and never coming back down",
+            Finding::Leak => "LEAK SUSPECTED: growing and never coming back down",
+            Finding::CacheGrowth => {
+                "CACHE GROWTH: reserved grows while allocated stays flat (the allocator's cache, or fragmentation): not a leak"
+            }
+            Finding::None => "no sustained growth",
+        };
         writeln!(
             out,
             "  growth: {verdict} ({}, {}/s, confidence {:.2})",
@@ -128,7 +135,40 @@ fn write_process(out: &mut impl Write, p: &ProcessLeaks) -> io::Result<()> {
             bytes(l.released_but_mapped_bytes)
         )?;
     }
-    for g in &p.stacks {
+    if let Some(fb) = &l.free_blocks {
+        writeln!(
+            out,
+            "  PyTorch cache: {} of {} reserved unused, largest free block {}{}",
+            bytes(fb.unused_bytes),
+            bytes(fb.segment_bytes),
+            bytes(fb.largest_free_block),
+            if fb.tensors_outside_segments > 0 {
+                format!(" ({} tensor(s) in segments made before tracing: an estimate)", fb.tensors_outside_segments)
+            } else {
+                String::new()
+            }
+        )?;
+    }
+    if let Some(t) = &p.tensors {
+        writeln!(
+            out,
+            "  tensors: {} outstanding in {} tensor(s), {} allocated; by stack:",
+            bytes(t.outstanding_bytes),
+            t.outstanding_tensors,
+            bytes(t.allocated_bytes)
+        )?;
+        write_groups(out, &t.stacks, t.more_stacks)?;
+        writeln!(out, "  segments reserved from the driver, by stack:")?;
+    }
+    write_groups(out, &p.stacks, p.more_stacks)?;
+    if let Some(note) = super::not_sampled_note(p.not_sampled_allocs, p.not_sampled_bytes) {
+        writeln!(out, "  {note}")?;
+    }
+    Ok(())
+}
+
+fn write_groups(out: &mut impl Write, groups: &[crate::analysis::leaks::LeakGroup], more: usize) -> io::Result<()> {
+    for g in groups {
         writeln!(out, "  {}, oldest {:.1} s:", super::group_figures(g), g.oldest_age_s)?;
         if g.frames.is_empty() {
             writeln!(out, "      [stack not captured]")?;
@@ -137,11 +177,8 @@ fn write_process(out: &mut impl Write, p: &ProcessLeaks) -> io::Result<()> {
             writeln!(out, "      {}", f.display())?;
         }
     }
-    if p.more_stacks > 0 {
-        writeln!(out, "  ... {} more stack(s); raise -n to see them", p.more_stacks)?;
-    }
-    if let Some(note) = super::not_sampled_note(p.not_sampled_allocs, p.not_sampled_bytes) {
-        writeln!(out, "  {note}")?;
+    if more > 0 {
+        writeln!(out, "  ... {more} more stack(s); raise -n to see them")?;
     }
     Ok(())
 }
@@ -187,6 +224,7 @@ mod tests {
                 live_bytes: 90 << 20,
                 growth: Some(Verdict {
                     leaking: true,
+                    verdict: Finding::Leak,
                     confidence: 0.97,
                     rate_bytes_per_s: 4.0 * 1048576.0,
                     growth_bytes: 80 << 20,
@@ -214,6 +252,7 @@ mod tests {
                 not_sampled_allocs: 280,
                 not_sampled_bytes: 2 << 20,
                 layout: DeviceLayout { largest_allocation: 4 << 20, ..Default::default() },
+                tensors: None,
             }],
             oom: OomCounters { cuda_ooms: 1, fragmentation_ooms: 1, host_oom_kills: 0 },
             oom_events: Vec::new(),
@@ -236,7 +275,7 @@ mod tests {
             "leak_buffer+0x11 (train.c:10) [train]",
             "train_step+0x11 (train.c:20) [train]",
             "... 2 more stack(s)",
-            "1 CUDA out-of-memory failure(s) (1 with enough memory reported free: fragmentation)",
+            "1 CUDA out-of-memory failure(s) (1 fragmentation: enough memory reported free or cached by PyTorch, in no block large enough)",
             "4096 bytes copied per allocation",
         ] {
             assert!(text.contains(want), "missing `{want}` in:\n{text}");

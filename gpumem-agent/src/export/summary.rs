@@ -26,6 +26,13 @@ pub struct DeviceSummary {
     pub vmm_physical_bytes: u64,
     pub vmm_handles: u64,
     pub reserved_bytes: u64,
+    /// Bytes of live tensors PyTorch's allocator handed out, where its
+    /// probes fired (None: not a PyTorch process, or its probes not seen);
+    /// `live_bytes` is then what it reserved.
+    pub allocated_bytes: Option<u64>,
+    pub tensors: Option<u64>,
+    /// The growth verdict: `leak`, `cache_growth` or `none` (None when not sampled).
+    pub verdict: Option<crate::analysis::growth::Finding>,
     /// How the live memory is cut up (fragmentation signals).
     pub layout: DeviceLayout,
 }
@@ -122,6 +129,9 @@ fn process_summary(p: &Process, view: &View) -> ProcessSummary {
                 vmm_physical_bytes: r.totals.vmm_physical_bytes,
                 vmm_handles: r.totals.vmm_handles,
                 reserved_bytes: r.totals.reserved_bytes,
+                allocated_bytes: p.tensor_probes.then_some(r.totals.allocated_bytes),
+                tensors: p.tensor_probes.then_some(r.totals.tensors),
+                verdict: r.growth.as_ref().map(|g| g.verdict),
                 layout: r.layout.clone().unwrap_or_default(),
             })
             .collect(),

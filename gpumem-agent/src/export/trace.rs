@@ -110,7 +110,8 @@ pub fn event_json(ev: &Event, kind: &Kind, applied: &Applied, container: Option<
     obj.insert("pod".into(), json!(c.pod_name));
     obj.insert("namespace".into(), json!(c.namespace));
     obj.insert("ns_pid".into(), json!(c.ns_pid));
-    if let Some(name) = result_name(ev.result).filter(|_| !kind.is_ioctl()) {
+    let is_call = !kind.is_ioctl() && !matches!(kind, Kind::TensorAlloc | Kind::TensorFree);
+    if let Some(name) = result_name(ev.result).filter(|_| is_call) {
         obj.insert("result_name".into(), json!(name));
     }
     if has_handle(kind) {
@@ -129,6 +130,13 @@ pub fn event_json(ev: &Event, kind: &Kind, applied: &Applied, container: Option<
         Kind::Rm(call) => rm_fields(obj, ev, call),
         Kind::Uvm(_) => ioctl_status(obj, ev),
         Kind::OomKill(k) => oom_fields(obj, k, applied),
+        Kind::TensorAlloc => {
+            obj.insert("stream".into(), hex(ev.aux));
+            obj.remove("latency_ns");
+        }
+        Kind::TensorFree => {
+            obj.remove("latency_ns");
+        }
         _ => {}
     }
     if applied.untracked {

@@ -101,8 +101,14 @@ fn is_libcuda_mapping(e: &procfs::MapsEntry) -> bool {
 
 /// The libcuda files one process maps, each once: paths inside its mount namespace.
 pub fn libcuda_in_maps(maps: &[procfs::MapsEntry]) -> Vec<String> {
+    named_in_maps(maps, is_libcuda_name)
+}
+
+/// The files one process maps whose name passes `is_name`, each once.
+fn named_in_maps(maps: &[procfs::MapsEntry], is_name: fn(&str) -> bool) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for path in maps.iter().filter(|e| !e.deleted && is_libcuda_mapping(e)).filter_map(|e| e.path.clone()) {
+    let named = |e: &&procfs::MapsEntry| e.path.as_deref().is_some_and(|p| is_name(p.rsplit('/').next().unwrap_or("")));
+    for path in maps.iter().filter(|e| !e.deleted).filter(named).filter_map(|e| e.path.clone()) {
         if !out.contains(&path) {
             out.push(path);
         }
@@ -163,14 +169,7 @@ pub fn is_loader_name(name: &str) -> bool {
 
 /// The dynamic loaders one process maps, each once (paths inside its mount namespace).
 pub fn loaders_in_maps(maps: &[procfs::MapsEntry]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    let named = |e: &&procfs::MapsEntry| e.path.as_deref().is_some_and(|p| is_loader_name(p.rsplit('/').next().unwrap_or("")));
-    for path in maps.iter().filter(|e| !e.deleted).filter(named).filter_map(|e| e.path.clone()) {
-        if !out.contains(&path) {
-            out.push(path);
-        }
-    }
-    out
+    named_in_maps(maps, is_loader_name)
 }
 
 /// What one process maps that the agent attaches to.
@@ -178,6 +177,8 @@ pub fn loaders_in_maps(maps: &[procfs::MapsEntry]) -> Vec<String> {
 pub struct Found {
     pub libcuda: Vec<Library>,
     pub loaders: Vec<Library>,
+    /// PyTorch's libc10_cuda.so copies (their allocator probes).
+    pub torch: Vec<Library>,
 }
 
 /// The libcuda copies and dynamic loaders one process maps; None if its
@@ -205,6 +206,11 @@ pub fn in_process(pid: u32) -> Option<Found> {
             found.loaders.push(lib);
         }
     }
+    for path in named_in_maps(&maps, super::torch::is_torch_cuda_name) {
+        if let Ok(lib) = stat_library(&file(&path), Source::ProcessMaps { pid }) {
+            found.torch.push(lib);
+        }
+    }
     Some(found)
 }
 
@@ -218,6 +224,7 @@ pub fn from_processes(skip_pid: u32) -> (Found, u64) {
         read += 1;
         all.libcuda.extend(found.libcuda);
         all.loaders.extend(found.loaders);
+        all.torch.extend(found.torch);
     }
     (all, read)
 }

@@ -8,6 +8,7 @@ pub mod links;
 pub mod loaders;
 mod maps;
 pub mod symbols;
+pub mod torch;
 pub mod tracefs;
 pub mod usdt;
 
@@ -138,6 +139,10 @@ pub struct Agent {
     /// Calls in flight whose thread died before returning (killed in the
     /// driver): their saved entries, removed from the kernel's tables.
     pub stale_calls_removed: u64,
+    /// PyTorch libraries (libc10_cuda.so) and their probe links.
+    pub torch: Vec<torch::TorchReport>,
+    torch_links: Vec<std::os::fd::OwnedFd>,
+    usdt_specs_used: u32,
 }
 
 /// Context calls first, then frees, then allocations: with per-point links,
@@ -220,6 +225,9 @@ impl Agent {
             ioctl,
             seeded: Default::default(),
             stale_calls_removed: 0,
+            torch: Vec::new(),
+            torch_links: Vec::new(),
+            usdt_specs_used: 0,
         };
         agent.load_uprobes()?;
         agent.attach_tracepoints(fork_offset != 0, oom_offsets[oom_field::PID] != oom_field::FIELD_ABSENT);

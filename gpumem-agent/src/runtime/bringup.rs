@@ -67,6 +67,23 @@ pub fn describe(report: &LibraryReport) -> String {
     line
 }
 
+/// A one-line description of what was attached to a PyTorch library.
+pub fn describe_torch(r: &crate::probes::torch::TorchReport) -> String {
+    match (&r.error, r.attached) {
+        (Some(e), false) => format!("PyTorch {} ({}): allocator probes not attached: {e}", r.path, r.source),
+        _ => {
+            let gated = r.sites.iter().filter(|s| s.semaphore.is_some()).count();
+            format!(
+                "attached PyTorch's allocator probes to {} (inode {}, found by {}): {} sites, {gated} with semaphores raised",
+                r.path,
+                r.inode,
+                r.source,
+                r.sites.len()
+            )
+        }
+    }
+}
+
 /// Attaches the libraries named with --libcuda (a bad path is an error).
 pub fn attach_given(agent: &mut Agent, p: &Probing, mut say: impl FnMut(String)) -> Result<()> {
     for path in &p.libcuda {
@@ -100,6 +117,7 @@ pub fn attach_discovered(agent: &mut Agent, p: &Probing, with_ld_cache: bool, mu
     agent.scan_stats.record(began.elapsed(), processes);
     found.libcuda.extend(in_processes.libcuda);
     found.loaders.extend(in_processes.loaders);
+    found.torch.extend(in_processes.torch);
     attach_found(agent, found, &mut say);
 }
 
@@ -124,6 +142,14 @@ fn attach_found(agent: &mut Agent, found: discover::Found, say: &mut impl FnMut(
         }
         if let Some(report) = agent.attach_library(&lib) {
             say(describe(report));
+        }
+    }
+    for lib in found.torch {
+        if agent.knows(&lib) {
+            continue;
+        }
+        if let Some(report) = agent.attach_torch(&lib) {
+            say(describe_torch(report));
         }
     }
     let mut new_loader = false;

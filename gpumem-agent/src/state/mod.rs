@@ -9,6 +9,7 @@ pub mod container;
 mod ctx;
 mod ioctl;
 pub mod process;
+pub mod tensor;
 mod vmm;
 
 use std::collections::BTreeMap;
@@ -66,8 +67,14 @@ pub struct CudaOom {
     pub requested: u64,
     /// Free bytes the process's own last cuMemGetInfo_v2 reported for the device.
     pub reported_free: Option<u64>,
-    /// Failed although at least the requested size was reported free.
+    /// Failed although at least the requested size was free: reported
+    /// free by the process's own cuMemGetInfo, or cached by PyTorch's
+    /// allocator in blocks none of which was large enough.
     pub fragmentation: bool,
+    /// Where PyTorch's probes fired: the bytes its segments held unused,
+    /// and the largest free block among them, when the request failed.
+    pub reserved_unused: Option<u64>,
+    pub largest_free_block: Option<u64>,
     /// Largest holders of the device, most first (at most `OOM_TOP_HOLDERS`).
     pub holders: Vec<Holder>,
 }
@@ -218,6 +225,7 @@ impl State {
             Kind::Uvm(call) => ioctl_call(proc, ev, |p, out| p.apply_uvm(call, out)),
             Kind::Cuda(info) if ev.result != 0 => self.failed_call(info, ev),
             Kind::Cuda(info) => self.successful_call(info, ev, stack),
+            Kind::TensorAlloc | Kind::TensorFree => self.tensor_call(kind, ev, stack),
             Kind::OomKill(_) | Kind::Unknown => unreachable!("returned above"),
         }
     }
@@ -270,11 +278,21 @@ impl State {
         let mut applied = Applied { device, size: ev.size, ..Default::default() };
         if ev.result == cu_result::OUT_OF_MEMORY && matches!(info.class, ApiClass::DeviceAlloc | ApiClass::VmmCreate) {
             let reported_free = p.held.reported_free.get(&device).map(|&(free, _)| free);
-            let fragmentation = reported_free.is_some_and(|free| free >= ev.size);
+            let blocks = p.free_blocks(device);
+            let cached = blocks.map(|b| b.unused_bytes);
+            let fragmentation = reported_free.is_some_and(|free| free >= ev.size) || cached.is_some_and(|c| c >= ev.size);
             self.oom.cuda_ooms += 1;
             self.oom.fragmentation_ooms += fragmentation as u64;
             let holders = self.top_holders(device, OOM_TOP_HOLDERS);
-            applied.cuda_oom = Some(Box::new(CudaOom { device, requested: ev.size, reported_free, fragmentation, holders }));
+            applied.cuda_oom = Some(Box::new(CudaOom {
+                device,
+                requested: ev.size,
+                reported_free,
+                fragmentation,
+                reserved_unused: cached,
+                largest_free_block: blocks.map(|b| b.largest_free_block),
+                holders,
+            }));
         }
         applied
     }
@@ -301,6 +319,24 @@ impl State {
             | ApiClass::CtxPop
             | ApiClass::CtxDestroy
             | ApiClass::MemGetInfo => p.apply_ctx(info.class, ev, &mut out),
+        }
+        self.entries = self.entries + p.entries() - before;
+        if out.dropped {
+            self.overflow.entries_dropped += 1;
+        }
+        out
+    }
+
+    /// A PyTorch allocator probe: a tensor handed out or given back.
+    fn tensor_call(&mut self, kind: &Kind, ev: &Event, stack: Option<StackId>) -> Applied {
+        let room = self.entries < self.limits.max_entries;
+        let p = self.processes.get_mut(&ev.pid).expect("present");
+        p.count_call(ev.api, 0);
+        let before = p.entries();
+        let mut out = Applied { device: ev.device, size: ev.size, ..Default::default() };
+        match kind {
+            Kind::TensorAlloc => p.apply_tensor_alloc(ev, room, stack, &mut out),
+            _ => p.apply_tensor_free(ev, &mut out),
         }
         self.entries = self.entries + p.entries() - before;
         if out.dropped {

@@ -92,6 +92,10 @@ pub struct DeviceTotals {
     pub vmm_handles: u64,
     /// Address space reserved with cuMemAddressReserve: not memory.
     pub reserved_bytes: u64,
+    /// Bytes of live tensors PyTorch's allocator handed out (its probes),
+    /// carved from live_bytes (what it reserved).
+    pub allocated_bytes: u64,
+    pub tensors: u64,
 }
 
 impl DeviceTotals {
@@ -102,6 +106,8 @@ impl DeviceTotals {
         self.vmm_physical_bytes += other.vmm_physical_bytes;
         self.vmm_handles += other.vmm_handles;
         self.reserved_bytes += other.reserved_bytes;
+        self.allocated_bytes += other.allocated_bytes;
+        self.tensors += other.tensors;
     }
 }
 
@@ -191,12 +197,14 @@ pub struct Held {
     /// Last (free, total) bytes the process's own cuMemGetInfo_v2 reported, per device.
     pub reported_free: HashMap<i32, (u64, u64)>,
     pub driver: DriverObjects,
+    /// Live tensors of PyTorch's allocator, by address.
+    pub tensors: super::tensor::Tensors,
 }
 
 impl Held {
     /// Table entries held (for the global bound).
     pub fn entries(&self) -> usize {
-        self.allocs.len() + self.vmm_handles.len() + self.mappings.len() + self.reservations.len()
+        self.allocs.len() + self.vmm_handles.len() + self.mappings.len() + self.reservations.len() + self.tensors.len()
     }
 }
 
@@ -228,6 +236,11 @@ pub struct Process {
     pub events_lost: u64,
     /// Container and pod, looked up from /proc when the process is first seen.
     pub container: Option<super::container::ContainerInfo>,
+    /// PyTorch's allocator probes fired in this process: its allocated
+    /// bytes are known (else only what it reserved).
+    pub tensor_probes: bool,
+    /// Tensor frees of blocks handed out before tracing began.
+    pub untracked_tensor_frees: u64,
 }
 
 /// Most displaced addresses remembered per process (see `Held::displaced`).
@@ -319,6 +332,9 @@ impl Process {
         }
         for r in held.reservations.values_mut().filter(|r| r.1 == DEVICE_UNKNOWN) {
             r.1 = device;
+        }
+        for t in held.tensors.values_mut().filter(|t| t.device() == DEVICE_UNKNOWN) {
+            t.set_device(device);
         }
     }
 }

@@ -1,0 +1,248 @@
+//! PyTorch's caching allocator from outside: the `pytorch:malloc` and
+//! `pytorch:free` USDT probes of every libc10_cuda.so a process maps.
+//!
+//! The probes are semaphore-gated (PyTorch evaluates its arguments only
+//! while the semaphore is nonzero), so they are linked with each site's
+//! `ref_ctr_offset`: the kernel raises the semaphore in every process that
+//! maps the library, now and later, and lowers it when the link goes (when
+//! gpumem stops, however it stops: the link is a file descriptor). aya has
+//! no way to pass `ref_ctr_offsets`, so the uprobe_multi link is made with
+//! BPF_LINK_CREATE directly, each site's spec index as its cookie.
+use std::{
+    ffi::CString,
+    os::{
+        fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd},
+        unix::ffi::OsStrExt as _,
+    },
+};
+
+use aya::programs::UProbe;
+use gpumem_common::{
+    api,
+    usdt::{arg_kind, UsdtArgSpec, UsdtSpec, ARGS_MAX, SPECS_MAX},
+};
+
+use super::{
+    usdt::{self, Location, UsdtProbe},
+    Agent, Library, ProbeError, ProbeSet,
+};
+
+/// Is this file name PyTorch's CUDA library (libc10_cuda.so)?
+pub fn is_torch_cuda_name(name: &str) -> bool {
+    name == "libc10_cuda.so" || name.starts_with("libc10_cuda.so.")
+}
+
+/// One probe site of a library, as `gpumem status` shows it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SiteReport {
+    /// `pytorch:malloc` or `pytorch:free`.
+    pub probe: String,
+    pub offset: u64,
+    /// File offset of its semaphore (the link's ref_ctr_offset).
+    pub semaphore: Option<u64>,
+    /// The argument specs as the note has them, decoded.
+    pub args: Vec<String>,
+}
+
+/// What was attached to one libc10_cuda.so.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TorchReport {
+    pub path: String,
+    pub source: String,
+    pub dev: u64,
+    pub inode: u64,
+    pub sites: Vec<SiteReport>,
+    /// Why nothing (or not everything) was attached.
+    pub error: Option<String>,
+    pub attached: bool,
+}
+
+/// The probe a note describes, and the arguments it must have.
+fn probe_id(p: &UsdtProbe) -> Option<(u32, usize)> {
+    match (p.provider.as_str(), p.name.as_str()) {
+        ("pytorch", "malloc") => Some((api::TENSOR_ALLOC, 4)),
+        ("pytorch", "free") => Some((api::TENSOR_FREE, 1)),
+        _ => None,
+    }
+}
+
+/// The kernel side's spec of one site; an error names what does not fit.
+pub fn spec_of(p: &UsdtProbe) -> Result<UsdtSpec, String> {
+    let (probe, wanted) = probe_id(p).ok_or_else(|| format!("{}:{} is not a probe gpumem reads", p.provider, p.name))?;
+    if p.args.len() < wanted {
+        return Err(format!("{}:{} has {} arguments, {wanted} expected", p.provider, p.name, p.args.len()));
+    }
+    let mut spec = UsdtSpec { probe, ..Default::default() };
+    for (slot, a) in spec.args.iter_mut().zip(p.args.iter().take(ARGS_MAX)) {
+        let (kind, reg_off, value, high_byte) = match a.location {
+            Location::Register { pt_regs, high_byte } => (arg_kind::REGISTER, pt_regs, 0, high_byte),
+            Location::Constant(c) => (arg_kind::CONSTANT, 0, c, false),
+            Location::Memory { pt_regs, displacement } => (arg_kind::MEMORY, pt_regs, displacement, false),
+        };
+        *slot =
+            UsdtArgSpec { value, reg_off, kind, shift: 64 - 8 * a.size, signed: a.signed as u8, high_byte: high_byte as u8, _pad: [0; 2] };
+    }
+    Ok(spec)
+}
+
+fn describe_arg(a: &usdt::UsdtArg) -> String {
+    let sign = if a.signed { "i" } else { "u" };
+    let at = match a.location {
+        Location::Register { pt_regs, high_byte } => format!("pt_regs+{pt_regs}{}", if high_byte { " (high byte)" } else { "" }),
+        Location::Constant(c) => format!("constant {c}"),
+        Location::Memory { pt_regs, displacement } => format!("memory at pt_regs+{pt_regs} {displacement:+}"),
+    };
+    format!("{sign}{} in {at}", a.size * 8)
+}
+
+/// `bpf_attr` for BPF_LINK_CREATE of a uprobe_multi link (uapi linux/bpf.h).
+#[repr(C)]
+struct UprobeMultiAttr {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+    path: u64,
+    offsets: u64,
+    ref_ctr_offsets: u64,
+    cookies: u64,
+    cnt: u32,
+    multi_flags: u32,
+    pid: u32,
+    _pad: u32,
+}
+
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_TRACE_UPROBE_MULTI: u32 = 48;
+
+/// One uprobe_multi link with semaphores, for every process.
+fn link_create(prog_fd: i32, path: &CString, offsets: &[u64], ref_ctr: &[u64], cookies: &[u64]) -> std::io::Result<OwnedFd> {
+    let attr = UprobeMultiAttr {
+        prog_fd: prog_fd as u32,
+        target_fd: 0,
+        attach_type: BPF_TRACE_UPROBE_MULTI,
+        flags: 0,
+        path: path.as_ptr() as u64,
+        offsets: offsets.as_ptr() as u64,
+        ref_ctr_offsets: ref_ctr.as_ptr() as u64,
+        cookies: cookies.as_ptr() as u64,
+        cnt: offsets.len() as u32,
+        multi_flags: 0,
+        pid: 0,
+        _pad: 0,
+    };
+    // SAFETY: the attribute and every array it points to outlive the call;
+    // the kernel reads `size` bytes of the attribute.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_CREATE, &attr as *const _, std::mem::size_of::<UprobeMultiAttr>()) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor the kernel just returned, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+impl Agent {
+    /// Attaches PyTorch's allocator probes of one libc10_cuda.so (once per inode).
+    pub fn attach_torch(&mut self, lib: &Library) -> Option<&TorchReport> {
+        if !self.seen.insert(lib.key()) {
+            return None;
+        }
+        let mut report = TorchReport {
+            path: lib.path.display().to_string(),
+            source: lib.source.to_string(),
+            dev: lib.dev,
+            inode: lib.ino,
+            sites: Vec::new(),
+            error: None,
+            attached: false,
+        };
+        match usdt::probes(&lib.path) {
+            Err(e) => report.error = Some(e.to_string()),
+            Ok(probes) => {
+                let sites: Vec<&UsdtProbe> = probes.iter().filter(|p| probe_id(p).is_some()).collect();
+                report.sites = sites
+                    .iter()
+                    .map(|p| SiteReport {
+                        probe: format!("{}:{}", p.provider, p.name),
+                        offset: p.offset,
+                        semaphore: p.semaphore,
+                        args: p.args.iter().map(describe_arg).collect(),
+                    })
+                    .collect();
+                match self.link_torch(&sites, lib) {
+                    Ok(()) => report.attached = true,
+                    Err(e) => report.error = Some(e),
+                }
+            }
+        }
+        self.torch.push(report);
+        self.torch.last()
+    }
+
+    fn link_torch(&mut self, sites: &[&UsdtProbe], lib: &Library) -> Result<(), String> {
+        if sites.is_empty() {
+            return Err("no pytorch:malloc or pytorch:free probes in its .note.stapsdt (a PyTorch built without USDT probes)".into());
+        }
+        if self.uprobe_links.mode != super::links::LinkMode::Multi {
+            return Err("PyTorch's probes are linked with uprobe_multi links only (kernel 6.6+)".into());
+        }
+        let specs = sites.iter().map(|p| spec_of(p)).collect::<Result<Vec<_>, _>>()?;
+        let first = self.usdt_specs_used;
+        if first as usize + specs.len() > SPECS_MAX as usize {
+            return Err(format!("more than {SPECS_MAX} PyTorch probe sites across libraries: not attached"));
+        }
+        let mut table: aya::maps::Array<_, UsdtSpec> = aya::maps::Array::try_from(
+            self.ebpf.map_mut("USDT_SPECS").ok_or(ProbeError::MissingMap("USDT_SPECS")).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| e.to_string())?;
+        for (i, spec) in specs.iter().enumerate() {
+            table.set(first + i as u32, spec, 0).map_err(|e| format!("USDT_SPECS: {e}"))?;
+        }
+        let program = if self.options.probe_set == ProbeSet::Empty { "empty_usdt" } else { "torch_usdt" };
+        let prog: &mut UProbe = self.program(program).map_err(|e| e.to_string())?;
+        if prog.fd().is_err() {
+            prog.load().map_err(|e| format!("eBPF program {program} failed to load: {e}"))?;
+        }
+        let prog_fd = prog.fd().map_err(|e| e.to_string())?.as_fd().as_raw_fd();
+        let path = CString::new(lib.path.as_os_str().as_bytes()).map_err(|_| "a path with a NUL byte".to_string())?;
+        let offsets: Vec<u64> = sites.iter().map(|p| p.offset).collect();
+        let ref_ctr: Vec<u64> = sites.iter().map(|p| p.semaphore.unwrap_or(0)).collect();
+        let cookies: Vec<u64> = (0..sites.len() as u64).map(|i| first as u64 + i).collect();
+        let link = link_create(prog_fd, &path, &offsets, &ref_ctr, &cookies)
+            .map_err(|e| format!("linking {} probe sites with their semaphores: {e}", sites.len()))?;
+        self.usdt_specs_used += specs.len() as u32;
+        self.torch_links.push(link);
+        self.uprobe_links.links += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_of_pytorch_probes_as_the_wheel_has_them() {
+        // torch 2.15.0's libc10_cuda.so: `-8@%rbp -1@%al -8@%r12 -8@56(%rsp)` and `-8@%rdi`.
+        let args = |specs: &[&str]| specs.iter().map(|s| usdt::parse_arg(s).unwrap()).collect::<Vec<_>>();
+        let malloc = UsdtProbe {
+            provider: "pytorch".into(),
+            name: "malloc".into(),
+            offset: 0x4a173,
+            semaphore: Some(0x867ca),
+            args: args(&["-8@%rbp", "-1@%al", "-8@%r12", "-8@56(%rsp)"]),
+        };
+        let s = spec_of(&malloc).unwrap();
+        assert_eq!(s.probe, api::TENSOR_ALLOC);
+        assert_eq!((s.args[0].kind, s.args[0].reg_off, s.args[0].shift, s.args[0].signed), (arg_kind::REGISTER, 32, 0, 1));
+        assert_eq!((s.args[1].reg_off, s.args[1].shift), (80, 56), "the device is an i8 in al");
+        assert_eq!((s.args[3].kind, s.args[3].reg_off, s.args[3].value), (arg_kind::MEMORY, 152, 56), "the stream at 56(%rsp)");
+        let free = UsdtProbe { name: "free".into(), args: args(&["-8@%rdi"]), ..malloc.clone() };
+        assert_eq!(spec_of(&free).unwrap().probe, api::TENSOR_FREE);
+        let short = UsdtProbe { args: args(&["-8@%rdi"]), ..malloc.clone() };
+        assert!(spec_of(&short).unwrap_err().contains("1 arguments, 4 expected"));
+        let other = UsdtProbe { provider: "python".into(), ..malloc };
+        assert!(spec_of(&other).is_err());
+        assert!(is_torch_cuda_name("libc10_cuda.so") && !is_torch_cuda_name("libc10.so"));
+    }
+}
