@@ -140,6 +140,15 @@ pub fn real_libcuda() -> PathBuf {
     path
 }
 
+/// PyTorch's real libc10_cuda.so (torch 2.15.0 from PyPI), fetched and
+/// cached by `cargo xtask test` (scripts/wheel-member.py).
+pub fn real_torch_lib() -> PathBuf {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    let path = home.join(".cache/gpumem/torch-2.15.0/libc10_cuda.so");
+    assert!(path.exists(), "PyTorch's libc10_cuda.so is not at {}: `cargo xtask test` fetches it from PyPI", path.display());
+    path
+}
+
 /// A finished `gpumem trace --json` run.
 #[derive(Debug)]
 pub struct Trace {

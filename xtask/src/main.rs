@@ -217,6 +217,7 @@ fn main() -> Result<()> {
             setup::setup()?;
             setup::nvidia_libs()?;
             setup::python313_root()?;
+            setup::torch_lib()?;
             build_agent()?;
             // End-to-end tests load eBPF and mount/unmount tracefs: one at a time.
             let mut test = cargo();

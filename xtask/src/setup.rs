@@ -71,6 +71,24 @@ pub fn setup() -> Result<()> {
     Ok(())
 }
 
+/// The torch release whose libc10_cuda.so the tests attach to.
+pub const TORCH_VERSION: &str = "2.15.0";
+
+/// PyTorch's libc10_cuda.so from the torch wheel on PyPI: only that file,
+/// fetched with range requests (scripts/wheel-member.py), cached in
+/// ~/.cache/gpumem so that reruns and fresh clones do not fetch it again.
+pub fn torch_lib() -> Result<PathBuf> {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    let dest = home.join(".cache/gpumem").join(format!("torch-{TORCH_VERSION}")).join("libc10_cuda.so");
+    if dest.exists() {
+        return Ok(dest);
+    }
+    let script = gpumem_tests::workspace().join("scripts/wheel-member.py");
+    let wheel = format!("torch-{TORCH_VERSION}-cp311-cp311-manylinux_*_x86_64.whl");
+    run(Command::new("python3").arg(script).args(["torch", TORCH_VERSION, &wheel, "torch/lib/libc10_cuda.so"]).arg(&dest))?;
+    Ok(dest)
+}
+
 const NONFREE_SOURCES: &str = "/etc/apt/sources.list.d/gpumem-debian-nonfree.sources";
 
 /// A Debian trixie root with its python3.13 (the interpreter linked into

@@ -16,7 +16,7 @@ use super::{
 use crate::{
     names::short_id,
     nvml::GpuSample,
-    state::{container::ContainerInfo, process::DeviceTotals, Failure, State},
+    state::{container::ContainerInfo, process::DeviceTotals, tensor::FreeBlocks, Failure, State},
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -84,9 +84,21 @@ pub struct Row {
     pub last_failure: Option<Failure>,
     pub events_lost: u64,
     pub layout: Option<DeviceLayout>,
+    /// Where PyTorch's allocator probes fired: how its tensors use the
+    /// segments (`totals.allocated_bytes` is then known).
+    pub free_blocks: Option<FreeBlocks>,
 }
 
 impl Row {
+    /// Live tensor bytes, where PyTorch's probes show them.
+    pub fn allocated_bytes(&self) -> Option<u64> {
+        self.free_blocks.map(|_| self.totals.allocated_bytes)
+    }
+
+    pub fn cache_growth(&self) -> bool {
+        self.growth.as_ref().is_some_and(|g| g.verdict == super::growth::Finding::CacheGrowth)
+    }
+
     pub fn leaking(&self) -> bool {
         self.growth.as_ref().is_some_and(|g| g.leaking)
     }
@@ -158,6 +170,7 @@ impl View {
                     last_failure: p.last_failure,
                     events_lost: p.events_lost,
                     layout: o.layouts.then(|| fragmentation::layout(p, device)),
+                    free_blocks: p.free_blocks(device),
                 });
             }
         }
@@ -215,6 +228,9 @@ pub struct OtherRow {
     pub leak_suspect_bytes: u64,
     pub growth_bytes_per_s: f64,
     pub leaking: bool,
+    /// Sums over the rows whose tensors are seen (None: none of them).
+    pub allocated_bytes: Option<u64>,
+    pub reserved_unused_bytes: Option<u64>,
 }
 
 impl View {
@@ -239,6 +255,10 @@ pub fn cap(rows: &[Row], max: usize) -> Capped<'_> {
         o.leak_suspect_bytes += r.leak_suspect_bytes;
         o.growth_bytes_per_s += r.growth_bytes_per_s();
         o.leaking |= r.leaking();
+        if let Some(fb) = r.free_blocks {
+            *o.allocated_bytes.get_or_insert(0) += r.totals.allocated_bytes;
+            *o.reserved_unused_bytes.get_or_insert(0) += fb.unused_bytes;
+        }
     }
     Capped { rows: sorted, other: other.into_values().collect(), aggregated: rest.len(), pinned: &[], pinned_other: None }
 }

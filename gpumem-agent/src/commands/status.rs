@@ -42,6 +42,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
             "discovery": runtime::discovery::report(&agent),
             "nvml": nvml,
             "libraries": agent.libraries,
+            "pytorch": agent.torch,
             "notes": notes,
         });
         serde_json::to_writer(&mut out, &report)?;

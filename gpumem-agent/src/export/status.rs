@@ -77,8 +77,26 @@ pub fn write_human(
             writeln!(out, "  {:<30} {what}", p.symbol)?;
         }
     }
+    write_torch(out, agent)?;
     for n in notes {
         writeln!(out, "note: {n}")?;
+    }
+    Ok(())
+}
+
+/// Each PyTorch library found and its allocator probe sites.
+fn write_torch(out: &mut impl Write, agent: &Agent) -> std::io::Result<()> {
+    for t in &agent.torch {
+        writeln!(out, "PyTorch {} (inode {}, dev {:#x}, found by {})", t.path, t.inode, t.dev, t.source)?;
+        match (&t.error, t.attached) {
+            (Some(e), _) => writeln!(out, "  allocator probes NOT attached: {e}")?,
+            (None, true) => writeln!(out, "  allocator probes attached (one uprobe_multi link, semaphores raised while gpumem runs)")?,
+            (None, false) => {}
+        }
+        for site in &t.sites {
+            let sem = site.semaphore.map_or("no semaphore".to_string(), |s| format!("semaphore at {s:#x}"));
+            writeln!(out, "  {:<16} at {:#x}, {sem}: {}", site.probe, site.offset, site.args.join(", "))?;
+        }
     }
     Ok(())
 }

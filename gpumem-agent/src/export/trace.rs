@@ -83,6 +83,8 @@ pub fn cuda_oom_json(ev: &Event, oom: &CudaOom, holder_stacks: &[Vec<LeakGroup>]
         "device": device_value(oom.device),
         "size": oom.requested,
         "reported_free": oom.reported_free,
+        "reserved_unused": oom.reserved_unused,
+        "largest_free_block": oom.largest_free_block,
         "fragmentation": oom.fragmentation,
         "holders": holders,
     })
@@ -255,7 +257,10 @@ impl<W: Write> Printer<W> {
             extra_text(&o.kind, applied)
         )?;
         if let Some(oom) = &applied.cuda_oom {
-            let free = oom.reported_free.map_or("not reported".to_string(), |f| format!("{} reported free", bytes(f)));
+            let mut free = oom.reported_free.map_or("not reported".to_string(), |f| format!("{} reported free", bytes(f)));
+            if let (Some(unused), Some(largest)) = (oom.reserved_unused, oom.largest_free_block) {
+                free.push_str(&format!(", {} cached by PyTorch (largest free block {})", bytes(unused), bytes(largest)));
+            }
             let holders: Vec<String> =
                 oom.holders.iter().map(|h| format!("{} ({}) {}", h.pid, printable(&h.comm), bytes(h.bytes))).collect();
             writeln!(

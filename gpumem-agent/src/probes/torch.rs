@@ -88,11 +88,12 @@ pub fn spec_of(p: &UsdtProbe) -> Result<UsdtSpec, String> {
 fn describe_arg(a: &usdt::UsdtArg) -> String {
     let sign = if a.signed { "i" } else { "u" };
     let at = match a.location {
-        Location::Register { pt_regs, high_byte } => format!("pt_regs+{pt_regs}{}", if high_byte { " (high byte)" } else { "" }),
-        Location::Constant(c) => format!("constant {c}"),
-        Location::Memory { pt_regs, displacement } => format!("memory at pt_regs+{pt_regs} {displacement:+}"),
+        Location::Register { pt_regs, high_byte: false } => format!("%{}", usdt::register_name(pt_regs)),
+        Location::Register { pt_regs, high_byte: true } => format!("%{} (second byte)", usdt::register_name(pt_regs)),
+        Location::Constant(c) => format!("${c}"),
+        Location::Memory { pt_regs, displacement } => format!("{displacement}(%{})", usdt::register_name(pt_regs)),
     };
-    format!("{sign}{} in {at}", a.size * 8)
+    format!("{sign}{} {at}", a.size * 8)
 }
 
 /// `bpf_attr` for BPF_LINK_CREATE of a uprobe_multi link (uapi linux/bpf.h).

@@ -70,6 +70,11 @@ const PT_REGS: [(&str, u16); 17] = [
     ("rsp", 152),
 ];
 
+/// The 64-bit name of the register at a pt_regs offset.
+pub fn register_name(pt_regs: u16) -> &'static str {
+    PT_REGS.iter().find(|&&(_, off)| off == pt_regs).map_or("?", |&(name, _)| name)
+}
+
 /// A register by any of its names (rax, eax, ax, al, ah; r8, r8d, r8w, r8b):
 /// its pt_regs offset and whether it is a high byte.
 fn register(name: &str) -> Option<(u16, bool)> {

@@ -29,7 +29,11 @@ catalog! {
     PROCESS_VMM_RESERVED, Gauge, "gpumem_process_vmm_reserved_bytes", "Address space reserved with cuMemAddressReserve (not memory)";
     PROCESS_LEAK_SUSPECT, Gauge, "gpumem_process_leak_suspect_bytes", "While the growth detector fires for the process: bytes of its live allocations older than --leak-age";
     PROCESS_GROWTH, Gauge, "gpumem_process_memory_growth_bytes_per_second", "Slope of the floor of the process's live bytes (growth detector)";
-    PROCESS_LEAK_SUSPECTED, Gauge, "gpumem_process_leak_suspected", "1 while the growth detector says the process's memory keeps growing";
+    PROCESS_LEAK_SUSPECTED, Gauge, "gpumem_process_leak_suspected", "1 while the growth detector says the process's memory keeps growing (for PyTorch processes: its tensors' bytes)";
+    PROCESS_ALLOCATED, Gauge, "gpumem_process_allocated_bytes", "Bytes of live tensors PyTorch's caching allocator handed out (its USDT probes); gpumem_process_memory_bytes is what it reserved. Only for processes whose probes fired";
+    PROCESS_RESERVED_UNUSED, Gauge, "gpumem_process_reserved_unused_bytes", "Bytes of PyTorch's reserved segments no live tensor uses (its cache)";
+    PROCESS_LARGEST_FREE_BLOCK, Gauge, "gpumem_process_largest_free_block_bytes", "Largest contiguous free block in PyTorch's reserved segments: far below reserved-unused means fragmentation";
+    PROCESS_CACHE_GROWTH, Gauge, "gpumem_process_cache_growth", "1 while reserved grows and allocated stays flat (the caching allocator's cache or fragmentation, not a leak)";
     PROCESS_HOST_PINNED, Gauge, "gpumem_process_host_pinned_bytes", "Page-locked host memory the process holds (cuMemHostAlloc/cuMemAllocHost)";
     PROCESS_EVENTS_LOST, Counter, "gpumem_process_events_lost", "Events of the process lost in the kernel (ring buffer or call table full): its other series may be wrong";
     PROCESS_UNTRACKED, Gauge, "gpumem_process_untracked_bytes", "GPU memory NVML reports for the process minus what gpumem traced (context overhead, memory allocated before the agent started, untraced paths)";
@@ -37,7 +41,7 @@ catalog! {
     EXPORTER_AGGREGATED_SERIES, Gauge, "gpumem_exporter_aggregated_process_series", "(process, device) pairs summed into comm=\"other\" because of --max-process-series";
     API_CALLS, Counter, "gpumem_api_calls", "Traced driver calls by API and result (success or the CUresult name)";
     CUDA_OOM, Counter, "gpumem_cuda_oom", "CUDA allocations that failed with CUDA_ERROR_OUT_OF_MEMORY";
-    FRAGMENTATION_FAILURES, Counter, "gpumem_fragmentation_failures", "CUDA out-of-memory failures while the process's own cuMemGetInfo reported at least the requested size free";
+    FRAGMENTATION_FAILURES, Counter, "gpumem_fragmentation_failures", "CUDA out-of-memory failures while at least the requested size was free: reported by the process's own cuMemGetInfo, or cached unused in PyTorch's segments";
     PROCESS_EXITS, Counter, "gpumem_process_exits", "Processes that exited while holding memory on the GPU (the driver frees it): an exit explains a drop in used memory";
     OOM_KILLS, Counter, "gpumem_oom_kills", "Host OOM kills (oom:mark_victim), source=memcg when in a memory cgroup with a limit";
     GPU_MEMORY_TOTAL, Gauge, "gpumem_gpu_memory_total_bytes", "GPU memory size (NVML)";

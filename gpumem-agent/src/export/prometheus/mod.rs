@@ -119,6 +119,9 @@ struct Series {
     leak_suspect_bytes: u64,
     growth_bytes_per_s: f64,
     leaking: bool,
+    cache_growth: bool,
+    /// Allocated, reserved-unused and largest free block, where tensors are seen.
+    tensors: Option<(u64, u64, Option<u64>)>,
 }
 
 fn process_families(fams: &mut Families, s: &Scrape<'_>) {
@@ -133,6 +136,8 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
             leak_suspect_bytes: r.leak_suspect_bytes,
             growth_bytes_per_s: r.growth_bytes_per_s(),
             leaking: r.leaking(),
+            cache_growth: r.cache_growth(),
+            tensors: r.free_blocks.map(|fb| (r.totals.allocated_bytes, fb.unused_bytes, Some(fb.largest_free_block))),
         })
         .collect();
     series.extend(capped.other.iter().map(|o| Series {
@@ -141,6 +146,8 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
         leak_suspect_bytes: o.leak_suspect_bytes,
         growth_bytes_per_s: o.growth_bytes_per_s,
         leaking: o.leaking,
+        cache_growth: false,
+        tensors: o.allocated_bytes.map(|a| (a, o.reserved_unused_bytes.unwrap_or(0), None)),
     }));
     let mut each = |metric, f: &dyn Fn(&Series) -> Value| {
         fams.add(metric).extend(series.iter().map(|x| (x.labels.clone(), f(x))));
@@ -152,6 +159,15 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
     each(m::PROCESS_LEAK_SUSPECT, &|x| Value::int(x.leak_suspect_bytes));
     each(m::PROCESS_GROWTH, &|x| Value::Float(x.growth_bytes_per_s));
     each(m::PROCESS_LEAK_SUSPECTED, &|x| Value::flag(x.leaking));
+    each(m::PROCESS_CACHE_GROWTH, &|x| Value::flag(x.cache_growth));
+    // Tensor figures only where PyTorch's probes fired: no series is "unknown", not 0.
+    let mut tensors = |metric, f: &dyn Fn((u64, u64, Option<u64>)) -> Option<u64>| {
+        let known = series.iter().filter_map(|x| Some((x.labels.clone(), Value::int(f(x.tensors?)?))));
+        fams.add(metric).extend(known);
+    };
+    tensors(m::PROCESS_ALLOCATED, &|t| Some(t.0));
+    tensors(m::PROCESS_RESERVED_UNUSED, &|t| Some(t.1));
+    tensors(m::PROCESS_LARGEST_FREE_BLOCK, &|t| t.2);
 
     let cap = s.max_process_series;
     let pinned = fams.add(m::PROCESS_HOST_PINNED);

@@ -36,6 +36,8 @@ pub struct Row {
     pub device: i32,
     pub live_bytes: u64,
     pub allocs: u64,
+    /// Live tensor bytes, where PyTorch's allocator probes fired.
+    pub allocated_bytes: Option<u64>,
     pub growth_bytes_per_s: f64,
     pub trend: Vec<u64>,
     pub verdict: String,
@@ -103,10 +105,12 @@ pub fn build(view: &View, events: u64, lost: u64, kept: Kept) -> Snapshot {
             device: r.device,
             live_bytes: r.totals.live_bytes,
             allocs: r.totals.live_allocs,
+            allocated_bytes: r.allocated_bytes(),
             growth_bytes_per_s: r.growth_bytes_per_s(),
             trend: r.trend.clone(),
             verdict: match &r.growth {
                 Some(v) if v.leaking => "LEAK".to_string(),
+                _ if r.cache_growth() => "CACHE GROWTH".to_string(),
                 Some(v) => v.reason.to_string(),
                 None => "-".to_string(),
             },
@@ -199,9 +203,14 @@ pub fn gpu_line(g: &GpuHeader) -> String {
 
 pub fn header_line() -> String {
     format!(
-        "{:>7} {:<24} {:<15} {:>3} {:>11} {:>7} {:>11} {:<20} {:<16} {}",
-        "PID", "POD/CONTAINER", "COMM", "GPU", "LIVE", "ALLOCS", "GROWTH", "TREND", "VERDICT", "LAST FAILURE"
+        "{:>7} {:<24} {:<15} {:>3} {:>11} {:>7} {:>11} {:>11} {:<20} {:<16} {}",
+        "PID", "POD/CONTAINER", "COMM", "GPU", "LIVE", "ALLOCS", "TENSORS", "GROWTH", "TREND", "VERDICT", "LAST FAILURE"
     )
+}
+
+/// The TENSORS column: live tensor bytes, or "-" where PyTorch's probes did not fire.
+pub fn allocated(r: &Row) -> String {
+    r.allocated_bytes.map_or("-".to_string(), bytes)
 }
 
 pub fn growth(rate: f64) -> String {
@@ -213,13 +222,14 @@ pub fn row_line(r: &Row) -> String {
     let workload: String = r.workload.chars().take(24).collect();
     let comm: String = r.comm.chars().take(15).collect();
     format!(
-        "{:>7} {:<24} {:<15} {:>3} {:>11} {:>7} {:>11} {:<20} {:<16} {}",
+        "{:>7} {:<24} {:<15} {:>3} {:>11} {:>7} {:>11} {:>11} {:<20} {:<16} {}",
         r.pid,
         workload,
         comm,
         device_name(r.device),
         bytes(r.live_bytes),
         r.allocs,
+        allocated(r),
         growth(r.growth_bytes_per_s),
         sparkline(&r.trend),
         r.verdict,

@@ -10,7 +10,7 @@ use ratatui::{
     Frame,
 };
 
-use super::model::{device_name, gpu_line, growth, sparkline, Row, Snapshot, SortKey};
+use super::model::{allocated, device_name, gpu_line, growth, sparkline, Row, Snapshot, SortKey};
 use crate::{
     analysis::leaks::LeakGroup,
     names::{bytes, printable},
@@ -122,13 +122,14 @@ pub fn stack_lines(groups: Option<&[LeakGroup]>) -> Vec<String> {
     lines
 }
 
-const WIDTHS: [Constraint; 10] = [
+const WIDTHS: [Constraint; 11] = [
     Constraint::Length(8),
     Constraint::Length(24),
     Constraint::Length(16),
     Constraint::Length(4),
     Constraint::Length(11),
     Constraint::Length(7),
+    Constraint::Length(11),
     Constraint::Length(12),
     Constraint::Length(21),
     Constraint::Length(16),
@@ -171,27 +172,10 @@ pub fn draw(f: &mut Frame, snap: &Snapshot, screen: &mut Screen, probes: usize) 
     };
     f.render_widget(Paragraph::new(gpus).block(Block::default().borders(Borders::ALL).title(title.bold())), head);
 
-    let header = TableRow::new(["PID", "POD/CONTAINER", "COMM", "GPU", "LIVE", "ALLOCS", "GROWTH", "TREND", "VERDICT", "LAST FAILURE"])
-        .style(Style::default().add_modifier(Modifier::BOLD | Modifier::REVERSED));
-    let rows = screen.visible(snap).into_iter().map(|r| {
-        let row = TableRow::new(vec![
-            Cell::from(r.pid.to_string()),
-            Cell::from(r.workload.clone()),
-            Cell::from(r.comm.clone()),
-            Cell::from(device_name(r.device)),
-            Cell::from(bytes(r.live_bytes)),
-            Cell::from(r.allocs.to_string()),
-            Cell::from(growth(r.growth_bytes_per_s)),
-            Cell::from(sparkline(&r.trend)),
-            Cell::from(r.verdict.clone()),
-            Cell::from(r.last_failure.clone().unwrap_or_else(|| "-".into())),
-        ]);
-        if r.leaking {
-            row.red()
-        } else {
-            row
-        }
-    });
+    let header =
+        TableRow::new(["PID", "POD/CONTAINER", "COMM", "GPU", "LIVE", "ALLOCS", "TENSORS", "GROWTH", "TREND", "VERDICT", "LAST FAILURE"])
+            .style(Style::default().add_modifier(Modifier::BOLD | Modifier::REVERSED));
+    let rows = screen.visible(snap).into_iter().map(table_row);
     if screen.table.selected().is_none() {
         screen.table.select(Some(0));
     }
@@ -212,5 +196,27 @@ pub fn draw(f: &mut Frame, snap: &Snapshot, screen: &mut Screen, probes: usize) 
             .wrap(Wrap { trim: false })
             .block(Block::default().borders(Borders::ALL).title(format!(" {title} (any key closes) ")));
         f.render_widget(popup, area);
+    }
+}
+
+/// One process row of the table, red while it leaks.
+fn table_row(r: &Row) -> TableRow<'static> {
+    let row = TableRow::new(vec![
+        Cell::from(r.pid.to_string()),
+        Cell::from(r.workload.clone()),
+        Cell::from(r.comm.clone()),
+        Cell::from(device_name(r.device)),
+        Cell::from(bytes(r.live_bytes)),
+        Cell::from(r.allocs.to_string()),
+        Cell::from(allocated(r)),
+        Cell::from(growth(r.growth_bytes_per_s)),
+        Cell::from(sparkline(&r.trend)),
+        Cell::from(r.verdict.clone()),
+        Cell::from(r.last_failure.clone().unwrap_or_else(|| "-".into())),
+    ]);
+    if r.leaking {
+        row.red()
+    } else {
+        row
     }
 }
