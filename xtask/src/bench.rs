@@ -35,27 +35,53 @@ fn bpftrace_script(lib: &str) -> String {
     )
 }
 
+/// Which loop is measured.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Loop {
+    /// cuMemAlloc_v2/cuMemFree_v2 from C.
+    C,
+    /// The same from Python over ctypes (Python frames walked).
+    Python,
+    /// Tensors from the test allocator's cache (PyTorch's USDT probes), from Python.
+    Usdt,
+}
+
+impl Loop {
+    pub fn of(python: bool, usdt: bool) -> Loop {
+        match (python, usdt) {
+            (_, true) => Loop::Usdt,
+            (true, false) => Loop::Python,
+            _ => Loop::C,
+        }
+    }
+}
+
 /// The program that allocates and frees in a loop and times itself: the C
-/// workload, or the same loop in Python over ctypes (Python frames walked).
+/// workload, the same loop in Python over ctypes (Python frames walked), or
+/// a Python loop taking tensors from the test allocator's cache.
 struct Churn {
     argv: Vec<String>,
+    envs: Vec<(&'static str, &'static str)>,
 }
 
 impl Churn {
-    fn new(f: &gpumem_tests::Fixtures, python: bool) -> Self {
+    fn new(f: &gpumem_tests::Fixtures, what: Loop) -> Self {
         let lib = f.libcuda.display().to_string();
-        let argv = if python {
-            let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/churn.py");
-            vec!["python3".into(), script.display().to_string(), lib]
-        } else {
-            vec![f.workload.display().to_string(), lib, "churn".into()]
-        };
-        Churn { argv }
+        let fixture =
+            |name: &str| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name).display().to_string();
+        match what {
+            Loop::C => Churn { argv: vec![f.workload.display().to_string(), lib, "churn".into()], envs: vec![] },
+            Loop::Python => Churn { argv: vec!["python3".into(), fixture("churn.py"), lib], envs: vec![] },
+            Loop::Usdt => Churn {
+                argv: vec!["python3".into(), fixture("torch_train.py"), lib, f.torch.display().to_string()],
+                envs: vec![("GPUMEM_TORCH", "churn"), ("GPUMEM_HOLD", "0")],
+            },
+        }
     }
 
     fn command(&self, n: &str) -> Command {
         let mut c = Command::new(&self.argv[0]);
-        c.args(&self.argv[1..]).env("GPUMEM_BENCH_N", n);
+        c.args(&self.argv[1..]).env("GPUMEM_BENCH_N", n).envs(self.envs.iter().copied());
         c
     }
 
@@ -64,11 +90,25 @@ impl Churn {
     }
 }
 
+/// The peer for PyTorch's probes: bpftrace's usdt: probes (which raise the
+/// semaphores through the kernel's ref_ctr_offset), the tensor put in a map
+/// at malloc and removed at free.
+fn bpftrace_usdt_script(lib: &str) -> String {
+    format!(
+        "usdt:{lib}:pytorch:malloc {{ @live[arg0] = arg2; }}\n\
+         usdt:{lib}:pytorch:free {{ delete(@live[arg0]); }}\n\
+         END {{ clear(@live); }}\n"
+    )
+}
+
 /// ns per call of the churn workload under the bpftrace script.
-fn under_bpftrace(f: &gpumem_tests::Fixtures, churn: &Churn, n: &str) -> Result<(u64, u64)> {
-    let lib = f.libcuda.to_str().unwrap();
+fn under_bpftrace(f: &gpumem_tests::Fixtures, churn: &Churn, n: &str, what: Loop) -> Result<(u64, u64)> {
+    let script = match what {
+        Loop::Usdt => bpftrace_usdt_script(f.torch.to_str().unwrap()),
+        _ => bpftrace_script(f.libcuda.to_str().unwrap()),
+    };
     let mut bt = Command::new("bpftrace")
-        .args(["-e", &bpftrace_script(lib)])
+        .args(["-e", &script])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -95,14 +135,14 @@ fn under_bpftrace(f: &gpumem_tests::Fixtures, churn: &Churn, n: &str) -> Result<
     r
 }
 
-pub fn overhead(pairs: u64, rounds: u32, python: bool) -> Result<()> {
+pub fn overhead(pairs: u64, rounds: u32, what: Loop) -> Result<()> {
     let bin = crate::build_agent()?;
     let f = gpumem_tests::fixtures();
     let lib = f.libcuda.to_str().unwrap();
-    let churn = Churn::new(f, python);
+    let churn = Churn::new(f, what);
     let workload = churn.shell();
-    // Python: discovery on, so that the interpreter is found at its dlopen.
-    let discover: &[&str] = if python { &[] } else { &["--no-discover"] };
+    // Python: discovery on, so that the interpreter (and the allocator) is found at its dlopen.
+    let discover: &[&str] = if what == Loop::C { &["--no-discover"] } else { &[] };
     let n = pairs.to_string();
     let has_bpftrace = Command::new("bpftrace").arg("--version").output().is_ok_and(|o| o.status.success());
     // (label, ns per call of each round)
@@ -125,13 +165,14 @@ pub fn overhead(pairs: u64, rounds: u32, python: bool) -> Result<()> {
                     .args(["bench", "--probes", set, "--stacks", stacks])
                     .args(discover)
                     .args(["--libcuda", lib, "-c", &workload])
-                    .env("GPUMEM_BENCH_N", &n),
+                    .env("GPUMEM_BENCH_N", &n)
+                    .envs(churn.envs.iter().copied()),
             )?;
             runs[i + 1].1.push(t as f64 / c as f64);
             gpumem_tests::wait_for_detach();
         }
         if has_bpftrace {
-            let (c, t) = under_bpftrace(f, &churn, &n)?;
+            let (c, t) = under_bpftrace(f, &churn, &n, what)?;
             runs[4].1.push(t as f64 / c as f64);
         }
         let now: Vec<String> = runs.iter().filter_map(|(l, v)| v.last().map(|x| format!("{l} {x:.0}"))).collect();
@@ -140,7 +181,12 @@ pub fn overhead(pairs: u64, rounds: u32, python: bool) -> Result<()> {
     let med: Vec<(&str, Option<f64>)> = runs.into_iter().map(|(l, v)| (l, (!v.is_empty()).then(|| median(v)))).collect();
     let none = med[0].1.expect("measured");
     let empty = med[1].1.expect("measured");
-    println!("probe overhead on cuMemAlloc_v2/cuMemFree_v2 ({calls} calls per run, median of {rounds} interleaved runs):");
+    let probed = if what == Loop::Usdt {
+        "PyTorch's pytorch:malloc/pytorch:free (no probes: semaphores down, the probe sites skipped)"
+    } else {
+        "cuMemAlloc_v2/cuMemFree_v2"
+    };
+    println!("probe overhead on {probed} ({calls} calls per run, median of {rounds} interleaved runs):");
     println!(
         "  {:<22} {:>9} {:>10} {:>14} {:>16} {:>16}",
         "", "ns/call", "added ns", "ratio to empty", "added vs empty's", "added ns per hit"
@@ -149,8 +195,10 @@ pub fn overhead(pairs: u64, rounds: u32, python: bool) -> Result<()> {
         // Probe hits per call: gpumem (and the empty baseline) trap at entry
         // and return of both calls; the bpftrace script skips cuMemFree_v2's
         // return (so it cannot tell a failed free).
+        // USDT probes are one hit per call, for everyone.
         let hits = match *label {
             "no probes" => f64::NAN,
+            _ if what == Loop::Usdt => 1.0,
             "bpftrace (peer)" => 1.5,
             _ => 2.0,
         };

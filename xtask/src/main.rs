@@ -115,6 +115,10 @@ enum Cmd {
         /// the loop in Python over ctypes (Python frames walked) instead of C
         #[arg(long)]
         python: bool,
+        /// PyTorch's USDT probes instead of libcuda's: a Python loop over the
+        /// test allocator (tensors from its cache), bpftrace's usdt: as the peer
+        #[arg(long)]
+        usdt: bool,
     },
 }
 
@@ -240,7 +244,7 @@ fn measure(cmd: Cmd) -> Result<()> {
         Cmd::BenchIdle { processes, seconds } => bench::idle(processes, seconds),
         Cmd::BenchAgent { seconds, python } => bench::agent_cpu(seconds, python),
         Cmd::Soak { minutes, live, max_allocations } => soak::soak(minutes, live, max_allocations),
-        Cmd::Bench { pairs, rounds, python } => bench::overhead(pairs, rounds, python),
+        Cmd::Bench { pairs, rounds, python, usdt } => bench::overhead(pairs, rounds, bench::Loop::of(python, usdt)),
         _ => bail!("not a measurement"),
     }
 }
