@@ -4,7 +4,9 @@
 # On a host with an NVIDIA GPU, its driver and PyTorch, runs gpumem while
 # PyTorch allocates with each allocator mode (default caching allocator,
 # expandable_segments:True, backend:cudaMallocAsync) and prints, per mode,
-# what gpumem saw next to torch.cuda.memory_reserved()/memory_allocated().
+# what gpumem saw next to torch.cuda.memory_reserved()/memory_allocated()
+# (allocated from PyTorch's USDT probes), then checks that `gpumem leaks`
+# names the Python line that keeps tensors (default allocator).
 #
 # Needs only the built gpumem binary (no Rust toolchain), python3 and torch:
 #   sudo scripts/gpu-smoke.sh [PATH/TO/gpumem]
@@ -46,4 +48,14 @@ for mode in default expandable cudaMallocAsync; do
   fi
   "$python" "$here/gpu_smoke_report.py" "$out/$mode.jsonl" "$out/$mode.torch.json" || status=1
 done
+
+echo
+echo "=== the leak's Python line (gpumem leaks, default allocator)"
+if GPUMEM_SMOKE_OUT="$out/leaks.torch.json" GPUMEM_SMOKE_HOLD=4 \
+    "$gpumem" leaks --json --older-than 0 --duration 6 -c "$python $here/gpu_smoke.py" >"$out/leaks.json" 2>"$out/leaks.err"; then
+  "$python" "$here/gpu_smoke_report.py" --leaks "$out/leaks.json" "$out/leaks.torch.json" || status=1
+else
+  echo "gpu-smoke: gpumem leaks failed; see $out/leaks.err" >&2
+  status=1
+fi
 exit $status
