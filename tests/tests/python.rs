@@ -101,31 +101,24 @@ fn python_frames_survive_a_recording_and_its_replay() {
     assert_eq!(leak["bytes"].as_u64(), Some(5 * MIB));
 }
 
-/// Debian trixie's root (`cargo xtask test` makes it with debootstrap).
-fn python313_root() -> std::path::PathBuf {
-    let root = target_dir().join("py313-root");
-    assert!(
-        root.join("usr/bin/python3.13").exists(),
-        "{} has no python3.13: run `cargo xtask test` (it debootstraps trixie)",
-        root.display()
-    );
+/// A root `cargo xtask test` debootstraps (trixie's python3.13, noble's python3.12).
+fn python_root(dir: &str, python: &str) -> std::path::PathBuf {
+    let root = target_dir().join(dir);
+    assert!(root.join("usr/bin").join(python).exists(), "{} has no {python}: run `cargo xtask test` (it debootstraps it)", root.display());
     root
 }
 
-#[test]
-fn python_3_13_in_another_root_is_walked_through_its_debug_offsets() {
-    require_root();
-    // The script and a fresh copy of the synthetic driver at paths only the
-    // chroot sees; python3.13 and its loader are trixie's, found through
-    // /proc/PID/root; 3.13's layout comes from its _Py_DebugOffsets.
+/// The training loop run by another distribution's interpreter in a chroot:
+/// the script and a fresh copy of the synthetic driver at paths only the
+/// chroot sees; the interpreter and its loader found through /proc/PID/root.
+fn walked_in_another_root(root: &std::path::Path, python: &str) {
     let f = fixtures();
-    let root = python313_root();
     let dir = root.join("tmp/gpumem");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/train.py"), dir.join("train.py")).unwrap();
     let _ = std::fs::remove_file(dir.join("libcuda.so.1"));
     std::fs::copy(&f.libcuda, dir.join("libcuda.so.1")).unwrap();
-    let cmd = format!("chroot {} /usr/bin/python3.13 /tmp/gpumem/train.py /tmp/gpumem/libcuda.so.1", root.display());
+    let cmd = format!("chroot {} /usr/bin/{python} /tmp/gpumem/train.py /tmp/gpumem/libcuda.so.1", root.display());
     let v = leaks(&["--older-than", "0", "--duration", "3", "-n", "10", "-c", &cmd], &[("GPUMEM_STEPS", "10"), ("GPUMEM_HOLD", "6")]);
     let p = v["processes"]
         .as_array()
@@ -143,6 +136,20 @@ fn python_3_13_in_another_root_is_walked_through_its_debug_offsets() {
     assert_eq!(leak["bytes"].as_u64(), Some(10 * MIB));
     let weights = groups.iter().find(|g| python_frames(g).get(1).is_some_and(|f| f.0 == "Model.load_weights")).expect("the weights");
     assert_eq!(weights["bytes"].as_u64(), Some(64 * MIB));
+}
+
+#[test]
+fn python_3_13_in_another_root_is_walked_through_its_debug_offsets() {
+    require_root();
+    // Debian trixie's python3.13: its layout comes from its _Py_DebugOffsets.
+    walked_in_another_root(&python_root("py313-root", "python3.13"), "python3.13");
+}
+
+#[test]
+fn python_3_12_in_another_root_is_walked_with_its_header_offsets() {
+    require_root();
+    // Ubuntu noble's python3.12: offsets from its headers (a unit test checks them).
+    walked_in_another_root(&python_root("py312-root", "python3.12"), "python3.12");
 }
 
 #[test]

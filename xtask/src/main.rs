@@ -35,6 +35,10 @@ enum Cmd {
     Setup,
     /// Fetch NVIDIA's real user-space driver libraries (Debian non-free) into target/nvidia.
     NvidiaLibs,
+    /// Fetch and make what the end-to-end tests run against besides the build:
+    /// NVIDIA's libraries, the trixie (python3.13) and noble (python3.12)
+    /// roots, PyTorch's libc10_cuda.so (`test` does this first).
+    TestDeps,
     /// Trace a leaky workload on the bundled synthetic CUDA driver.
     Demo,
     /// Sizes (modules ≤ 500 lines, functions ≤ 80, outside tests), rustfmt and
@@ -182,6 +186,7 @@ fn main() -> Result<()> {
     match cli.command {
         Cmd::Setup => setup::setup(),
         Cmd::NvidiaLibs => setup::nvidia_libs().map(|_| ()),
+        Cmd::TestDeps => setup::test_deps(),
         Cmd::Lint => {
             setup::setup()?;
             lint()
@@ -219,9 +224,7 @@ fn main() -> Result<()> {
         Cmd::Test { args } => {
             require_root("the test suite")?;
             setup::setup()?;
-            setup::nvidia_libs()?;
-            setup::python313_root()?;
-            setup::torch_lib()?;
+            setup::test_deps()?;
             build_agent()?;
             // End-to-end tests load eBPF and mount/unmount tracefs: one at a time.
             let mut test = cargo();

@@ -71,6 +71,50 @@ pub fn setup() -> Result<()> {
     Ok(())
 }
 
+/// Everything the end-to-end tests need that is fetched rather than built.
+pub fn test_deps() -> Result<()> {
+    nvidia_libs()?;
+    python313_root()?;
+    python312_root()?;
+    torch_lib()?;
+    Ok(())
+}
+
+/// An Ubuntu noble root with its python3.12 and headers (libpython3.12-dev:
+/// the unit test checks gpumem's 3.12 offsets against them), for the Python
+/// 3.12 tests; made once, kept in target/. Ubuntu's archive key comes from
+/// Debian's ubuntu-keyring package, installed in the trixie root (so it is
+/// verified through Debian's own archive signature).
+pub fn python312_root() -> Result<PathBuf> {
+    let dest = gpumem_tests::target_dir().join("py312-root");
+    if dest.join("usr/bin/python3.12").exists() && dest.join("usr/include/python3.12/internal").exists() {
+        return Ok(dest);
+    }
+    let trixie = python313_root()?;
+    let keyring = trixie.join("usr/share/keyrings/ubuntu-archive-keyring.gpg");
+    if !keyring.exists() {
+        std::fs::copy("/etc/resolv.conf", trixie.join("etc/resolv.conf")).context("copying resolv.conf into the trixie root")?;
+        run(Command::new("chroot").arg(&trixie).args(["apt-get", "update"]))?;
+        run(Command::new("chroot").arg(&trixie).args([
+            "env",
+            "DEBIAN_FRONTEND=noninteractive",
+            "apt-get",
+            "install",
+            "-y",
+            "ubuntu-keyring",
+        ]))?;
+    }
+    let _ = std::fs::remove_dir_all(&dest);
+    // Debian's debootstrap has no script named noble: gutsy's serves every Ubuntu release.
+    run(Command::new("debootstrap")
+        .args(["--variant=minbase", "--include=python3.12,libpython3.12-dev"])
+        .arg(format!("--keyring={}", keyring.display()))
+        .arg("noble")
+        .arg(&dest)
+        .args(["http://archive.ubuntu.com/ubuntu", "/usr/share/debootstrap/scripts/gutsy"]))?;
+    Ok(dest)
+}
+
 /// The torch release whose libc10_cuda.so the tests attach to.
 pub const TORCH_VERSION: &str = "2.15.0";
 
