@@ -184,3 +184,26 @@ fn a_thread_started_later_has_its_frames_from_its_second_allocation() {
     let outstanding: u64 = groups.iter().map(|g| g["count"].as_u64().unwrap()).sum();
     assert_eq!(outstanding, 20);
 }
+
+#[test]
+fn python_3_10_is_named_as_not_walked_and_its_memory_stays_exact() {
+    require_root();
+    // Ubuntu jammy's python3.10: frame objects and a line table gpumem does
+    // not read. Its memory is still exact (its stacks native), and the
+    // summary names the process and why.
+    let f = fixtures();
+    let root = python_root("py310-root", "python3.10");
+    let dir = root.join("tmp/gpumem");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/train.py"), dir.join("train.py")).unwrap();
+    let _ = std::fs::remove_file(dir.join("libcuda.so.1"));
+    std::fs::copy(&f.libcuda, dir.join("libcuda.so.1")).unwrap();
+    let cmd = format!("chroot {} /usr/bin/python3.10 /tmp/gpumem/train.py /tmp/gpumem/libcuda.so.1", root.display());
+    let t = trace(&["--duration", "3", "-c", &cmd], &[("GPUMEM_STEPS", "10"), ("GPUMEM_HOLD", "6")]);
+    let pid = t.of_type("alloc").first().unwrap_or_else(|| panic!("no allocation: {}", t.stderr))["pid"].as_u64().unwrap();
+    let d = &t.summary_process(pid)["devices"][0];
+    assert_eq!(d["live_bytes"].as_u64(), Some(64 * MIB + 10 * MIB), "{d:#}");
+    let unwalked = t.summary["python_unwalked"].as_array().unwrap();
+    let u = unwalked.iter().find(|u| u["pid"] == pid).unwrap_or_else(|| panic!("{unwalked:?}"));
+    assert!(u["why"].as_str().unwrap().contains("before 3.11"), "{u}");
+}

@@ -76,20 +76,37 @@ pub fn test_deps() -> Result<()> {
     nvidia_libs()?;
     python313_root()?;
     python312_root()?;
+    python310_root()?;
     torch_lib()?;
     Ok(())
 }
 
 /// An Ubuntu noble root with its python3.12 and headers (libpython3.12-dev:
 /// the unit test checks gpumem's 3.12 offsets against them), for the Python
-/// 3.12 tests; made once, kept in target/. Ubuntu's archive key comes from
-/// Debian's ubuntu-keyring package, installed in the trixie root (so it is
-/// verified through Debian's own archive signature).
+/// 3.12 tests; made once, kept in target/.
 pub fn python312_root() -> Result<PathBuf> {
     let dest = gpumem_tests::target_dir().join("py312-root");
     if dest.join("usr/bin/python3.12").exists() && dest.join("usr/include/python3.12/internal").exists() {
         return Ok(dest);
     }
+    ubuntu_root("noble", "python3.12,libpython3.12-dev", &dest)?;
+    Ok(dest)
+}
+
+/// An Ubuntu jammy root with its python3.10 (a version gpumem does not
+/// walk: the test checks that it says so and keeps native stacks).
+pub fn python310_root() -> Result<PathBuf> {
+    let dest = gpumem_tests::target_dir().join("py310-root");
+    if !dest.join("usr/bin/python3.10").exists() {
+        ubuntu_root("jammy", "python3.10", &dest)?;
+    }
+    Ok(dest)
+}
+
+/// debootstraps an Ubuntu release. Ubuntu's archive key comes from Debian's
+/// ubuntu-keyring package, installed in the trixie root (so it is verified
+/// through Debian's own archive signature).
+fn ubuntu_root(suite: &str, packages: &str, dest: &std::path::Path) -> Result<()> {
     let trixie = python313_root()?;
     let keyring = trixie.join("usr/share/keyrings/ubuntu-archive-keyring.gpg");
     if !keyring.exists() {
@@ -104,15 +121,14 @@ pub fn python312_root() -> Result<PathBuf> {
             "ubuntu-keyring",
         ]))?;
     }
-    let _ = std::fs::remove_dir_all(&dest);
-    // Debian's debootstrap has no script named noble: gutsy's serves every Ubuntu release.
+    let _ = std::fs::remove_dir_all(dest);
+    // Debian's debootstrap may not know newer Ubuntu names: gutsy's script serves them all.
     run(Command::new("debootstrap")
-        .args(["--variant=minbase", "--include=python3.12,libpython3.12-dev"])
+        .args(["--variant=minbase", &format!("--include={packages}")])
         .arg(format!("--keyring={}", keyring.display()))
-        .arg("noble")
-        .arg(&dest)
-        .args(["http://archive.ubuntu.com/ubuntu", "/usr/share/debootstrap/scripts/gutsy"]))?;
-    Ok(dest)
+        .arg(suite)
+        .arg(dest)
+        .args(["http://archive.ubuntu.com/ubuntu", "/usr/share/debootstrap/scripts/gutsy"]))
 }
 
 /// The torch release whose libc10_cuda.so the tests attach to.

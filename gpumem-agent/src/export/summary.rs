@@ -110,6 +110,8 @@ pub struct Summary {
     pub nvml: String,
     /// Calls in flight whose thread died inside the driver: nothing counted for them.
     pub stale_calls_removed: u64,
+    /// Python processes whose frames could not be walked (their stacks are native only), and why.
+    pub python_unwalked: Vec<crate::python::Unwalked>,
 }
 
 fn process_summary(p: &Process, view: &View) -> ProcessSummary {
@@ -188,6 +190,7 @@ impl Summary {
             reconciliation: footer.reconciliation.clone(),
             nvml: footer.nvml.clone(),
             stale_calls_removed: footer.stale_calls_removed,
+            python_unwalked: footer.python_unwalked.clone(),
         }
     }
 
@@ -215,6 +218,9 @@ impl Summary {
             )?;
         }
         self.write_reconciliation(out)?;
+        for u in &self.python_unwalked {
+            writeln!(out, "note: Python process {}: frames not walked (native stacks only): {}", u.pid, printable(&u.why))?;
+        }
         self.write_losses(out)
     }
 

@@ -23,6 +23,13 @@ pub struct Interpreter {
     pub layout: layout::Layout,
 }
 
+/// A Python process whose frames gpumem cannot walk, and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Unwalked {
+    pub pid: u32,
+    pub why: String,
+}
+
 /// Whether a mapped file may hold an interpreter: libpython3.X.so* or a
 /// python3.X executable (Debian links the interpreter into it).
 fn may_hold_interpreter(path: &str) -> bool {

@@ -58,7 +58,12 @@ pub struct Tracker {
     /// Interpreters found since the last `take_found`, for the stack
     /// resolver (which reads their code objects).
     found: Vec<Interpreter>,
+    /// Python processes that cannot be walked (at most UNWALKED_MAX kept).
+    unwalked: BTreeMap<u32, String>,
 }
+
+/// Unwalkable Python processes remembered for the report.
+const UNWALKED_MAX: usize = 256;
 
 impl Tracker {
     /// Looks at a process that uses CUDA once: a Python one is registered
@@ -68,13 +73,25 @@ impl Tracker {
             return;
         }
         // A version gpumem cannot walk (the error says which) keeps its
-        // native frames; it is not reported anywhere yet.
-        if let Ok(Some(interp)) = self.finder.find(pid) {
-            agent.set_python_layout(pid, &interp.layout.frames);
-            self.found.push(interp.clone());
-            self.python.insert(pid, (interp, Vec::new()));
-            self.refresh_one(agent, pid);
+        // native frames, and is reported with why.
+        match self.finder.find(pid) {
+            Ok(Some(interp)) => {
+                agent.set_python_layout(pid, &interp.layout.frames);
+                self.found.push(interp.clone());
+                self.python.insert(pid, (interp, Vec::new()));
+                self.refresh_one(agent, pid);
+            }
+            Ok(None) => {}
+            Err(why) if self.unwalked.len() < UNWALKED_MAX => {
+                self.unwalked.insert(pid, why);
+            }
+            Err(_) => {}
         }
+    }
+
+    /// The Python processes whose frames cannot be walked, and why.
+    pub fn unwalked(&self) -> Vec<super::Unwalked> {
+        self.unwalked.iter().map(|(&pid, why)| super::Unwalked { pid, why: why.clone() }).collect()
     }
 
     /// A stack of this process came without Python frames.

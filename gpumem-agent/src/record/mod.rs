@@ -139,6 +139,10 @@ pub struct Footer {
     /// Allocations that arrived without their stack.
     #[serde(default)]
     pub stacks_dropped: StacksDropped,
+    /// Python processes whose frames could not be walked, and why (a version
+    /// gpumem does not know): their stacks are native only.
+    #[serde(default)]
+    pub python_unwalked: Vec<crate::python::Unwalked>,
 }
 
 /// One frame of a recording.

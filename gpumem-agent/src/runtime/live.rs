@@ -336,6 +336,7 @@ impl<'o, O: Output> Live<'o, O> {
                 Ended::Done | Ended::ByOutput => None,
             },
             stale_calls_removed: self.agent.stale_calls_removed,
+            python_unwalked: self.signals.python.unwalked(),
         };
         // The receivers go first: a thread blocked sending to one returns.
         self.nvml_rx = None;
