@@ -63,6 +63,12 @@ pub fn torch_usdt(ctx: ProbeContext) -> u32 {
     usdt::on_probe(&ctx, api_of(&ctx))
 }
 
+/// The same on perf-event uprobes, one per site (kernels before 6.6).
+#[uprobe]
+pub fn torch_usdt_p(ctx: ProbeContext) -> u32 {
+    usdt::on_probe(&ctx, api_of(&ctx))
+}
+
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     process::on_exit(&ctx)
@@ -145,6 +151,11 @@ pub fn empty_m_return(_ctx: RetProbeContext) -> u32 {
 
 #[uprobe(multi)]
 pub fn empty_usdt(_ctx: ProbeContext) -> u32 {
+    0
+}
+
+#[uprobe]
+pub fn empty_usdt_p(_ctx: ProbeContext) -> u32 {
     0
 }
 

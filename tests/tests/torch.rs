@@ -136,6 +136,15 @@ fn namespace_only(lib: &std::path::Path, tag: &str) -> (String, String) {
 }
 
 #[test]
+fn per_point_links_for_kernels_without_uprobe_multi_see_the_same_tensors() {
+    require_root();
+    let envs = [("GPUMEM_TORCH", "frag"), ("GPUMEM_HOLD", "5"), ("GPUMEM_FAKE_CAPACITY", "50331648")];
+    let t = trace(&["--duration", "3", "--uprobe-links", "per-point", "-c", &torch_cmd()], &envs);
+    assert!(t.stderr.contains("per-point links): 2 sites, 2 with semaphores raised"), "{}", t.stderr);
+    assert_figures_match(&device0(&t), &figures(&t.stderr), 22);
+}
+
+#[test]
 fn the_test_allocator_in_another_mount_namespace_is_found_through_proc_root() {
     require_root();
     let f = fixtures();
@@ -209,12 +218,15 @@ fn pytorchs_own_libc10_cuda_attaches_with_its_semaphores_raised_only_while_gpume
     wait_for_detach();
     assert_eq!(mapper.semaphores(&semaphores), [0, 0], "lowered once status detached");
 
-    let (agent, stderr) = start_agent(&["--duration", "3"]);
-    let raised = mapper.semaphores(&semaphores);
-    assert!(raised.iter().all(|&v| v > 0), "raised while gpumem runs: {raised:?}");
-    let (_, stderr) = finish_agent(agent, stderr);
-    wait_for_detach();
-    assert_eq!(mapper.semaphores(&semaphores), [0, 0], "lowered when gpumem stopped; {stderr}");
+    // Both ways of linking: uprobe_multi (6.6+) and a perf-event uprobe per site.
+    for links in ["multi", "per-point"] {
+        let (agent, stderr) = start_agent(&["--duration", "3", "--uprobe-links", links]);
+        let raised = mapper.semaphores(&semaphores);
+        assert_eq!(raised, [2, 2], "raised while gpumem runs, once per site ({links}): {raised:?}");
+        let (_, stderr) = finish_agent(agent, stderr);
+        wait_for_detach();
+        assert_eq!(mapper.semaphores(&semaphores), [0, 0], "lowered when gpumem stopped ({links}); {stderr}");
+    }
 
     // SIGKILL: the kernel lowers them when the link's last descriptor goes.
     let (mut agent, _stderr) = start_agent(&["--duration", "30"]);

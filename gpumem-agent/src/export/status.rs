@@ -90,7 +90,14 @@ fn write_torch(out: &mut impl Write, agent: &Agent) -> std::io::Result<()> {
         writeln!(out, "PyTorch {} (inode {}, dev {:#x}, found by {})", t.path, t.inode, t.dev, t.source)?;
         match (&t.error, t.attached) {
             (Some(e), _) => writeln!(out, "  allocator probes NOT attached: {e}")?,
-            (None, true) => writeln!(out, "  allocator probes attached (one uprobe_multi link, semaphores raised while gpumem runs)")?,
+            (None, true) => {
+                let how = if t.links == Some(crate::probes::links::LinkMode::Multi) {
+                    "one uprobe_multi link"
+                } else {
+                    "a perf-event uprobe per site"
+                };
+                writeln!(out, "  allocator probes attached ({how}, semaphores raised while gpumem runs)")?
+            }
             (None, false) => {}
         }
         for site in &t.sites {

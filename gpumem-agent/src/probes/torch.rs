@@ -7,7 +7,10 @@
 //! maps the library, now and later, and lowers it when the link goes (when
 //! gpumem stops, however it stops: the link is a file descriptor). aya has
 //! no way to pass `ref_ctr_offsets`, so the uprobe_multi link is made with
-//! BPF_LINK_CREATE directly, each site's spec index as its cookie.
+//! BPF_LINK_CREATE directly, each site's spec index as its cookie. Kernels
+//! without uprobe_multi links (before 6.6) get one perf-event uprobe per
+//! site, its `ref_ctr_offset` in the event's config, linked with a cookie
+//! (5.15+).
 use std::{
     ffi::CString,
     os::{
@@ -55,6 +58,8 @@ pub struct TorchReport {
     /// Why nothing (or not everything) was attached.
     pub error: Option<String>,
     pub attached: bool,
+    /// How the sites are linked: one uprobe_multi link, or a perf-event uprobe each.
+    pub links: Option<super::links::LinkMode>,
 }
 
 /// The probe a note describes, and the arguments it must have.
@@ -115,6 +120,90 @@ struct UprobeMultiAttr {
 
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_TRACE_UPROBE_MULTI: u32 = 48;
+const BPF_PERF_EVENT: u32 = 41;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
+
+/// `bpf_attr` for BPF_LINK_CREATE of a perf-event link with a cookie.
+#[repr(C)]
+struct PerfLinkAttr {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+    bpf_cookie: u64,
+}
+
+/// `struct perf_event_attr` as far as PERF_ATTR_SIZE_VER5 (112 bytes):
+/// only what a uprobe event sets is named.
+#[repr(C)]
+#[derive(Default)]
+struct PerfEventAttr {
+    kind: u32,
+    size: u32,
+    /// The uprobe PMU's: bit 0 retprobe, bits 32-63 the ref_ctr_offset.
+    config: u64,
+    _sample_and_flags: [u64; 4],
+    _wakeup_and_bp_type: [u32; 2],
+    /// The path of the probed file.
+    config1: u64,
+    /// The probe's file offset.
+    config2: u64,
+    _rest: [u64; 5],
+}
+
+const _: () = assert!(std::mem::size_of::<PerfEventAttr>() == 112);
+
+/// The kernel's uprobe PMU type and where it wants the ref_ctr_offset.
+fn uprobe_pmu() -> Result<(u32, u32), String> {
+    let dir = std::path::Path::new("/sys/bus/event_source/devices/uprobe");
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).map_err(|e| format!("{}: {e}", dir.join(f).display()));
+    let kind = read("type")?.trim().parse().map_err(|_| "the uprobe PMU type is not a number".to_string())?;
+    // "config:32-63" on every kernel with ref_ctr_offset support (4.20+).
+    let shift = read("format/ref_ctr_offset")?
+        .trim()
+        .strip_prefix("config:")
+        .and_then(|r| r.split('-').next()?.parse().ok())
+        .ok_or("the uprobe PMU has no ref_ctr_offset field (before 4.20): semaphore-gated probes cannot fire")?;
+    Ok((kind, shift))
+}
+
+/// One perf-event uprobe on every process (pid −1, any CPU: cpu 0 as the
+/// kernel asks of a pid −1 event), with its semaphore.
+fn perf_uprobe(pmu: (u32, u32), path: &CString, offset: u64, ref_ctr: u64) -> std::io::Result<OwnedFd> {
+    let attr = PerfEventAttr {
+        kind: pmu.0,
+        size: std::mem::size_of::<PerfEventAttr>() as u32,
+        config: ref_ctr << pmu.1,
+        config1: path.as_ptr() as u64,
+        config2: offset,
+        ..Default::default()
+    };
+    // SAFETY: the attribute and the path outlive the call.
+    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr as *const _, -1, 0, -1, PERF_FLAG_FD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor the kernel just returned.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Links a program to a perf event with a cookie.
+fn perf_link(prog_fd: i32, event: &OwnedFd, cookie: u64) -> std::io::Result<OwnedFd> {
+    let attr = PerfLinkAttr {
+        prog_fd: prog_fd as u32,
+        target_fd: event.as_raw_fd() as u32,
+        attach_type: BPF_PERF_EVENT,
+        flags: 0,
+        bpf_cookie: cookie,
+    };
+    // SAFETY: as for link_create.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_CREATE, &attr as *const _, std::mem::size_of::<PerfLinkAttr>()) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor the kernel just returned.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
 
 /// One uprobe_multi link with semaphores, for every process.
 fn link_create(prog_fd: i32, path: &CString, offsets: &[u64], ref_ctr: &[u64], cookies: &[u64]) -> std::io::Result<OwnedFd> {
@@ -156,6 +245,7 @@ impl Agent {
             sites: Vec::new(),
             error: None,
             attached: false,
+            links: None,
         };
         match usdt::probes(&lib.path) {
             Err(e) => report.error = Some(e.to_string()),
@@ -171,7 +261,10 @@ impl Agent {
                     })
                     .collect();
                 match self.link_torch(&sites, lib) {
-                    Ok(()) => report.attached = true,
+                    Ok(()) => {
+                        report.attached = true;
+                        report.links = Some(self.uprobe_links.mode);
+                    }
                     Err(e) => report.error = Some(e),
                 }
             }
@@ -183,9 +276,6 @@ impl Agent {
     fn link_torch(&mut self, sites: &[&UsdtProbe], lib: &Library) -> Result<(), String> {
         if sites.is_empty() {
             return Err("no pytorch:malloc or pytorch:free probes in its .note.stapsdt (a PyTorch built without USDT probes)".into());
-        }
-        if self.uprobe_links.mode != super::links::LinkMode::Multi {
-            return Err("PyTorch's probes are linked with uprobe_multi links only (kernel 6.6+)".into());
         }
         let specs = sites.iter().map(|p| spec_of(p)).collect::<Result<Vec<_>, _>>()?;
         let first = self.usdt_specs_used;
@@ -199,7 +289,13 @@ impl Agent {
         for (i, spec) in specs.iter().enumerate() {
             table.set(first + i as u32, spec, 0).map_err(|e| format!("USDT_SPECS: {e}"))?;
         }
-        let program = if self.options.probe_set == ProbeSet::Empty { "empty_usdt" } else { "torch_usdt" };
+        let multi = self.uprobe_links.mode == super::links::LinkMode::Multi;
+        let program = match (self.options.probe_set, multi) {
+            (ProbeSet::Empty, true) => "empty_usdt",
+            (ProbeSet::Empty, false) => "empty_usdt_p",
+            (ProbeSet::Full, true) => "torch_usdt",
+            (ProbeSet::Full, false) => "torch_usdt_p",
+        };
         let prog: &mut UProbe = self.program(program).map_err(|e| e.to_string())?;
         if prog.fd().is_err() {
             prog.load().map_err(|e| format!("eBPF program {program} failed to load: {e}"))?;
@@ -209,11 +305,25 @@ impl Agent {
         let offsets: Vec<u64> = sites.iter().map(|p| p.offset).collect();
         let ref_ctr: Vec<u64> = sites.iter().map(|p| p.semaphore.unwrap_or(0)).collect();
         let cookies: Vec<u64> = (0..sites.len() as u64).map(|i| first as u64 + i).collect();
-        let link = link_create(prog_fd, &path, &offsets, &ref_ctr, &cookies)
-            .map_err(|e| format!("linking {} probe sites with their semaphores: {e}", sites.len()))?;
+        let linked = if multi {
+            link_create(prog_fd, &path, &offsets, &ref_ctr, &cookies)
+                .map(|link| vec![link])
+                .map_err(|e| format!("linking {} probe sites with their semaphores: {e}", sites.len()))?
+        } else {
+            let pmu = uprobe_pmu()?;
+            let mut fds = Vec::new();
+            for i in 0..sites.len() {
+                let event = perf_uprobe(pmu, &path, offsets[i], ref_ctr[i])
+                    .map_err(|e| format!("a uprobe event for probe site {:#x}: {e}", offsets[i]))?;
+                let link = perf_link(prog_fd, &event, cookies[i])
+                    .map_err(|e| format!("linking probe site {:#x} (bpf_cookie needs 5.15+): {e}", offsets[i]))?;
+                fds.extend([event, link]);
+            }
+            fds
+        };
         self.usdt_specs_used += specs.len() as u32;
-        self.torch_links.push(link);
-        self.uprobe_links.links += 1;
+        self.uprobe_links.links += if multi { 1 } else { sites.len() };
+        self.torch_links.extend(linked);
         Ok(())
     }
 }

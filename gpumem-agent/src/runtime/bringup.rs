@@ -74,10 +74,11 @@ pub fn describe_torch(r: &crate::probes::torch::TorchReport) -> String {
         _ => {
             let gated = r.sites.iter().filter(|s| s.semaphore.is_some()).count();
             format!(
-                "attached PyTorch's allocator probes to {} (inode {}, found by {}): {} sites, {gated} with semaphores raised",
+                "attached PyTorch's allocator probes to {} (inode {}, found by {}{}): {} sites, {gated} with semaphores raised",
                 r.path,
                 r.inode,
                 r.source,
+                r.links.map(|m| format!(", {} links", m.name())).unwrap_or_default(),
                 r.sites.len()
             )
         }
