@@ -36,6 +36,8 @@ pub mod entry_kind {
     /// 3.12+: the byte is `owner`; a frame owned by the C stack (3) is a
     /// shim between two native calls: the frame before it is the entry one.
     pub const CSTACK_OWNER: u32 = 1;
+    /// 3.10: every frame object is run by a native call of its own.
+    pub const EVERY_FRAME: u32 = 2;
 }
 
 /// Value of `owner` for the shim frames of 3.12+.

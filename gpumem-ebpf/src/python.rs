@@ -84,7 +84,7 @@ unsafe extern "C" fn step(_index: u64, ctx: *mut c_void) -> i64 {
         }
         return 0;
     }
-    let entry = l.entry_kind == entry_kind::IS_ENTRY && flag != 0;
+    let entry = (l.entry_kind == entry_kind::IS_ENTRY && flag != 0) || l.entry_kind == entry_kind::EVERY_FRAME;
     let slot = (w.n as usize) & (PY_FRAMES_MAX - 1);
     // SAFETY: slot < PY_FRAMES_MAX, inside the caller's buffer.
     unsafe { *w.out.add(slot) = PyFrameRef { code, instr: if entry { instr | ENTRY } else { instr } } };

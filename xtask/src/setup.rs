@@ -97,8 +97,8 @@ pub fn python312_root() -> Result<PathBuf> {
 /// walk: the test checks that it says so and keeps native stacks).
 pub fn python310_root() -> Result<PathBuf> {
     let dest = gpumem_tests::target_dir().join("py310-root");
-    if !dest.join("usr/bin/python3.10").exists() {
-        ubuntu_root("jammy", "python3.10", &dest)?;
+    if !(dest.join("usr/bin/python3.10").exists() && dest.join("usr/include/python3.10/internal").exists()) {
+        ubuntu_root("jammy", "python3.10,libpython3.10-dev", &dest)?;
     }
     Ok(dest)
 }

@@ -5,7 +5,10 @@ use std::collections::HashMap;
 
 use gpumem_common::python::{PyFrameRef, ENTRY};
 
-use super::{layout::CodeLayout, Interpreter};
+use super::{
+    layout::{CodeLayout, Lines},
+    Interpreter,
+};
 use crate::procfs::ProcessMemory;
 
 /// One Python frame of a stack, resolved.
@@ -68,10 +71,19 @@ impl Resolver {
                     read_code(mem, l, f.code)
                 });
                 let instr = f.instr & !ENTRY;
+                // The instruction's index in code units.
+                let index = match l.lines {
+                    Lines::Locations => instr.checked_sub(f.code + l.code_adaptive).map(|b| b / 2),
+                    // f_lasti, an int (−1 before the first instruction).
+                    Lines::Pep626 => u64::try_from(instr as u32 as i32).ok(),
+                };
                 match info {
                     Some(c) => {
-                        let line = match instr.checked_sub(f.code + l.code_adaptive).map(|b| b / 2) {
-                            Some(i) => *c.lines.entry(i).or_insert_with(|| line_of(&c.linetable, c.firstlineno, i)),
+                        let line = match index {
+                            Some(i) => *c.lines.entry(i).or_insert_with(|| match l.lines {
+                                Lines::Locations => line_of(&c.linetable, c.firstlineno, i),
+                                Lines::Pep626 => line_of_pep626(&c.linetable, c.firstlineno, i * 2),
+                            }),
                             None => None,
                         };
                         PyFrame { function: c.qualname.clone(), file: c.filename.clone(), line, entry: f.instr & ENTRY != 0 }
@@ -160,6 +172,28 @@ pub fn line_of(table: &[u8], firstlineno: i32, index: u64) -> Option<u32> {
     None
 }
 
+/// The line of the instruction at byte offset `addr` from a 3.10 line
+/// table (PEP 626: pairs of an unsigned byte delta and a signed line
+/// delta, −128 for "no line"; empty ranges only move the line).
+pub fn line_of_pep626(table: &[u8], firstlineno: i32, addr: u64) -> Option<u32> {
+    let (mut line, mut end) = (firstlineno as i64, 0u64);
+    for pair in table.as_chunks::<2>().0 {
+        let start = end;
+        end += pair[0] as u64;
+        let delta = pair[1] as i8;
+        let this = if delta == -128 {
+            None
+        } else {
+            line += delta as i64;
+            Some(line.max(0) as u32)
+        };
+        if start <= addr && addr < end {
+            return this;
+        }
+    }
+    None
+}
+
 fn varint(t: &[u8], i: &mut usize) -> Option<u64> {
     let (mut v, mut shift) = (0u64, 0);
     loop {
@@ -197,5 +231,19 @@ mod tests {
         assert_eq!(line_of(&table, 1, 6), Some(8));
         assert_eq!(line_of(&table, 1, 99), None, "beyond the table");
         assert_eq!(line_of(&[0x01], 1, 0), None, "garbled");
+    }
+
+    #[test]
+    fn pep_626_line_tables_give_lines() {
+        // firstlineno 10: bytes 0-3 line 11, an empty range moving to 13,
+        // bytes 4-9 line 13, bytes 10-11 no line, bytes 12-13 line 12.
+        let table = [4, 1, 0, 2, 6, 0, 2, 0x80, 2, 0xff];
+        assert_eq!(line_of_pep626(&table, 10, 0), Some(11));
+        assert_eq!(line_of_pep626(&table, 10, 3), Some(11));
+        assert_eq!(line_of_pep626(&table, 10, 4), Some(13));
+        assert_eq!(line_of_pep626(&table, 10, 9), Some(13));
+        assert_eq!(line_of_pep626(&table, 10, 10), None, "no line");
+        assert_eq!(line_of_pep626(&table, 10, 12), Some(12));
+        assert_eq!(line_of_pep626(&table, 10, 14), None, "beyond the table");
     }
 }

@@ -72,9 +72,13 @@ impl Finder {
             let bias = e.range.start.wrapping_sub(l.first_segment);
             let runtime = bias.wrapping_add(l.runtime);
             let mem = procfs::ProcessMemory::open(pid).map_err(|e| format!("reading process {pid}'s memory: {e}"))?;
+            // Py_Version came with 3.11; before, the file's name says it (python3.10, libpython3.10.so.1.0).
             let version = match l.version.and_then(|v| mem.u32(bias.wrapping_add(v))) {
                 Some(hex) => ((hex >> 24) as u8, (hex >> 16) as u8),
-                None => return Err(format!("{path} exports _PyRuntime but no Py_Version (before 3.11)")),
+                None => match version_in_name(path) {
+                    Some(v) => v,
+                    None => return Err(format!("{path} exports _PyRuntime but no Py_Version, and its name has no version")),
+                },
             };
             let layout = layout::for_version(version, &mem, runtime)
                 .ok_or_else(|| format!("{path} is CPython {}.{}, whose frame layout gpumem does not know", version.0, version.1))?;
@@ -82,6 +86,14 @@ impl Finder {
         }
         Ok(None)
     }
+}
+
+/// The version in an interpreter file's name: python3.10, libpython3.10.so.1.0.
+fn version_in_name(path: &str) -> Option<(u8, u8)> {
+    let name = path.rsplit('/').next()?;
+    let rest = name.strip_prefix("lib").unwrap_or(name).strip_prefix("python3.")?;
+    let minor: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    Some((3, minor.parse().ok()?))
 }
 
 /// `_PyRuntime` and `Py_Version` as the file links them; None if it has no
@@ -100,4 +112,18 @@ fn linked(file: &Path) -> Option<Linked> {
         }
     }
     Some(Linked { first_segment, runtime: runtime?, version })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_from_file_names() {
+        assert_eq!(version_in_name("/usr/bin/python3.10"), Some((3, 10)));
+        assert_eq!(version_in_name("/usr/lib/x86_64-linux-gnu/libpython3.10.so.1.0"), Some((3, 10)));
+        assert_eq!(version_in_name("/opt/python3.9d"), Some((3, 9)));
+        assert_eq!(version_in_name("/usr/bin/python3"), None);
+        assert_eq!(version_in_name("/usr/bin/python"), None);
+    }
 }

@@ -4,7 +4,10 @@
 //! lists in the process's memory, at registration and at every refresh.
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::Interpreter;
+use super::{
+    layout::{ThreadId, PTHREAD_TID},
+    Interpreter,
+};
 use crate::{probes::Agent, procfs::ProcessMemory};
 
 /// Interpreters and threads walked per process, at most (a garbled list
@@ -28,14 +31,30 @@ pub fn thread_states(interp: &Interpreter) -> Vec<(u32, u64)> {
             if ts == 0 {
                 break;
             }
-            if let Some(tid) = mem.u64(ts + l.tstate_native_thread_id).filter(|&t| t > 0 && t <= u32::MAX as u64) {
-                out.push((tid as u32, ts));
+            if let Some(tid) = thread_id(&mem, l, ts) {
+                out.push((tid, ts));
             }
             ts = mem.u64(ts + l.tstate_next).unwrap_or(0);
         }
         is = mem.u64(is + l.interp_next).unwrap_or(0);
     }
+    // Thread ids read from glibc's descriptors are believed only when the
+    // main thread is among them (another C library keeps them elsewhere).
+    if l.thread_id == ThreadId::Pthread && !out.iter().any(|&(tid, _)| tid == interp.pid) {
+        return Vec::new();
+    }
     out
+}
+
+/// The kernel thread id of a thread state: its native id, or (3.10) the
+/// one glibc's thread descriptor holds.
+fn thread_id(mem: &ProcessMemory, l: &super::layout::Layout, ts: u64) -> Option<u32> {
+    let id = mem.u64(ts + l.tstate_native_thread_id)?;
+    let tid = match l.thread_id {
+        ThreadId::Native => id,
+        ThreadId::Pthread => mem.u32(id.checked_add(PTHREAD_TID)?)? as u64,
+    };
+    (tid > 0 && tid <= u32::MAX as u64).then_some(tid as u32)
 }
 
 /// A Python process's thread list is read again for a frameless stack at

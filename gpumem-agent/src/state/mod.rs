@@ -298,17 +298,12 @@ impl State {
     }
 
     fn successful_call(&mut self, info: &ApiInfo, ev: &Event, stack: Option<StackId>) -> Applied {
-        let room = self.entries < self.limits.max_entries;
-        let p = self.processes.get_mut(&ev.pid).expect("present");
-        p.count_call(ev.api, 0);
-        let before = p.entries();
-        let mut out = Applied { device: ev.device, size: ev.size, ..Default::default() };
-        match info.class {
+        self.apply_counted(ev, |p, room, out| match info.class {
             ApiClass::Init | ApiClass::ProcessExit => {}
-            ApiClass::DeviceAlloc | ApiClass::HostAlloc => p.apply_alloc(info.class, ev, room, stack, &mut out),
-            ApiClass::DeviceFree | ApiClass::HostFree => p.apply_free(info.class, ev, &mut out),
+            ApiClass::DeviceAlloc | ApiClass::HostAlloc => p.apply_alloc(info.class, ev, room, stack, out),
+            ApiClass::DeviceFree | ApiClass::HostFree => p.apply_free(info.class, ev, out),
             ApiClass::VmmCreate | ApiClass::VmmRelease | ApiClass::VmmMap | ApiClass::VmmUnmap | ApiClass::VaReserve | ApiClass::VaFree => {
-                p.apply_vmm(info.class, ev, room, stack, &mut out)
+                p.apply_vmm(info.class, ev, room, stack, out)
             }
             ApiClass::CtxRetainPrimary
             | ApiClass::CtxReleasePrimary
@@ -318,26 +313,28 @@ impl State {
             | ApiClass::CtxPush
             | ApiClass::CtxPop
             | ApiClass::CtxDestroy
-            | ApiClass::MemGetInfo => p.apply_ctx(info.class, ev, &mut out),
-        }
-        self.entries = self.entries + p.entries() - before;
-        if out.dropped {
-            self.overflow.entries_dropped += 1;
-        }
-        out
+            | ApiClass::MemGetInfo => p.apply_ctx(info.class, ev, out),
+        })
     }
 
     /// A PyTorch allocator probe: a tensor handed out or given back.
     fn tensor_call(&mut self, kind: &Kind, ev: &Event, stack: Option<StackId>) -> Applied {
+        self.apply_counted(ev, |p, room, out| match kind {
+            Kind::TensorAlloc => p.apply_tensor_alloc(ev, room, stack, out),
+            _ => p.apply_tensor_free(ev, out),
+        })
+    }
+
+    /// Applies a successful event to its process with `apply(process, room,
+    /// out)` (`room`: the global table has space), counting the call and
+    /// keeping the global entry count and the overflow counter right.
+    fn apply_counted(&mut self, ev: &Event, apply: impl FnOnce(&mut Process, bool, &mut Applied)) -> Applied {
         let room = self.entries < self.limits.max_entries;
         let p = self.processes.get_mut(&ev.pid).expect("present");
         p.count_call(ev.api, 0);
         let before = p.entries();
         let mut out = Applied { device: ev.device, size: ev.size, ..Default::default() };
-        match kind {
-            Kind::TensorAlloc => p.apply_tensor_alloc(ev, room, stack, &mut out),
-            _ => p.apply_tensor_free(ev, &mut out),
-        }
+        apply(p, room, &mut out);
         self.entries = self.entries + p.entries() - before;
         if out.dropped {
             self.overflow.entries_dropped += 1;
