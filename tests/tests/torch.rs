@@ -145,17 +145,34 @@ fn per_point_links_for_kernels_without_uprobe_multi_see_the_same_tensors() {
 }
 
 #[test]
-fn the_test_allocator_in_another_mount_namespace_is_found_through_proc_root() {
+fn the_allocator_and_libpython_in_another_mount_namespace_are_found_through_proc_root() {
     require_root();
     let f = fixtures();
     let (prefix, inside) = namespace_only(&f.torch, "fixture");
+    let dir = std::path::Path::new(&inside).parent().unwrap().display().to_string();
+    // The interpreter too, at a path only the namespace sees: pyenv's
+    // installation bind-mounted into the namespace's tmpfs.
+    let out = Command::new("python3").args(["-c", "import sys; print(sys.base_prefix)"]).output().unwrap();
+    let pyenv = String::from_utf8(out.stdout).unwrap().trim().to_string();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch_train.py");
-    let cmd = format!("{prefix} python3 {} {} {inside}'", script.display(), f.libcuda.display());
-    let t = trace(&["--duration", "3", "-c", &cmd], &[("GPUMEM_TORCH", "leak"), ("GPUMEM_HOLD", "5")]);
-    assert!(t.stderr.contains(&format!("root{inside}")), "attached through /proc/PID/root: {}", t.stderr);
+    let cmd = format!(
+        "{prefix} mkdir {dir}/py && mount --bind {pyenv} {dir}/py && {dir}/py/bin/python3 {} {} {inside}'",
+        script.display(),
+        f.libcuda.display()
+    );
+    let v = leaks(&["--older-than", "0", "--duration", "3", "-c", &cmd], &[("GPUMEM_TORCH", "leak"), ("GPUMEM_HOLD", "5")]);
     assert!(!std::path::Path::new(&inside).exists(), "the library is in the namespace only");
-    let own = figures(&t.stderr);
-    assert_figures_match(&device0(&t), &own, 21);
+    let p = v["processes"].as_array().unwrap().iter().find(|p| p["device"] == 0).unwrap_or_else(|| panic!("{v:#}")).clone();
+    // 20 steps: 64 MiB of weights and 20 activations of 1 MiB in 104 MiB reserved.
+    assert_eq!((p["live_bytes"].as_u64(), p["tensors"]["allocated_bytes"].as_u64()), (Some(104 * MIB), Some(84 * MIB)), "{p:#}");
+    let fb = &p["layout"]["free_blocks"];
+    assert_eq!((fb["unused_bytes"].as_u64(), fb["largest_free_block"].as_u64()), (Some(20 * MIB), Some(20 * MIB)), "{fb:#}");
+    let groups = p["tensors"]["stacks"].as_array().unwrap();
+    let leak =
+        groups.iter().find(|g| python_frames(g).get(1).is_some_and(|f| f.0 == "train_step")).unwrap_or_else(|| panic!("{groups:#?}"));
+    assert_eq!(leak["bytes"].as_u64(), Some(20 * MIB), "{leak:#}");
+    let files: Vec<&str> = leak["frames"].as_array().unwrap().iter().filter_map(|f| f["module"].as_str()).collect();
+    assert!(files.iter().any(|m| m.contains(&format!("{dir}/py/"))), "libpython mapped from the namespace's path: {files:?}");
 }
 
 /// PyTorch's own libc10_cuda.so mapped by a process as the loader would (it
