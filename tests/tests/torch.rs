@@ -156,7 +156,8 @@ fn the_allocator_and_libpython_in_another_mount_namespace_are_found_through_proc
     let pyenv = String::from_utf8(out.stdout).unwrap().trim().to_string();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch_train.py");
     let cmd = format!(
-        "{prefix} mkdir {dir}/py && mount --bind {pyenv} {dir}/py && {dir}/py/bin/python3 {} {} {inside}'",
+        "{} mkdir {dir}/py && mount --bind {pyenv} {dir}/py && exec {dir}/py/bin/python3 {} {} {inside}'",
+        prefix.trim_end_matches("exec"),
         script.display(),
         f.libcuda.display()
     );
