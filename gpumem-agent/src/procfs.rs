@@ -107,6 +107,8 @@ pub fn open_path(pid: u32, entry: &MapsEntry) -> Option<PathBuf> {
 /// The fields of `/proc/PID/status` the agent uses.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Status {
+    /// The process's name (its comm).
+    pub name: Option<String>,
     /// The state letter (`R`, `S`, `Z`, `X`, ...).
     pub state: Option<char>,
     /// Effective capabilities.
@@ -133,6 +135,7 @@ pub fn parse_status(text: &str) -> Status {
         let Some((key, value)) = line.split_once(':') else { continue };
         let value = value.trim();
         match key {
+            "Name" => s.name = Some(value.to_string()),
             "State" => s.state = value.chars().next(),
             "CapEff" => s.cap_eff = u64::from_str_radix(value, 16).ok(),
             "NSpid" => s.ns_pids = value.split_whitespace().filter_map(|p| p.parse().ok()).collect(),

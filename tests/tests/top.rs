@@ -244,3 +244,28 @@ fn top_under_process_churn_forgets_exited_processes_everywhere() {
     assert_eq!((processes, growth_series), (0, 0), "{text}");
     assert!(text.starts_with("gpumem top: 0 GPU(s), 0 process(es), "), "{text}");
 }
+
+#[test]
+fn top_once_lists_what_nvml_says_a_process_held_before_tracing_began() {
+    require_root();
+    wait_for_detach();
+    let f = fixtures();
+    // A job that allocated before top started: no call of it is traced.
+    let mut hold = spawn_hold(15_000);
+    std::thread::sleep(Duration::from_millis(500));
+    let listed = format!("{}:{}", hold.id(), 123u64 << 20);
+    let out = run_gpumem(
+        &["top", "--once", "--duration", "2", "--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap()],
+        &[("GPUMEM_FAKE_NVML_PIDS", &listed)],
+    );
+    let _ = hold.kill();
+    let _ = hold.wait();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("gpumem top: 3 GPU(s), 1 process(es)"), "never 0 processes while NVML lists one:\n{text}");
+    let row = text.lines().find(|l| l.split_whitespace().next() == Some(&hold.id().to_string())).unwrap_or_else(|| panic!("{text}"));
+    let w: Vec<&str> = row.split_whitespace().collect();
+    // PID POD COMM GPU LIVE(2 words) ALLOCS ...
+    assert_eq!((w[2], w[3], w[4], w[5], w[6]), ("workload", "0", "123.0", "MiB", "-"), "NVML's bytes, no traced allocation: {row}");
+    assert!(row.contains("BEFORE TRACING (NVML)"), "{row}");
+}

@@ -137,6 +137,20 @@ pub struct View {
     pub pinned: Vec<PinnedRow>,
     /// NVML's per-process figures against the traced ones (empty without NVML).
     pub reconciliation: Vec<Reconciliation>,
+    /// Processes NVML lists that made no traced call: what they hold was
+    /// allocated before tracing began (NVML's bytes), by pid then GPU.
+    pub untraced: Vec<UntracedRow>,
+}
+
+/// A process NVML lists on a GPU whose calls were never traced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UntracedRow {
+    pub pid: u32,
+    /// Its name, where it could be looked up ("?" else).
+    pub comm: String,
+    pub workload: Workload,
+    pub gpu: u32,
+    pub nvml_bytes: u64,
 }
 
 impl View {
@@ -175,7 +189,29 @@ impl View {
             }
         }
         pinned.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
-        View { rows, gpus: gpu_rows(gpus, &traced), pinned, reconciliation: reconcile::reconcile(state, &gpus.latest) }
+        View {
+            rows,
+            gpus: gpu_rows(gpus, &traced),
+            pinned,
+            reconciliation: reconcile::reconcile(state, &gpus.latest),
+            untraced: Vec::new(),
+        }
+    }
+
+    /// Rows for the processes NVML lists that no traced call came from
+    /// (`names`: what the pipeline looked up about them).
+    pub fn add_untraced(&mut self, state: &State, names: &rustc_hash::FxHashMap<u32, (String, Option<ContainerInfo>)>) {
+        for r in &self.reconciliation {
+            if state.processes.get(&r.pid).is_some_and(|p| !p.exited) {
+                continue;
+            }
+            let (comm, workload) = match names.get(&r.pid) {
+                Some((comm, c)) => (comm.clone(), Workload::of(c.as_ref())),
+                None => ("?".to_string(), Workload::default()),
+            };
+            self.untraced.push(UntracedRow { pid: r.pid, comm, workload, gpu: r.gpu, nvml_bytes: r.nvml_bytes });
+        }
+        self.untraced.sort_by_key(|u| (u.pid, u.gpu));
     }
 
     /// GPUs NVML reports and devices traced processes hold memory on.

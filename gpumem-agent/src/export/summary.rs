@@ -55,6 +55,8 @@ pub struct ProcessSummary {
     pub host_pinned_bytes: u64,
     pub host_pinned_allocs: u64,
     pub untracked_frees: u64,
+    /// PyTorch tensors given back that were handed out before tracing began.
+    pub untracked_tensor_frees: u64,
     /// Frees read after their address was already reused by another thread.
     pub reordered_frees: u64,
     /// Device bytes the process still held when it exited.
@@ -140,6 +142,7 @@ fn process_summary(p: &Process, view: &View) -> ProcessSummary {
         host_pinned_bytes: p.held.pinned.bytes,
         host_pinned_allocs: p.held.pinned.allocs,
         untracked_frees: p.untracked_frees,
+        untracked_tensor_frees: p.untracked_tensor_frees,
         reordered_frees: p.reordered_frees,
         held_at_exit_bytes: p.held_at_exit_bytes,
         events_lost: p.events_lost,

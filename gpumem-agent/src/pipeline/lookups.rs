@@ -42,6 +42,19 @@ impl Lookups {
         }
     }
 
+    /// The name and container of a process NVML lists but whose calls were
+    /// never traced (it allocated before tracing began); None when replaying
+    /// or when it is gone.
+    pub fn untraced(&mut self, pid: u32) -> Option<(String, Option<ContainerInfo>)> {
+        match self {
+            Lookups::Live { .. } => {
+                let name = procfs::read_status(pid).ok().filter(|s| !s.gone())?.name?;
+                Some((name, lookup(pid)))
+            }
+            Lookups::Recorded { .. } => None,
+        }
+    }
+
     /// `known`: the memory cgroup read while the process was alive, for when
     /// the victim is already gone (its cgroup directory is still there).
     pub fn memcg(&mut self, pid: u32, tid: u32, known: Option<&(String, String)>) -> Option<String> {

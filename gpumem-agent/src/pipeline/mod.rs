@@ -5,6 +5,7 @@
 pub mod lookups;
 
 use gpumem_common::{Event, StackEvent};
+use rustc_hash::FxHashMap;
 
 use crate::{
     analysis::{
@@ -29,6 +30,9 @@ struct Looked {
     container: Option<ContainerInfo>,
     memcg: Option<String>,
 }
+
+/// Untraced processes NVML lists that are named at once, at most.
+const UNTRACED_MAX: usize = 4096;
 
 /// Top stacks kept per holder of a device that ran out of memory.
 const OOM_HOLDER_STACKS: usize = 3;
@@ -95,6 +99,9 @@ pub struct Pipeline {
     /// A replayed NVML reading, one point per GPU, until it is whole.
     recorded_reading: Vec<NvmlPoint>,
     pub kept: Kept,
+    /// Processes NVML lists that made no traced call (they allocated before
+    /// tracing began): their name and container, looked up once.
+    pub untraced: FxHashMap<u32, (String, Option<ContainerInfo>)>,
 }
 
 impl Pipeline {
@@ -111,6 +118,7 @@ impl Pipeline {
             timeline: o.timeline.then(Timeline::default),
             recorded_reading: Vec::new(),
             kept: Kept::default(),
+            untraced: FxHashMap::default(),
         }
     }
 
@@ -237,12 +245,29 @@ impl Pipeline {
         match m {
             nvml::Message::Reading { gpus, at_s } => {
                 self.state.assume_devices(&gpus);
+                self.look_up_untraced(&gpus);
                 self.gpus.reading(gpus, at_s);
             }
             nvml::Message::Unavailable(why) => self.gpus.failed(why),
             nvml::Message::Xid(x) => {
                 self.counts.xid(x.gpu, x.xid);
                 self.gpus.xid(x);
+            }
+        }
+    }
+
+    /// Names the processes NVML lists that no traced call came from; forgets
+    /// the ones it no longer lists.
+    fn look_up_untraced(&mut self, gpus: &[nvml::GpuSample]) {
+        let listed: Vec<u32> = gpus.iter().flat_map(|g| g.processes.iter().flatten().map(|&(pid, _)| pid)).collect();
+        self.untraced.retain(|pid, _| listed.contains(pid));
+        for pid in listed {
+            let traced = self.state.processes.get(&pid).is_some_and(|p| !p.exited);
+            if traced || self.untraced.contains_key(&pid) || self.untraced.len() >= UNTRACED_MAX {
+                continue;
+            }
+            if let Some(found) = self.lookups.untraced(pid) {
+                self.untraced.insert(pid, found);
             }
         }
     }
@@ -281,6 +306,8 @@ impl Pipeline {
 
     /// Where things stand now.
     pub fn view(&mut self, o: &ViewOptions) -> View {
-        View::build(&self.state, &mut self.growth, &self.gpus, o)
+        let mut v = View::build(&self.state, &mut self.growth, &self.gpus, o);
+        v.add_untraced(&self.state, &self.untraced);
+        v
     }
 }

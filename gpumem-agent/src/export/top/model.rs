@@ -43,6 +43,9 @@ pub struct Row {
     pub verdict: String,
     pub leaking: bool,
     pub last_failure: Option<String>,
+    /// A process NVML lists whose calls were never traced: `live_bytes` is
+    /// NVML's figure, held since before tracing began.
+    pub before_tracing: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -119,7 +122,23 @@ pub fn build(view: &View, events: u64, lost: u64, kept: Kept) -> Snapshot {
                 let result = result_name(f.result).map_or(f.result.to_string(), |n| n.trim_start_matches("CUDA_ERROR_").to_string());
                 format!("{} {result}", api_name(f.api))
             }),
+            before_tracing: false,
         })
+        .chain(view.untraced.iter().map(|u| Row {
+            pid: u.pid,
+            comm: printable(&u.comm),
+            workload: printable(&u.workload.name()),
+            device: u.gpu as i32,
+            live_bytes: u.nvml_bytes,
+            allocs: 0,
+            allocated_bytes: None,
+            growth_bytes_per_s: 0.0,
+            trend: Vec::new(),
+            verdict: "BEFORE TRACING (NVML)".to_string(),
+            leaking: false,
+            last_failure: None,
+            before_tracing: true,
+        }))
         .collect();
     let gpus = view
         .gpus
@@ -208,6 +227,15 @@ pub fn header_line() -> String {
     )
 }
 
+/// The ALLOCS column: "-" for a process whose calls were never traced.
+pub fn allocs(r: &Row) -> String {
+    if r.before_tracing {
+        "-".to_string()
+    } else {
+        r.allocs.to_string()
+    }
+}
+
 /// The TENSORS column: live tensor bytes, or "-" where PyTorch's probes did not fire.
 pub fn allocated(r: &Row) -> String {
     r.allocated_bytes.map_or("-".to_string(), bytes)
@@ -228,7 +256,7 @@ pub fn row_line(r: &Row) -> String {
         comm,
         device_name(r.device),
         bytes(r.live_bytes),
-        r.allocs,
+        allocs(r),
         allocated(r),
         growth(r.growth_bytes_per_s),
         sparkline(&r.trend),

@@ -10,7 +10,7 @@ use ratatui::{
     Frame,
 };
 
-use super::model::{allocated, device_name, gpu_line, growth, sparkline, Row, Snapshot, SortKey};
+use super::model::{allocated, allocs, device_name, gpu_line, growth, sparkline, Row, Snapshot, SortKey};
 use crate::{
     analysis::leaks::LeakGroup,
     names::{bytes, printable},
@@ -207,7 +207,7 @@ fn table_row(r: &Row) -> TableRow<'static> {
         Cell::from(r.comm.clone()),
         Cell::from(device_name(r.device)),
         Cell::from(bytes(r.live_bytes)),
-        Cell::from(r.allocs.to_string()),
+        Cell::from(allocs(r)),
         Cell::from(allocated(r)),
         Cell::from(growth(r.growth_bytes_per_s)),
         Cell::from(sparkline(&r.trend)),
