@@ -104,6 +104,7 @@ fn render_all(p: &mut Pipeline, end: &End) {
         stacks_dropped: Default::default(),
         lost_events: 0,
         distributions: p.distributions.summary(),
+        held_before_tracing: view.untraced.clone(),
     };
     report.write_human(&mut Vec::new()).unwrap();
     report.write_json(&mut Vec::new()).unwrap();

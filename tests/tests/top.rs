@@ -246,20 +246,28 @@ fn top_under_process_churn_forgets_exited_processes_everywhere() {
 }
 
 #[test]
-fn top_once_lists_what_nvml_says_a_process_held_before_tracing_began() {
+fn top_and_leaks_list_what_nvml_says_a_process_held_before_tracing_began() {
     require_root();
     wait_for_detach();
     let f = fixtures();
     // A job that allocated before top started: no call of it is traced.
-    let mut hold = spawn_hold(15_000);
+    let mut hold = spawn_hold(20_000);
     std::thread::sleep(Duration::from_millis(500));
     let listed = format!("{}:{}", hold.id(), 123u64 << 20);
     let out = run_gpumem(
         &["top", "--once", "--duration", "2", "--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap()],
         &[("GPUMEM_FAKE_NVML_PIDS", &listed)],
     );
+    // leaks says the same: bytes with no stack, held since before it started.
+    let v = leaks(
+        &["--duration", "2", "--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap()],
+        &[("GPUMEM_FAKE_NVML_PIDS", &listed)],
+    );
     let _ = hold.kill();
     let _ = hold.wait();
+    let held = v["held_before_tracing"].as_array().unwrap();
+    let h = held.iter().find(|h| h["pid"] == hold.id()).unwrap_or_else(|| panic!("{v:#}"));
+    assert_eq!((h["gpu"].as_u64(), h["nvml_bytes"].as_u64(), h["comm"].as_str()), (Some(0), Some(123 << 20), Some("workload")), "{h}");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with("gpumem top: 3 GPU(s), 1 process(es)"), "never 0 processes while NVML lists one:\n{text}");

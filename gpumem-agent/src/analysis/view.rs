@@ -143,13 +143,15 @@ pub struct View {
 }
 
 /// A process NVML lists on a GPU whose calls were never traced.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct UntracedRow {
     pub pid: u32,
     /// Its name, where it could be looked up ("?" else).
     pub comm: String,
+    #[serde(skip)]
     pub workload: Workload,
     pub gpu: u32,
+    /// What NVML says it holds there: allocated before tracing began.
     pub nvml_bytes: u64,
 }
 
@@ -199,10 +201,16 @@ impl View {
     }
 
     /// Rows for the processes NVML lists that no traced call came from
-    /// (`names`: what the pipeline looked up about them).
-    pub fn add_untraced(&mut self, state: &State, names: &rustc_hash::FxHashMap<u32, (String, Option<ContainerInfo>)>) {
+    /// (`names`: what the pipeline looked up about them; `scope`: only
+    /// these pids, where the session traces chosen processes).
+    pub fn add_untraced(
+        &mut self,
+        state: &State,
+        names: &rustc_hash::FxHashMap<u32, (String, Option<ContainerInfo>)>,
+        scope: Option<&[u32]>,
+    ) {
         for r in &self.reconciliation {
-            if state.processes.get(&r.pid).is_some_and(|p| !p.exited) {
+            if state.processes.get(&r.pid).is_some_and(|p| !p.exited) || scope.is_some_and(|s| !s.contains(&r.pid)) {
                 continue;
             }
             let (comm, workload) = match names.get(&r.pid) {

@@ -31,6 +31,9 @@ pub struct LeaksReport {
     pub lost_events: u64,
     /// Sizes, lifetimes and latencies over the session (as in the trace summary).
     pub distributions: DistributionSummary,
+    /// Processes NVML lists whose calls were never traced: what they hold
+    /// was allocated before tracing began, so no stack is known for it.
+    pub held_before_tracing: Vec<crate::analysis::view::UntracedRow>,
 }
 
 impl LeaksReport {
@@ -50,6 +53,16 @@ impl LeaksReport {
         }
         for p in &self.processes {
             write_process(out, p)?;
+        }
+        for u in &self.held_before_tracing {
+            writeln!(
+                out,
+                "\npid {} ({}) GPU {}: {} by NVML, allocated before tracing began: no stack is known for it (start gpumem before the job, or run `gpumem serve`)",
+                u.pid,
+                printable(&u.comm),
+                u.gpu,
+                bytes(u.nvml_bytes)
+            )?;
         }
         self.write_ooms(out)?;
         super::summary::write_distributions(out, &self.distributions)?;
@@ -261,6 +274,13 @@ mod tests {
             stacks_dropped: StacksDropped::default(),
             lost_events: 0,
             distributions: DistributionSummary::default(),
+            held_before_tracing: vec![crate::analysis::view::UntracedRow {
+                pid: 9,
+                comm: "job".into(),
+                workload: Default::default(),
+                gpu: 1,
+                nvml_bytes: 5 << 30,
+            }],
         };
         let mut out = Vec::new();
         report.write_human(&mut out).unwrap();
@@ -277,6 +297,7 @@ mod tests {
             "... 2 more stack(s)",
             "1 CUDA out-of-memory failure(s) (1 fragmentation: enough memory reported free or cached by PyTorch, in no block large enough)",
             "4096 bytes copied per allocation",
+            "pid 9 (job) GPU 1: 5.0 GiB by NVML, allocated before tracing began",
         ] {
             assert!(text.contains(want), "missing `{want}` in:\n{text}");
         }

@@ -114,6 +114,9 @@ pub struct Summary {
     pub stale_calls_removed: u64,
     /// Python processes whose frames could not be walked (their stacks are native only), and why.
     pub python_unwalked: Vec<crate::python::Unwalked>,
+    /// Processes NVML lists whose calls were never traced, with NVML's bytes
+    /// (held since before tracing began).
+    pub held_before_tracing: Vec<crate::analysis::view::UntracedRow>,
 }
 
 fn process_summary(p: &Process, view: &View) -> ProcessSummary {
@@ -194,6 +197,7 @@ impl Summary {
             nvml: footer.nvml.clone(),
             stale_calls_removed: footer.stale_calls_removed,
             python_unwalked: footer.python_unwalked.clone(),
+            held_before_tracing: view.untraced.clone(),
         }
     }
 
@@ -221,6 +225,16 @@ impl Summary {
             )?;
         }
         self.write_reconciliation(out)?;
+        for u in &self.held_before_tracing {
+            writeln!(
+                out,
+                "note: pid {} ({}) holds {} on GPU {} by NVML, allocated before tracing began (no call of it traced)",
+                u.pid,
+                printable(&u.comm),
+                bytes(u.nvml_bytes),
+                u.gpu
+            )?;
+        }
         for u in &self.python_unwalked {
             writeln!(out, "note: Python process {}: frames not walked (native stacks only): {}", u.pid, printable(&u.why))?;
         }

@@ -102,6 +102,8 @@ pub struct Pipeline {
     /// Processes NVML lists that made no traced call (they allocated before
     /// tracing began): their name and container, looked up once.
     pub untraced: FxHashMap<u32, (String, Option<ContainerInfo>)>,
+    /// Which of those a session shows: all (None, system-wide) or these pids.
+    pub untraced_scope: Option<Vec<u32>>,
 }
 
 impl Pipeline {
@@ -119,6 +121,7 @@ impl Pipeline {
             recorded_reading: Vec::new(),
             kept: Kept::default(),
             untraced: FxHashMap::default(),
+            untraced_scope: None,
         }
     }
 
@@ -307,7 +310,7 @@ impl Pipeline {
     /// Where things stand now.
     pub fn view(&mut self, o: &ViewOptions) -> View {
         let mut v = View::build(&self.state, &mut self.growth, &self.gpus, o);
-        v.add_untraced(&self.state, &self.untraced);
+        v.add_untraced(&self.state, &self.untraced, self.untraced_scope.as_deref());
         v
     }
 }

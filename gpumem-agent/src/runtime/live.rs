@@ -102,6 +102,13 @@ impl<'o, O: Output> Live<'o, O> {
         let (mut agent, reader) = attach(&s)?;
         let mut pipeline = Pipeline::new(s.pipeline, Lookups::live(s.record_lookups));
         pipeline.stacks.sample_bytes = s.probing.stacks.effective_sample_bytes();
+        // A session of chosen processes names only them among NVML's (a -c
+        // command's are all traced: none).
+        pipeline.untraced_scope = match (&s.command, s.pids.is_empty()) {
+            (Some(_), _) => Some(Vec::new()),
+            (None, false) => Some(s.pids.clone()),
+            (None, true) => None,
+        };
         let (nvml, nvml_rx) = match &s.probing.nvml {
             Some(lib) => {
                 let (tx, rx) = mpsc::channel(64);

@@ -16,6 +16,9 @@ use crate::{
 /// of it) is handed to `out.finish`.
 pub fn replay<R: Read, O: Output>(reader: &mut Reader<R>, options: pipeline::Options, out: &mut O) -> Result<ExitCode> {
     let mut pipeline = Pipeline::new(options, Lookups::recorded());
+    // A recording does not say which processes its session chose: NVML's
+    // untraced ones are not shown (their names were never recorded either).
+    pipeline.untraced_scope = Some(Vec::new());
     let mut agent = AgentStatus::default();
     out.started(&mut Ctx { pipeline: &mut pipeline, agent: &agent, elapsed_s: 0.0 })?;
     let (mut header, mut footer, mut damage): (Option<Header>, Option<Footer>, _) = (None, None, None);
