@@ -122,7 +122,9 @@ fn train_in_root(root: &std::path::Path, python: &str) -> String {
 /// The training loop run by another distribution's interpreter in a chroot:
 /// the script and a fresh copy of the synthetic driver at paths only the
 /// chroot sees; the interpreter and its loader found through /proc/PID/root.
-fn walked_in_another_root(root: &std::path::Path, python: &str) {
+/// `weights_fn`: the name the weights' function has in that version. Returns
+/// the leak's group.
+fn walked_in_another_root(root: &std::path::Path, python: &str, weights_fn: &str) -> Value {
     let cmd = train_in_root(root, python);
     let v = leaks(&["--older-than", "0", "--duration", "3", "-n", "10", "-c", &cmd], &[("GPUMEM_STEPS", "10"), ("GPUMEM_HOLD", "6")]);
     let p = v["processes"]
@@ -139,22 +141,23 @@ fn walked_in_another_root(root: &std::path::Path, python: &str) {
     assert_eq!(names(&lf), ["alloc", "train_step", "main", "<module>"], "{leak:#}");
     assert_eq!((lf[0].2, lf[1].2), (23, 38), "{lf:?}");
     assert_eq!(leak["bytes"].as_u64(), Some(10 * MIB));
-    let weights = groups.iter().find(|g| python_frames(g).get(1).is_some_and(|f| f.0 == "Model.load_weights")).expect("the weights");
+    let weights = groups.iter().find(|g| python_frames(g).get(1).is_some_and(|f| f.0 == weights_fn)).expect("the weights");
     assert_eq!(weights["bytes"].as_u64(), Some(64 * MIB));
+    leak.clone()
 }
 
 #[test]
 fn python_3_13_in_another_root_is_walked_through_its_debug_offsets() {
     require_root();
     // Debian trixie's python3.13: its layout comes from its _Py_DebugOffsets.
-    walked_in_another_root(&python_root("py313-root", "python3.13"), "python3.13");
+    walked_in_another_root(&python_root("py313-root", "python3.13"), "python3.13", "Model.load_weights");
 }
 
 #[test]
 fn python_3_12_in_another_root_is_walked_with_its_header_offsets() {
     require_root();
     // Ubuntu noble's python3.12: offsets from its headers (a unit test checks them).
-    walked_in_another_root(&python_root("py312-root", "python3.12"), "python3.12");
+    walked_in_another_root(&python_root("py312-root", "python3.12"), "python3.12", "Model.load_weights");
 }
 
 #[test]
@@ -197,19 +200,7 @@ fn python_3_10_is_walked_through_its_frame_objects() {
     // PEP 626 line tables, thread ids from glibc's thread descriptors, the
     // version from the file's name (no Py_Version), bare function names (no
     // co_qualname).
-    let cmd = train_in_root(&python_root("py310-root", "python3.10"), "python3.10");
-    let v = leaks(&["--older-than", "0", "--duration", "3", "-n", "10", "-c", &cmd], &[("GPUMEM_STEPS", "10"), ("GPUMEM_HOLD", "6")]);
-    let p =
-        v["processes"].as_array().unwrap().iter().find(|p| p["outstanding_bytes"].as_u64() > Some(0)).unwrap_or_else(|| panic!("{v:#}"));
-    let groups = p["stacks"].as_array().unwrap();
-    let leak =
-        groups.iter().find(|g| python_frames(g).get(1).is_some_and(|f| f.0 == "train_step")).unwrap_or_else(|| panic!("{groups:#?}"));
-    let lf = python_frames(leak);
-    assert_eq!(names(&lf), ["alloc", "train_step", "main", "<module>"], "{leak:#}");
-    assert_eq!((lf[0].2, lf[1].2), (23, 38), "{lf:?}");
-    assert_eq!(leak["bytes"].as_u64(), Some(10 * MIB));
-    let weights = groups.iter().find(|g| python_frames(g).get(1).is_some_and(|f| f.0 == "load_weights")).expect("the weights");
-    assert_eq!(weights["bytes"].as_u64(), Some(64 * MIB));
+    let leak = walked_in_another_root(&python_root("py310-root", "python3.10"), "python3.10", "load_weights");
     // Each Python frame in place of its own native eval frame: none left over.
     let all: Vec<&str> = leak["frames"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str()).collect();
     assert!(!all.iter().any(|f| f.contains("_PyEval_EvalFrameDefault")), "{all:?}");

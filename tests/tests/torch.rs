@@ -125,14 +125,15 @@ fn a_tensor_leak_is_named_by_its_python_line_and_cache_growth_is_not_a_leak() {
 }
 
 /// A private mount namespace where `lib` is at a path only it sees (a tmpfs
-/// over an empty host directory): the shell prefix that sets it up, and the
-/// library's path inside.
+/// over an empty host directory): the shell prefix that sets it up (the
+/// command to run there follows, then a closing quote), and the library's
+/// path inside.
 fn namespace_only(lib: &std::path::Path, tag: &str) -> (String, String) {
     let dir = std::env::temp_dir().join(format!("gpumem-ns-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let inside = dir.join(lib.file_name().unwrap());
     let setup = format!("mount -t tmpfs tmpfs {d} && cp {lib} {d}/", d = dir.display(), lib = lib.display());
-    (format!("unshare -m --propagation private sh -c '{setup} && exec"), inside.display().to_string())
+    (format!("unshare -m --propagation private sh -c '{setup} &&"), inside.display().to_string())
 }
 
 #[test]
@@ -156,8 +157,7 @@ fn the_allocator_and_libpython_in_another_mount_namespace_are_found_through_proc
     let pyenv = String::from_utf8(out.stdout).unwrap().trim().to_string();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch_train.py");
     let cmd = format!(
-        "{} mkdir {dir}/py && mount --bind {pyenv} {dir}/py && exec {dir}/py/bin/python3 {} {} {inside}'",
-        prefix.trim_end_matches("exec"),
+        "{prefix} mkdir {dir}/py && mount --bind {pyenv} {dir}/py && exec {dir}/py/bin/python3 {} {} {inside}'",
         script.display(),
         f.libcuda.display()
     );
@@ -216,7 +216,7 @@ fn pytorchs_own_libc10_cuda_attaches_with_its_semaphores_raised_only_while_gpume
     let lib = real_torch_lib();
     let (prefix, inside) = namespace_only(&lib, "wheel");
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/map_elf.py");
-    let mut mapper = Mapper::start(&format!("{prefix} python3 {} {inside}'", script.display()));
+    let mut mapper = Mapper::start(&format!("{prefix} exec python3 {} {inside}'", script.display()));
 
     let out = run_gpumem(&["status", "--json"], &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

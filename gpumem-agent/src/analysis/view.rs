@@ -200,32 +200,34 @@ impl View {
         }
     }
 
-    /// Rows for the processes NVML lists that no traced call came from
-    /// (`names`: what the pipeline looked up about them; `scope`: only
-    /// these pids, where the session traces chosen processes).
-    pub fn add_untraced(
-        &mut self,
-        state: &State,
-        names: &rustc_hash::FxHashMap<u32, (String, Option<ContainerInfo>)>,
-        scope: Option<&[u32]>,
-    ) {
-        for r in &self.reconciliation {
-            if state.processes.get(&r.pid).is_some_and(|p| !p.exited) || scope.is_some_and(|s| !s.contains(&r.pid)) {
-                continue;
-            }
-            let (comm, workload) = match names.get(&r.pid) {
-                Some((comm, c)) => (comm.clone(), Workload::of(c.as_ref())),
-                None => ("?".to_string(), Workload::default()),
-            };
-            self.untraced.push(UntracedRow { pid: r.pid, comm, workload, gpu: r.gpu, nvml_bytes: r.nvml_bytes });
-        }
-        self.untraced.sort_by_key(|u| (u.pid, u.gpu));
-    }
-
     /// GPUs NVML reports and devices traced processes hold memory on.
     pub fn devices(&self) -> impl Iterator<Item = i32> + '_ {
         self.gpus.iter().map(|g| g.index)
     }
+}
+
+/// The processes NVML lists that no traced call came from, by pid then GPU
+/// (`names`: what the pipeline looked up about them; `scope`: only these
+/// pids, where the session traces chosen processes).
+pub fn untraced(
+    state: &State,
+    reconciliation: &[Reconciliation],
+    names: &rustc_hash::FxHashMap<u32, (String, Option<ContainerInfo>)>,
+    scope: Option<&[u32]>,
+) -> Vec<UntracedRow> {
+    let mut out = Vec::new();
+    for r in reconciliation {
+        if state.processes.get(&r.pid).is_some_and(|p| !p.exited) || scope.is_some_and(|s| !s.contains(&r.pid)) {
+            continue;
+        }
+        let (comm, workload) = match names.get(&r.pid) {
+            Some((comm, c)) => (comm.clone(), Workload::of(c.as_ref())),
+            None => ("?".to_string(), Workload::default()),
+        };
+        out.push(UntracedRow { pid: r.pid, comm, workload, gpu: r.gpu, nvml_bytes: r.nvml_bytes });
+    }
+    out.sort_by_key(|u| (u.pid, u.gpu));
+    out
 }
 
 fn gpu_rows(gpus: &GpuWatch, traced: &BTreeMap<i32, u64>) -> Vec<GpuRow> {

@@ -83,7 +83,7 @@ impl Output for Leaks {
             stacks_dropped: f.stacks_dropped,
             lost_events: f.lost.total(),
             distributions: p.distributions.summary(),
-            held_before_tracing: p.view(&Default::default()).untraced,
+            held_before_tracing: p.untraced_rows(),
         };
         let mut out = std::io::stdout().lock();
         if self.json {

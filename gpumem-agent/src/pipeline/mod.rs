@@ -15,7 +15,7 @@ use crate::{
         leaks::{self, GrowthTracker, LeakGroup},
         oom::OomLog,
         timeline::Timeline,
-        view::{View, ViewOptions},
+        view::{self, View, ViewOptions},
     },
     events::Kind,
     nvml,
@@ -310,7 +310,14 @@ impl Pipeline {
     /// Where things stand now.
     pub fn view(&mut self, o: &ViewOptions) -> View {
         let mut v = View::build(&self.state, &mut self.growth, &self.gpus, o);
-        v.add_untraced(&self.state, &self.untraced, self.untraced_scope.as_deref());
+        v.untraced = view::untraced(&self.state, &v.reconciliation, &self.untraced, self.untraced_scope.as_deref());
         v
+    }
+
+    /// The processes NVML lists that no traced call came from (what `view`
+    /// has in `untraced`, without building the rest of a view).
+    pub fn untraced_rows(&self) -> Vec<view::UntracedRow> {
+        let reconciliation = crate::analysis::reconcile::reconcile(&self.state, &self.gpus.latest);
+        view::untraced(&self.state, &reconciliation, &self.untraced, self.untraced_scope.as_deref())
     }
 }
