@@ -7,6 +7,7 @@ pub mod analysis;
 pub mod cli;
 pub mod clock;
 pub mod commands;
+pub mod daemon;
 pub mod events;
 pub mod export;
 #[cfg(test)]

@@ -32,6 +32,10 @@ pub struct AgentStatus {
     /// Cost of the /proc scans for new libcuda copies.
     pub discovery: ScanStats,
     pub usage: Usage,
+    /// `serve`'s pinned state and what it adopted (None: not kept).
+    pub continuity: Option<crate::runtime::continuity::Report>,
+    /// The kernel's table of live entries, as last counted.
+    pub kernel_table: Option<crate::probes::live::KernelTable>,
 }
 
 /// CPU seconds this process has used, user plus system (getrusage).

@@ -4,6 +4,7 @@
 //! (never `bool` or Rust enums) so that both sides agree byte for byte.
 #![no_std]
 
+pub mod live;
 pub mod python;
 pub mod sampling;
 pub mod usdt;
@@ -190,6 +191,12 @@ pub mod flags {
     /// Over the stack budget and not sampled: no stack was taken; the
     /// sampled stacks' estimates stand for it.
     pub const STACK_NOT_SAMPLED: u32 = 1 << 4;
+    /// The kernel's table of live entries (`live`) was full: a restarted
+    /// agent cannot know of this allocation.
+    pub const NOT_IN_KERNEL_TABLE: u32 = 1 << 5;
+    /// Rebuilt from the kernel's table by an agent that adopted pinned state
+    /// (not read from the ring): `device` is what the last agent resolved.
+    pub const ADOPTED: u32 = 1 << 6;
 }
 
 /// CUresult values that gpumem names.
@@ -298,10 +305,13 @@ pub mod stat {
     /// Stack ring full (or the per-CPU scratch taken by a preempting probe):
     /// the event went without its stack. Accounting is not affected.
     pub const STACKS_DROPPED: u32 = 5;
-    pub const COUNT: u32 = 6;
+    /// The kernel's table of live entries was full: a restarted agent will
+    /// not know of the entry (its process is marked uncertain then).
+    pub const KERNEL_TABLE_FULL: u32 = 6;
+    pub const COUNT: u32 = 7;
     /// Names for reports, in index order.
     pub const NAMES: [&str; COUNT as usize] =
-        ["ringbuf_full", "pending_full", "return_without_entry", "tracked_full", "filter_full", "stacks_dropped"];
+        ["ringbuf_full", "pending_full", "return_without_entry", "tracked_full", "filter_full", "stacks_dropped", "kernel_table_full"];
 }
 
 /// Filter modes for the `FILTER_MODE` global.
@@ -389,6 +399,10 @@ mod user {
     unsafe impl aya::Pod for super::PendingKey {}
     // SAFETY: eight u32, no padding.
     unsafe impl aya::Pod for super::python::PyLayout {}
+    // SAFETY: u32, u32, u64: no padding.
+    unsafe impl aya::Pod for super::live::LiveKey {}
+    // SAFETY: an Event (no holes) and a u64, both 8-aligned: no padding.
+    unsafe impl aya::Pod for super::live::LiveEntry {}
 }
 
 impl Event {

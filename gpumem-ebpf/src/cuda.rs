@@ -7,6 +7,7 @@ use aya_ebpf::{
 use gpumem_common::{api, flags, stat, Event, DEVICE_UNKNOWN};
 
 use crate::{
+    live,
     maps::{capture_stacks, count, lost, should_trace, submit_flags_for, track, Pending, PendingKey, EVENTS, PENDING},
     stack, vmm,
 };
@@ -68,6 +69,9 @@ pub fn on_return(ctx: &RetProbeContext, api_id: u32) -> u32 {
         comm: bpf_get_current_comm().unwrap_or([0u8; 16]),
     };
     decode(api_id, &pending, result == 0, &mut ev);
+    if result == 0 {
+        live::record(&mut ev);
+    }
     let flags = submit_flags_for(track(tgid));
     if result == 0 && wants_stack(api_id) && capture_stacks() {
         stack::emit_with_stack(ctx.regs, ev, flags);

@@ -10,6 +10,7 @@
 mod cuda;
 mod discovery;
 mod ioctl;
+mod live;
 mod maps;
 mod oom;
 mod process;

@@ -253,6 +253,15 @@ pub fn released(ev: &Value) -> Vec<(i64, u64, u64)> {
 /// on this kernel, holding a kernel lock that attaching also takes). Until it
 /// is gone the probes still fire and a new agent attaches slowly, so tests
 /// and benchmarks wait for it.
+/// Names of loaded BPF programs that are gpumem's (the kernel truncates names to 15 bytes).
+pub fn gpumem_programs() -> Vec<String> {
+    aya::programs::loaded_programs()
+        .filter_map(|p| p.ok())
+        .filter_map(|p| p.name_as_str().map(str::to_string))
+        .filter(|n| n.starts_with("cuda_") || n == "mark_victim" || n.starts_with("sched_process_"))
+        .collect()
+}
+
 pub fn wait_for_detach() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {

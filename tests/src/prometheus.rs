@@ -11,10 +11,77 @@ pub struct Serve {
     pub child: std::process::Child,
     pub port: u16,
     stderr: Option<std::thread::JoinHandle<String>>,
+    /// Its pinned state, removed when the test is done with it.
+    pub state: Option<ServeState>,
+}
+
+/// Where a test's `serve` keeps what outlives it: pinned kernel state, the
+/// stacks directory and the local API's socket. Unique per test, so that no
+/// test adopts another's state; removed (probes detached) on drop.
+#[derive(Clone, Debug)]
+pub struct ServeState {
+    pub pin_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub socket: PathBuf,
+}
+
+impl ServeState {
+    pub fn new(name: &str) -> Self {
+        let state = ServeState {
+            pin_dir: PathBuf::from(format!("/sys/fs/bpf/gpumem-test-{name}")),
+            state_dir: target_dir().join("serve-state").join(name),
+            socket: target_dir().join("serve-state").join(format!("{name}.sock")),
+        };
+        state.remove();
+        std::fs::create_dir_all(state.socket.parent().unwrap()).unwrap();
+        state
+    }
+
+    /// The arguments that put a `serve` here.
+    pub fn args(&self) -> Vec<String> {
+        [
+            "--pin-dir",
+            self.pin_dir.to_str().unwrap(),
+            "--state-dir",
+            self.state_dir.to_str().unwrap(),
+            "--socket",
+            self.socket.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    /// Detaches what is pinned and removes the rest.
+    pub fn remove(&self) {
+        if self.pin_dir.exists() {
+            let out =
+                Command::new(gpumem_bin()).args(["serve", "--cleanup", "--pin-dir", self.pin_dir.to_str().unwrap()]).output().unwrap();
+            assert!(out.status.success(), "serve --cleanup: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+        let _ = std::fs::remove_file(&self.socket);
+    }
 }
 
 impl Serve {
+    /// A `serve` with pinned state of its own (see `ServeState`), unless
+    /// `args` say where (or `--no-pin`).
     pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Serve {
+        let own = !args.iter().any(|a| *a == "--no-pin" || *a == "--pin-dir");
+        static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let state = own.then(|| ServeState::new(&format!("{}-{n}", std::process::id())));
+        let mut all: Vec<String> = state.as_ref().map(ServeState::args).unwrap_or_default();
+        all.extend(args.iter().map(|a| a.to_string()));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let mut serve = Self::start_with(&all, envs);
+        serve.state = state;
+        serve
+    }
+
+    /// A `serve` with exactly these arguments (a test that restarts it
+    /// passes the same `ServeState::args` to each and removes the state).
+    pub fn start_with(args: &[&str], envs: &[(&str, &str)]) -> Serve {
         wait_for_detach();
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
@@ -25,7 +92,17 @@ impl Serve {
         }
         let mut child = cmd.spawn().expect("starting gpumem serve");
         let stderr = stderr_after_line(&mut child, "gpumem: serving");
-        Serve { child, port, stderr: Some(stderr) }
+        Serve { child, port, stderr: Some(stderr), state: None }
+    }
+
+    /// Sends a signal, then the exit status and everything it said on
+    /// stderr; its pinned state stays (for the next `serve`).
+    pub fn signal(mut self, sig: i32) -> (std::process::ExitStatus, String) {
+        // SAFETY: signals our own child.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+        let status = self.child.wait().unwrap();
+        self.state = None;
+        (status, self.stderr.take().unwrap().join().unwrap())
     }
 
     /// The exposition in the classic text format (what curl and promtool get).
@@ -35,20 +112,26 @@ impl Serve {
         body
     }
 
-    /// SIGTERM, then the exit status and everything it said on stderr.
+    /// SIGTERM, then the exit status and everything it said on stderr; its
+    /// own pinned state is removed.
     pub fn stop(mut self) -> (std::process::ExitStatus, String) {
-        // SAFETY: signals our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = self.child.wait().unwrap();
-        (status, self.stderr.take().unwrap().join().unwrap())
+        let state = self.state.take();
+        let out = self.signal(libc::SIGTERM);
+        if let Some(s) = state {
+            s.remove();
+        }
+        out
     }
 }
 
 impl Drop for Serve {
     fn drop(&mut self) {
-        // A failed test must not leave the daemon running.
+        // A failed test must not leave the daemon running, nor its probes.
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(s) = self.state.take() {
+            s.remove();
+        }
     }
 }
 

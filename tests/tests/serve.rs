@@ -336,15 +336,6 @@ fn three_hundred_short_lived_processes_stay_under_the_series_cap_and_then_go() {
     assert!(status.success(), "{stderr}");
 }
 
-/// Names of loaded BPF programs that are gpumem's (the kernel truncates names to 15 bytes).
-fn gpumem_programs() -> Vec<String> {
-    aya::programs::loaded_programs()
-        .filter_map(|p| p.ok())
-        .filter_map(|p| p.name_as_str().map(str::to_string))
-        .filter(|n| n.starts_with("cuda_") || n == "mark_victim" || n.starts_with("sched_process_"))
-        .collect()
-}
-
 /// SIGTERM with probes attached: the daemon exits 0 and every program (so
 /// every uprobe on libcuda) is gone within a second. uprobe_multi links are
 /// removed in one RCU grace period; per-point links took one each (6 s for 60).
@@ -352,7 +343,9 @@ fn gpumem_programs() -> Vec<String> {
 fn sigterm_detaches_every_probe_within_a_second_and_exits_zero() {
     require_root();
     let f = fixtures();
-    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"], &[]);
+    // Unpinned: the probes go with the agent (pinned ones stay for the
+    // next agent: tests/continuity.rs).
+    let serve = Serve::start(&["--no-pin", "--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"], &[]);
     let loaded = gpumem_programs();
     for name in ["cuda_m_entry", "cuda_m_return"] {
         assert!(loaded.iter().any(|n| n == name), "{name} is loaded while it serves: {loaded:?}");

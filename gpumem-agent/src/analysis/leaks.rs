@@ -54,6 +54,9 @@ pub struct ProcessLeaks {
     pub layout: DeviceLayout,
     /// Where PyTorch's allocator probes fired: its outstanding tensors.
     pub tensors: Option<TensorLeaks>,
+    /// Frees of the process's allocations that were never seen made (made
+    /// before tracing began): what was held before is not all shown.
+    pub untracked_frees: u64,
 }
 
 #[derive(Default)]
@@ -284,6 +287,7 @@ pub fn find(
                 not_sampled_bytes,
                 layout: fragmentation::layout(p, dev),
                 tensors,
+                untracked_frees: p.untracked_frees,
             });
         }
     }

@@ -25,6 +25,7 @@ use crate::{
     analysis::view::ViewOptions,
     cli::ServeArgs,
     clock::monotonic_ns,
+    daemon::LeaksQuery,
     export::prometheus::{self, Scrape},
     nvml,
     runtime::{self, Ctx, Detach, End, Flow, Output, Session},
@@ -41,6 +42,12 @@ pub enum Request {
     /// The exposition, or why it could not be rendered.
     Metrics(oneshot::Sender<Result<String, std::fmt::Error>>),
     Health(oneshot::Sender<String>),
+    /// The local API: `top --once`'s text.
+    Top(oneshot::Sender<Result<String, String>>),
+    /// The local API: a leaks report, rendered as asked.
+    Leaks(LeaksQuery, oneshot::Sender<Result<String, String>>),
+    /// The local API: the daemon's own status (JSON).
+    Status(oneshot::Sender<Result<String, String>>),
 }
 
 struct Server {
@@ -50,6 +57,9 @@ struct Server {
 
 pub struct Serve {
     listener: Option<std::net::TcpListener>,
+    /// The local API's socket and where it is.
+    api: Option<(std::os::unix::net::UnixListener, std::path::PathBuf)>,
+    api_server: Option<Server>,
     listen: SocketAddr,
     max_process_series: usize,
     leak_age_ns: u64,
@@ -61,10 +71,46 @@ pub struct Serve {
     server: Option<Server>,
     /// Whether NVML's state was said yet.
     nvml_said: bool,
+    /// The local API's socket, removed at the end.
+    socket: Option<std::path::PathBuf>,
     began: Instant,
 }
 
 impl Serve {
+    fn leaks(&mut self, ctx: &mut Ctx<'_>, q: &LeaksQuery) -> Result<String> {
+        let query = super::leaks::Query {
+            now_ns: monotonic_ns(),
+            duration_s: self.began.elapsed().as_secs_f64(),
+            older_than_s: q.older_than_s,
+            top: q.top,
+            pids: &q.pids,
+        };
+        let k = &ctx.agent.kernel;
+        let report = super::leaks::report(ctx.pipeline, &query, k.stacks_dropped, k.lost.total());
+        let mut out = Vec::new();
+        if q.json {
+            report.write_json(&mut out)?;
+        } else {
+            report.write_human(&mut out)?;
+        }
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    fn status(&self, ctx: &Ctx<'_>) -> serde_json::Value {
+        serde_json::json!({
+            "version": crate::daemon::VERSION,
+            "pid": std::process::id(),
+            "up_s": self.began.elapsed().as_secs_f64(),
+            "metrics": format!("http://{}/metrics", self.listen),
+            "probes_attached": ctx.agent.probes_attached,
+            "processes": ctx.pipeline.state.processes.len(),
+            "continuity": ctx.agent.continuity,
+            "kernel_table": ctx.agent.kernel_table,
+            "kernel_tables_full": ctx.agent.kernel.tables_full,
+            "lost_events": ctx.agent.kernel.lost.total(),
+        })
+    }
+
     fn scrape(&mut self, ctx: &mut Ctx<'_>) -> Result<String, std::fmt::Error> {
         if self.fail_renders > 0 {
             // Fault injection: what the encoder returns when it fails.
@@ -95,6 +141,17 @@ impl Output for Serve {
         };
         let task = tokio::spawn(axum::serve(listener, router(self.tx.clone())).with_graceful_shutdown(shutdown).into_future());
         self.server = Some(Server { stop, task });
+        if let Some((api, path)) = self.api.take() {
+            api.set_nonblocking(true).context("setting up the local API")?;
+            let api = tokio::net::UnixListener::from_std(api).context("setting up the local API")?;
+            let (stop, stopped) = oneshot::channel::<()>();
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            let task = tokio::spawn(axum::serve(api, api_router(self.tx.clone())).with_graceful_shutdown(shutdown).into_future());
+            self.api_server = Some(Server { stop, task });
+            eprintln!("gpumem: local API on {} (top, leaks and status use it)", path.display());
+        }
         eprintln!(
             "gpumem: serving http://{}/metrics ({} probes attached); SIGTERM or Ctrl-C to stop",
             self.listen, ctx.agent.probes_attached
@@ -129,6 +186,16 @@ impl Output for Serve {
                     ctx.pipeline.gpus.error.as_deref().unwrap_or("up"),
                 ));
             }
+            Request::Top(reply) => {
+                let lost = ctx.agent.kernel.lost.total();
+                let _ = reply.send(super::top::once_text(ctx.pipeline, lost).map_err(|e| e.to_string()));
+            }
+            Request::Leaks(q, reply) => {
+                let _ = reply.send(self.leaks(ctx, &q).map_err(|e| e.to_string()));
+            }
+            Request::Status(reply) => {
+                let _ = reply.send(serde_json::to_string(&self.status(ctx)).map_err(|e| e.to_string()));
+            }
         }
         Ok(Flow::Continue)
     }
@@ -141,23 +208,44 @@ impl Output for Serve {
     /// The runtime no longer reads requests: a scrape in flight is answered
     /// 503 at once (its request channel is gone), then the port is closed.
     fn close(&mut self) -> impl std::future::Future<Output = ()> {
-        let server = self.server.take();
+        let servers = [self.server.take(), self.api_server.take()];
+        let socket = self.socket.clone();
         async move {
-            if let Some(s) = server {
+            for s in servers.into_iter().flatten() {
                 let _ = s.stop.send(());
                 let _ = tokio::time::timeout(Duration::from_secs(5), s.task).await;
+            }
+            // Nobody answers there any more: no stale socket is left.
+            if let Some(path) = socket {
+                let _ = std::fs::remove_file(path);
             }
         }
     }
 }
 
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
+    if args.continuity.cleanup {
+        return cleanup(&args.continuity.pin_dir);
+    }
     // Bind first: a taken port is the most likely mistake, said before loading anything.
     let listener = std::net::TcpListener::bind(args.listen)
         .with_context(|| format!("cannot listen on {} (is another gpumem or exporter using it? choose one with --listen)", args.listen))?;
+    let (api, socket) = match &args.socket {
+        Some(path) => {
+            let (l, note) = crate::daemon::socket::bind(path)?;
+            if let Some(n) = note {
+                eprintln!("gpumem: {n}");
+            }
+            (Some((l, path.clone())), Some(path.clone()))
+        }
+        None => (None, None),
+    };
     let (tx, rx) = mpsc::channel(16);
     let mut serve = Serve {
         listener: Some(listener),
+        api,
+        api_server: None,
+        socket,
         listen: args.listen,
         max_process_series: args.max_process_series as usize,
         leak_age_ns: (args.leak_age * 1e9) as u64,
@@ -178,7 +266,20 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     s.forget_after = Some(Duration::from_secs_f64(args.exited_grace));
     s.detach = Detach::Now;
     s.fail_counter_reads = args.fail_counter_reads;
+    s.continuity = args.continuity.options();
     runtime::run(s, &mut serve)
+}
+
+/// `serve --cleanup`: every pinned link and map under the directory removed.
+fn cleanup(root: &std::path::Path) -> Result<ExitCode> {
+    crate::runtime::require_privileges()?;
+    if !root.exists() {
+        eprintln!("gpumem: nothing pinned in {}", root.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (links, maps) = crate::probes::pin::remove_all(root);
+    eprintln!("gpumem: removed the pinned state in {}: {links} links detached, {maps} maps unpinned", root.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 fn router(requests: mpsc::Sender<Request>) -> Router {
@@ -209,6 +310,50 @@ fn router(requests: mpsc::Sender<Request>) -> Router {
         )
 }
 
+/// The local API: what `top`, `leaks` and `status` ask a running daemon.
+fn api_router(requests: mpsc::Sender<Request>) -> Router {
+    let (for_leaks, for_status) = (requests.clone(), requests.clone());
+    Router::new()
+        .route(
+            "/v1/top",
+            get(move || {
+                let r = requests.clone();
+                async move { api_response(ask(&r, Request::Top).await) }
+            }),
+        )
+        .route(
+            "/v1/leaks",
+            get(move |query: axum::extract::RawQuery| {
+                let r = for_leaks.clone();
+                async move {
+                    match LeaksQuery::parse(query.0.as_deref().unwrap_or("")) {
+                        Ok(q) => api_response(ask_with(&r, |tx| Request::Leaks(q, tx)).await),
+                        Err(e) => (StatusCode::BAD_REQUEST, format!("gpumem: {e}\n")).into_response(),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/v1/status",
+            get(move || {
+                let r = for_status.clone();
+                async move { api_response(ask(&r, Request::Status).await) }
+            }),
+        )
+        .layer(axum::middleware::map_response(|mut r: Response| async move {
+            r.headers_mut().insert(crate::daemon::VERSION_HEADER, header::HeaderValue::from_static(crate::daemon::VERSION));
+            r
+        }))
+}
+
+fn api_response(answer: Option<Result<String, String>>) -> Response {
+    match answer {
+        Some(Ok(body)) => body.into_response(),
+        Some(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("gpumem: {e}\n")).into_response(),
+        None => unavailable(),
+    }
+}
+
 fn metrics_response(answer: Option<Result<String, std::fmt::Error>>, openmetrics: bool) -> Response {
     match answer {
         Some(Ok(body)) if openmetrics => ([(header::CONTENT_TYPE, OPENMETRICS)], body).into_response(),
@@ -220,6 +365,10 @@ fn metrics_response(answer: Option<Result<String, std::fmt::Error>>, openmetrics
 
 /// Asks the runtime; None if it does not answer in time (stuck or stopping).
 async fn ask<T>(requests: &mpsc::Sender<Request>, make: fn(oneshot::Sender<T>) -> Request) -> Option<T> {
+    ask_with(requests, make).await
+}
+
+async fn ask_with<T>(requests: &mpsc::Sender<Request>, make: impl FnOnce(oneshot::Sender<T>) -> Request) -> Option<T> {
     let (tx, rx) = oneshot::channel();
     requests.send(make(tx)).await.ok()?;
     tokio::time::timeout(ANSWER_TIMEOUT, rx).await.ok()?.ok()

@@ -6,12 +6,15 @@ use serde_json::json;
 
 use crate::{
     cli::StatusArgs,
-    probes::{features, ProbeSet},
+    probes::{features, pin, ProbeSet},
     runtime,
 };
 
 pub fn run(args: StatusArgs) -> Result<()> {
     runtime::require_privileges()?;
+    let daemon: Option<serde_json::Value> =
+        crate::daemon::client::ask(&args.daemon, "/v1/status")?.map(|b| serde_json::from_str(&b)).transpose()?;
+    let pinned = pin::inspect(&args.daemon.pin_dir);
     let probing = args.probes.probing();
     let mut notes = Vec::new();
     let mut agent = runtime::load(&probing, false, ProbeSet::Full, gpumem_common::RINGBUF_BYTES)?;
@@ -44,6 +47,8 @@ pub fn run(args: StatusArgs) -> Result<()> {
             "libraries": agent.libraries,
             "pytorch": agent.torch,
             "notes": notes,
+            "daemon": daemon,
+            "pinned": pinned,
         });
         serde_json::to_writer(&mut out, &report)?;
         writeln!(out)?;
@@ -52,6 +57,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
         return Ok(());
     }
     crate::export::status::write_human(&mut out, &features, &agent, &runtime::discovery::report(&agent), &nvml, &notes)?;
+    crate::export::status::write_continuity(&mut out, daemon.as_ref(), &pinned)?;
     out.flush()?;
     agent.detach_in_background();
     Ok(())

@@ -234,7 +234,28 @@ impl Output for Top {
     }
 }
 
+/// The `--once` text of what a pipeline holds now: what a running daemon
+/// answers `top --once` with.
+pub fn once_text(p: &mut crate::pipeline::Pipeline, lost_events: u64) -> Result<String> {
+    p.note_kept();
+    let view = p.view(&ViewOptions { now_ns: monotonic_ns(), trend: model::TREND_LEN, ..Default::default() });
+    let mut snap = top::build(&view, p.state.events, lost_events, p.kept);
+    snap.sort(Screen::default().sort);
+    let mut out = Vec::new();
+    snap.write_text(&mut out)?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
 pub fn run(args: TopArgs) -> Result<ExitCode> {
+    if args.once && args.from.is_none() {
+        // A running daemon has seen every allocation since it started.
+        if let Some(text) = crate::daemon::client::ask(&args.daemon, "/v1/top")? {
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes())?;
+            out.flush()?;
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
     let mut top = Top::new(&args);
     if let Some(path) = &args.from {
         return runtime::replay(&mut super::open_recording(path)?, super::replay_options(args.max_allocations), &mut top);

@@ -37,6 +37,10 @@ pub struct TablesFull {
     /// Pid filter (FILTER_MAX) full: children of a `-c` command or NVIDIA
     /// descriptors were not followed.
     pub pid_filter: u64,
+    /// The kernel's table of live entries (`serve`'s pinned state) full: a
+    /// restarted agent will not know of these entries.
+    #[serde(default)]
+    pub kernel_table: u64,
 }
 
 /// Allocation events that arrived without their stack: their accounting is
@@ -89,6 +93,7 @@ impl KernelCounters {
             tables_full: TablesFull {
                 tracked_processes: kernel[stat::TRACKED_FULL as usize],
                 pid_filter: kernel[stat::FILTER_FULL as usize],
+                kernel_table: kernel[stat::KERNEL_TABLE_FULL as usize],
             },
             stacks_dropped: StacksDropped { ring_full: kernel[stat::STACKS_DROPPED as usize], unmatched: reader.stacks_unmatched },
         }
@@ -119,8 +124,9 @@ mod tests {
         assert_eq!((k.lost.ringbuf_full, k.lost.pending_full, k.lost.return_without_entry, k.lost.malformed), (10, 11, 12, 7));
         assert_eq!((k.tables_full.tracked_processes, k.tables_full.pid_filter), (13, 14));
         assert_eq!(k.stacks_dropped, StacksDropped { ring_full: 15, unmatched: 2 });
+        assert_eq!(k.tables_full.kernel_table, 16);
         assert_eq!(k.lost.total(), 40, "dropped stacks are not lost events");
-        assert_eq!(stat::COUNT, 6, "a new kernel counter must be surfaced here");
+        assert_eq!(stat::COUNT, 7, "a new kernel counter must be surfaced here");
         let later = k.with_reader(ReaderCounts { malformed: 8, stacks_unmatched: 3 });
         assert_eq!((later.lost.malformed, later.stacks_dropped.unmatched, later.stacks_dropped.ring_full), (8, 3, 15));
     }

@@ -266,6 +266,7 @@ mod tests {
                 not_sampled_bytes: 2 << 20,
                 layout: DeviceLayout { largest_allocation: 4 << 20, ..Default::default() },
                 tensors: None,
+                untracked_frees: 0,
             }],
             oom: OomCounters { cuda_ooms: 1, fragmentation_ooms: 1, host_oom_kills: 0 },
             oom_events: Vec::new(),

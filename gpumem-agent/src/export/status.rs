@@ -107,3 +107,52 @@ fn write_torch(out: &mut impl Write, agent: &Agent) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// The running daemon (as it describes itself) and the pinned state on disk.
+pub fn write_continuity(
+    out: &mut impl Write,
+    daemon: Option<&serde_json::Value>,
+    pinned: &[crate::probes::pin::OnDisk],
+) -> std::io::Result<()> {
+    match daemon {
+        Some(d) => {
+            writeln!(
+                out,
+                "daemon: gpumem serve {} (pid {}), up {:.0} s, {} probes attached, {} processes, {}",
+                d["version"].as_str().unwrap_or("?"),
+                d["pid"],
+                d["up_s"].as_f64().unwrap_or(0.0),
+                d["probes_attached"],
+                d["processes"],
+                d["metrics"].as_str().unwrap_or("?")
+            )?;
+            let c = &d["continuity"];
+            match c["pinned"].as_str() {
+                Some(dir) => writeln!(out, "  state pinned in {dir} (owned by this daemon)")?,
+                None => writeln!(out, "  state not pinned: {}", c["unpinned_why"].as_str().unwrap_or("--no-pin"))?,
+            }
+            if let Some(a) = c["adopted"].as_object() {
+                writeln!(out, "  adopted at start: {} live entries of {} processes from the last agent", a["entries"], a["processes"])?;
+            }
+            if let Some(t) = d["kernel_table"].as_object() {
+                writeln!(
+                    out,
+                    "  kernel table of live entries: {} of {} ({} of kernel memory)",
+                    t["entries"],
+                    t["max_entries"],
+                    crate::names::bytes(t["bytes"].as_u64().unwrap_or(0))
+                )?;
+            }
+        }
+        None => writeln!(out, "daemon: none running (top, leaks and status start probes of their own)")?,
+    }
+    for p in pinned {
+        let whose = match (daemon.is_some(), p.compatible) {
+            (_, false) => "another gpumem's layout: the next serve replaces it",
+            (true, true) => "the daemon's",
+            (false, true) => "no agent runs: its probes keep counting, the next serve adopts it",
+        };
+        writeln!(out, "pinned state {} ({} links, {} maps): {whose}", p.dir, p.links, p.maps)?;
+    }
+    Ok(())
+}

@@ -365,6 +365,13 @@ impl Summary {
                 k.tracked_processes, k.pid_filter
             )?;
         }
+        if k.kernel_table > 0 {
+            writeln!(
+                out,
+                "KERNEL TABLE OF LIVE ENTRIES FULL: {} entries not kept in the kernel (an agent restarted now would not know of them; raise serve --kernel-table-entries)",
+                k.kernel_table
+            )?;
+        }
         if self.implausible_events + self.unknown_events > 0 {
             writeln!(
                 out,

@@ -162,6 +162,15 @@ impl Pipeline {
         Outcome { event: *ev, kind, applied, stack, oom_stacks }
     }
 
+    /// The stack of an allocation rebuilt from the kernel's table, from its
+    /// ring event: unwound and set on the allocation (or VMM handle). Its id
+    /// and the allocation's device, if the allocation is held.
+    pub fn adopt_stack(&mut self, s: &gpumem_common::StackEvent) -> Option<(StackId, i32)> {
+        let id = self.stacks.record(s)?;
+        let device = self.state.set_stack(&s.event, id)?;
+        Some((id, device))
+    }
+
     /// What is looked up about a process while it is alive, before its event
     /// is applied: its container, once (a process already gone when its
     /// first event is read keeps trying on the next), and for an OOM kill the

@@ -32,6 +32,7 @@ impl Agent {
         if !self.loaders_seen.insert(lib.key()) {
             return None;
         }
+        self.links_changed = true;
         let result = self.attach_hook(lib);
         self.loaders.push(LoaderReport {
             path: lib.path.display().to_string(),

@@ -5,8 +5,10 @@ pub mod discover;
 pub mod features;
 pub mod ioctl;
 pub mod links;
+pub mod live;
 pub mod loaders;
 mod maps;
+pub mod pin;
 pub mod symbols;
 pub mod torch;
 pub mod tracefs;
@@ -43,6 +45,8 @@ pub enum ProbeError {
     Map { map: &'static str, source: Box<aya::maps::MapError> },
     #[error("the dynamic loader's hook: {0}")]
     Hook(String),
+    #[error("pinning: {0}")]
+    Pin(String),
     /// Tests' fault injection (hidden options): what was made to fail.
     #[error("{0} failed (fault injected)")]
     Injected(&'static str),
@@ -73,6 +77,10 @@ pub struct Options {
     pub refuse_uprobe_multi: bool,
     /// Tests and benchmarks: act as if no dynamic loader could be hooked.
     pub refuse_loader_hooks: bool,
+    /// The kernel keeps its table of live entries (`serve`), this big.
+    pub kernel_table: Option<u32>,
+    /// Pin the shared maps and every link here (`serve`).
+    pub pin: Option<pin::Pinned>,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -143,6 +151,10 @@ pub struct Agent {
     pub torch: Vec<torch::TorchReport>,
     torch_links: Vec<std::os::fd::OwnedFd>,
     usdt_specs_used: u32,
+    /// Links made since the last pinning (see `pin_new_links`).
+    links_changed: bool,
+    /// Links of this load pinned so far, by id.
+    pinned_links: HashSet<u32>,
 }
 
 /// Context calls first, then frees, then allocations: with per-point links,
@@ -191,8 +203,13 @@ impl Agent {
         let mut prefix_bytes = [0u8; gpumem_common::NV_PREFIX_MAX];
         prefix_bytes[..prefix.len()].copy_from_slice(prefix.as_bytes());
         let prefix_len = prefix.len() as u32;
-        let ebpf = EbpfLoader::new()
+        let keep_live = options.kernel_table.is_some() as u32;
+        let mut loader = EbpfLoader::new();
+        pin::share_maps(&mut loader, options.pin.as_ref());
+        let ebpf = loader
             .override_global("NV_PREFIX", &prefix_bytes, true)
+            .override_global("KEEP_LIVE", &keep_live, true)
+            .map_max_entries("LIVE", options.kernel_table.unwrap_or(1))
             .override_global("NV_PREFIX_LEN", &prefix_len, true)
             .override_global("FILTER_MODE", &mode, true)
             .override_global("CAPTURE_STACKS", &(options.stacks.capture as u32), true)
@@ -228,10 +245,13 @@ impl Agent {
             torch: Vec::new(),
             torch_links: Vec::new(),
             usdt_specs_used: 0,
+            links_changed: true,
+            pinned_links: HashSet::new(),
         };
         agent.load_uprobes()?;
         agent.attach_tracepoints(fork_offset != 0, oom_offsets[oom_field::PID] != oom_field::FIELD_ABSENT);
         agent.attach_ioctl();
+        agent.pin_new_links()?;
         Ok(agent)
     }
 
@@ -348,6 +368,7 @@ impl Agent {
         if !self.seen.insert(lib.key()) {
             return None;
         }
+        self.links_changed = true;
         let mut report = LibraryReport {
             path: lib.path.display().to_string(),
             source: lib.source.to_string(),

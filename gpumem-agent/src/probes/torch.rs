@@ -237,6 +237,7 @@ impl Agent {
         if !self.seen.insert(lib.key()) {
             return None;
         }
+        self.links_changed = true;
         let mut report = TorchReport {
             path: lib.path.display().to_string(),
             source: lib.source.to_string(),

@@ -18,8 +18,19 @@ pub fn require_privileges() -> Result<()> {
     Ok(())
 }
 
-/// Loads the eBPF programs for the probes asked for.
+/// Loads the eBPF programs for the probes asked for; with `continuity`,
+/// the kernel keeps its table of live entries and the state is pinned.
 pub fn load(p: &Probing, filter_pids: bool, probe_set: ProbeSet, ringbuf_bytes: u32) -> Result<Agent> {
+    load_with(p, filter_pids, probe_set, ringbuf_bytes, None).map_err(anyhow::Error::from).context("loading eBPF programs")
+}
+
+pub fn load_with(
+    p: &Probing,
+    filter_pids: bool,
+    probe_set: ProbeSet,
+    ringbuf_bytes: u32,
+    continuity: Option<&super::continuity::Continuity>,
+) -> Result<Agent, crate::probes::ProbeError> {
     Agent::load(crate::probes::Options {
         filter_pids,
         probe_set,
@@ -30,8 +41,14 @@ pub fn load(p: &Probing, filter_pids: bool, probe_set: ProbeSet, ringbuf_bytes: 
         uprobe_links: p.uprobe_links,
         refuse_uprobe_multi: p.refuse_uprobe_multi,
         refuse_loader_hooks: p.refuse_loader_hooks,
+        kernel_table: continuity.map(|c| c.opts.kernel_table),
+        pin: continuity.and_then(|c| c.pinned.clone()),
     })
-    .context("loading eBPF programs")
+}
+
+/// Whether loading failed because a pinned map differs from this build's.
+pub fn is_incompatible_pin(e: &crate::probes::ProbeError) -> bool {
+    matches!(e, crate::probes::ProbeError::Load(b) if matches!(**b, aya::EbpfError::MapError(aya::maps::MapError::IncompatiblePinnedMap { .. })))
 }
 
 /// A one-line description of what was attached to a library.
@@ -97,7 +114,16 @@ pub fn attach_given(agent: &mut Agent, p: &Probing, mut say: impl FnMut(String))
             say(describe(report));
         }
     }
+    pin_new_links(agent, &mut say);
     Ok(())
+}
+
+/// With pinning, the links just made are pinned (a failure is said: those
+/// probes would go with this process).
+fn pin_new_links(agent: &mut Agent, say: &mut impl FnMut(String)) {
+    if let Err(e) = agent.pin_new_links() {
+        say(format!("{e}: those probes are detached when this agent stops"));
+    }
 }
 
 /// Attaches libcuda copies found in ld.so.cache and in every running
@@ -162,5 +188,6 @@ fn attach_found(agent: &mut Agent, found: discover::Found, say: &mut impl FnMut(
             }
         }
     }
+    pin_new_links(agent, say);
     new_loader
 }

@@ -15,6 +15,7 @@ use tokio::{
 use super::{
     bringup,
     child::{self, Child},
+    continuity::Continuity,
     discovery::Signals,
     maintenance::{self, Maintenance},
     Ctx, Detach, End, Flow, Output, Session,
@@ -93,15 +94,26 @@ struct Live<'o, O: Output> {
     maintenance: Maintenance,
     /// Processes that exec'd or loaded a library, read after each drain.
     signals: Signals,
+    /// `serve`'s pinned state, adopted and kept for the next agent.
+    continuity: Option<Continuity>,
     began: Instant,
 }
 
 impl<'o, O: Output> Live<'o, O> {
     /// Bring-up: load, attach, NVML, the command; then the output is told.
     fn start(s: Session, out: &'o mut O) -> Result<Self> {
-        let (mut agent, reader) = attach(&s)?;
+        let (mut agent, reader, mut continuity) = attach(&s)?;
         let mut pipeline = Pipeline::new(s.pipeline, Lookups::live(s.record_lookups));
         pipeline.stacks.sample_bytes = s.probing.stacks.effective_sample_bytes();
+        if let Some(c) = continuity.as_mut() {
+            c.adopt(&mut agent, &mut pipeline);
+            if let Some(a) = &c.report.adopted {
+                say(format!(
+                    "adopted the pinned state: {} live entries of {} processes rebuilt from the kernel's table ({} with their stacks; {} entries of processes gone removed)",
+                    a.entries, a.processes, a.stacks_restored, a.entries_of_exited
+                ));
+            }
+        }
         // A session of chosen processes names only them among NVML's (a -c
         // command's are all traced: none).
         pipeline.untraced_scope = match (&s.command, s.pids.is_empty()) {
@@ -145,6 +157,7 @@ impl<'o, O: Output> Live<'o, O> {
             status,
             maintenance,
             signals: Signals::default(),
+            continuity,
             began: Instant::now(),
         };
         live.out.started(&mut Ctx { pipeline: &mut live.pipeline, agent: &live.status, elapsed_s: 0.0 })?;
@@ -195,6 +208,7 @@ impl<'o, O: Output> Live<'o, O> {
     fn drain(&mut self) -> Result<Flow> {
         let elapsed_s = self.elapsed_s();
         let (pipeline, out, agent, signals) = (&mut self.pipeline, &mut *self.out, &self.status, &mut self.signals);
+        let (continuity, kernel) = (&mut self.continuity, &mut self.agent);
         let mut result = Ok(Flow::Continue);
         // Once an output stops the session (or fails), the rest stays in the
         // ring: every output has seen every event the state has.
@@ -205,11 +219,25 @@ impl<'o, O: Output> Live<'o, O> {
             if let Some(s) = stack.filter(|s| s.py_frames == 0) {
                 signals.python.frameless(s.event.pid);
             }
+            if let Some(c) = continuity.as_mut() {
+                if c.skips(ev) {
+                    if let Some(s) = stack {
+                        c.skipped_with_stack(kernel, pipeline, s);
+                    }
+                    return true;
+                }
+            }
             let o = pipeline.apply(ev, stack.map_or(Stack::None, Stack::Captured));
+            if let Some(c) = continuity.as_mut() {
+                c.applied(kernel, &o);
+            }
             result = out.event(&mut Ctx { pipeline: &mut *pipeline, agent, elapsed_s }, &o);
             matches!(result, Ok(Flow::Continue))
         });
         if n > 0 {
+            if let Some(c) = continuity.as_mut() {
+                c.drained(pipeline);
+            }
             out.drained(&mut Ctx { pipeline, agent, elapsed_s })?;
             let learned = pipeline.stacks.take_copy_updates();
             if !learned.is_empty() {
@@ -239,6 +267,9 @@ impl<'o, O: Output> Live<'o, O> {
     /// The maintenance tick; why the session ends, if it does.
     fn tick(&mut self) -> Result<Option<Ended>> {
         let gone = self.maintenance.tick(&mut self.agent, &self.s, &mut self.pipeline, &mut self.status, self.reader.counts());
+        if let Some(c) = self.continuity.as_mut() {
+            c.tick(&mut self.agent);
+        }
         let cuda = self.pipeline.state.processes.values().filter(|p| !p.exited).map(|p| p.pid);
         self.signals.python.tick(&mut self.agent, cuda);
         self.hand_over_interpreters();
@@ -269,6 +300,10 @@ impl<'o, O: Output> Live<'o, O> {
         self.status.stale_calls_removed = self.agent.stale_calls_removed;
         self.status.discovery = self.agent.scan_stats.clone();
         self.status.usage = Usage::now();
+        if let Some(c) = &self.continuity {
+            self.status.continuity = Some(c.report.clone());
+            self.status.kernel_table = self.agent.kernel_table();
+        }
     }
 
     fn nvml_message(&mut self, m: nvml::Message) -> Result<()> {
@@ -354,6 +389,17 @@ impl<'o, O: Output> Live<'o, O> {
         let code = self.out.finish(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s }, &end)?;
         self.out.close().await;
         drop(self.reader);
+        if let Some(c) = self.continuity.as_mut() {
+            c.finish(&mut self.pipeline);
+            if let Some(p) = self.agent.pinned() {
+                say(format!(
+                    "probes stay attached and keep counting (pinned in {}): the next `gpumem serve` takes over; `gpumem serve --cleanup` removes them",
+                    p.root.join(&p.layout).display()
+                ));
+                drop(self.agent);
+                return Ok(code);
+            }
+        }
         detach(self.agent, self.s.detach);
         Ok(match ended {
             Ended::Command(st) if code == ExitCode::SUCCESS => ExitCode::from(child::exit_code(st)),
@@ -362,9 +408,21 @@ impl<'o, O: Output> Live<'o, O> {
     }
 }
 
-fn attach(s: &Session) -> Result<(Agent, EventReader)> {
+fn attach(s: &Session) -> Result<(Agent, EventReader, Option<Continuity>)> {
     let filter_pids = !s.pids.is_empty() || s.command.is_some();
-    let mut agent = bringup::load(&s.probing, filter_pids, s.probe_set, s.ringbuf_bytes)?;
+    let mut continuity = s.continuity.clone().map(Continuity::prepare);
+    let load = |c: Option<&Continuity>| bringup::load_with(&s.probing, filter_pids, s.probe_set, s.ringbuf_bytes, c);
+    let mut agent = match (load(continuity.as_ref()), continuity.as_mut()) {
+        (Err(e), Some(c)) if bringup::is_incompatible_pin(&e) => {
+            c.replace_incompatible(&e.to_string());
+            load(Some(c))
+        }
+        (r, _) => r,
+    }
+    .context("loading eBPF programs")?;
+    for note in continuity.iter().flat_map(|c| &c.report.notes) {
+        say(note.clone());
+    }
     for note in &agent.notes {
         say(note.clone());
     }
@@ -387,7 +445,13 @@ fn attach(s: &Session) -> Result<(Agent, EventReader)> {
     for &pid in &s.pids {
         agent.add_pid(pid, false)?;
     }
-    Ok((agent, reader))
+    if let Some(c) = continuity.as_mut() {
+        c.take_over();
+        if c.report.links_taken_over > 0 {
+            say(format!("took over from the last agent: its {} links replaced by this one's", c.report.links_taken_over));
+        }
+    }
+    Ok((agent, reader, continuity))
 }
 
 fn detach(agent: Agent, how: Detach) {

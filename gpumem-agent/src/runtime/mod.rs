@@ -9,6 +9,7 @@
 //! at the end a footer and the output's report.
 mod bringup;
 pub mod child;
+pub mod continuity;
 pub mod discovery;
 mod live;
 mod maintenance;
@@ -89,6 +90,8 @@ pub struct Session {
     pub stall_reader_ms: Option<u64>,
     /// Fault injection for tests: this many reads of the kernel counters fail.
     pub fail_counter_reads: u32,
+    /// `serve`: the kernel keeps what is live, pinned for the next agent.
+    pub continuity: Option<continuity::Options>,
 }
 
 impl Session {
@@ -111,6 +114,7 @@ impl Session {
             detach: Detach::Background,
             stall_reader_ms: None,
             fail_counter_reads: 0,
+            continuity: None,
         }
     }
 }

@@ -12,7 +12,13 @@ impl Process {
     /// A successful allocation; `room`: the global table has space for it.
     pub(super) fn apply_alloc(&mut self, class: ApiClass, ev: &Event, room: bool, stack: Option<StackId>, out: &mut Applied) {
         let memory = if class == ApiClass::HostAlloc { Memory::HostPinned } else { Memory::Device };
-        let device = if memory == Memory::HostPinned { DEVICE_UNKNOWN } else { self.current_device(ev.tid) };
+        let adopted = ev.flags & gpumem_common::flags::ADOPTED != 0 && ev.device != DEVICE_UNKNOWN;
+        let device = match memory {
+            Memory::HostPinned => DEVICE_UNKNOWN,
+            // Rebuilt from the kernel's table: the device the last agent resolved.
+            Memory::Device if adopted => ev.device,
+            Memory::Device => self.current_device(ev.tid),
+        };
         out.device = device;
         if !room {
             out.dropped = true;

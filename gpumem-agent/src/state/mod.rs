@@ -373,6 +373,20 @@ impl State {
 
     /// Marks the processes that lost events (cumulative counts per pid, as
     /// the kernel keeps them) as uncertain.
+    /// Sets the stack of the allocation or VMM handle an event made; its
+    /// device, if held.
+    pub fn set_stack(&mut self, ev: &Event, stack: StackId) -> Option<i32> {
+        let p = self.processes.get_mut(&ev.pid)?;
+        if ev.api == gpumem_common::api::CU_MEM_CREATE {
+            let h = p.held.vmm_handles.get_mut(&ev.handle)?;
+            h.stack = Some(stack);
+            return Some(h.device);
+        }
+        let a = p.held.allocs.get_mut(&ev.addr)?;
+        a.set_stack(stack);
+        Some(a.device())
+    }
+
     pub fn mark_lost(&mut self, by_pid: &BTreeMap<u32, u64>) {
         for (pid, &n) in by_pid {
             if let Some(p) = self.processes.get_mut(pid) {

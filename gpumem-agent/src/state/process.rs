@@ -55,6 +55,9 @@ impl Allocation {
     pub fn stack(&self) -> Option<StackId> {
         self.stack.map(NonZeroU64::get)
     }
+    pub fn set_stack(&mut self, stack: StackId) {
+        self.stack = Some(NonZeroU64::new(stack).unwrap_or(NonZeroU64::MIN));
+    }
 }
 
 /// A device ordinal in 16 bits; one that does not fit is unknown (the state

@@ -290,6 +290,7 @@ fn self_families(fams: &mut Families, s: &Scrape<'_>) {
         ("xid_history", s.gpus.xids_dropped),
         ("kernel_tracked_processes", full.tracked_processes),
         ("kernel_pid_filter", full.pid_filter),
+        ("kernel_live_entries", full.kernel_table),
     ];
     fams.add(m::TABLE_OVERFLOW).extend(tables.iter().map(|&(t, n)| (vec![("table", t.to_string())], Value::Count(n))));
     fams.add(m::IMPLAUSIBLE_EVENTS).push((vec![], Value::Count(s.state.implausible_events)));
@@ -303,6 +304,11 @@ fn self_families(fams: &mut Families, s: &Scrape<'_>) {
     fams.add(m::AGENT_CPU).push((vec![], Value::FloatCount(a.usage.cpu_seconds)));
     fams.add(m::AGENT_RSS).push((vec![], Value::int(a.usage.resident_bytes)));
     fams.add(m::AGENT_BPF_MAP_RSS).push((vec![], Value::int(a.usage.bpf_map_resident_bytes)));
+    if let Some(t) = &a.kernel_table {
+        fams.add(m::KERNEL_TABLE_ENTRIES).push((vec![], Value::int(t.entries)));
+        fams.add(m::KERNEL_TABLE_CAPACITY).push((vec![], Value::int(t.max_entries)));
+        fams.add(m::KERNEL_TABLE_BYTES).push((vec![], Value::int(t.bytes)));
+    }
     fams.add(m::BUILD_INFO).push((vec![("version", env!("CARGO_PKG_VERSION").to_string())], Value::Int(1)));
 }
 

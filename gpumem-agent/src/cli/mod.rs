@@ -3,6 +3,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub mod continuity;
+
 use crate::probes::{ioctl::IoctlMode, links::UprobeLinks, ProbeSet};
 
 #[derive(Debug, Parser)]
@@ -193,6 +195,8 @@ pub struct LeaksArgs {
     /// Most live allocations kept in memory; beyond it allocations are counted as dropped.
     #[arg(long, value_name = "N", default_value_t = 1 << 20)]
     pub max_allocations: usize,
+    #[command(flatten)]
+    pub daemon: continuity::DaemonArgs,
 }
 
 #[derive(Debug, Args)]
@@ -217,6 +221,8 @@ pub struct TopArgs {
     /// Seconds an exited process stays in the table before it is forgotten.
     #[arg(long, value_name = "SECONDS", default_value_t = 60.0, value_parser = parse_age, allow_negative_numbers = true)]
     pub exited_grace: f64,
+    #[command(flatten)]
+    pub daemon: continuity::DaemonArgs,
 }
 
 #[derive(Debug, Args)]
@@ -325,6 +331,12 @@ pub struct ServeArgs {
     /// Size of the kernel ring buffer in bytes (a power of two, at least 4096).
     #[arg(long, value_name = "BYTES", value_parser = parse_ringbuf, default_value_t = gpumem_common::RINGBUF_BYTES)]
     pub ringbuf_bytes: u32,
+    #[command(flatten)]
+    pub continuity: continuity::ContinuityArgs,
+    /// The local API's socket (root only), through which top, leaks and
+    /// status use this daemon.
+    #[arg(long, value_name = "PATH", default_value = crate::daemon::DEFAULT_SOCKET)]
+    pub socket: Option<PathBuf>,
     /// Fault injection for tests: the first N renderings of /metrics fail.
     #[arg(long, value_name = "N", default_value_t = 0, hide = true)]
     pub fail_renders: u32,
@@ -340,6 +352,8 @@ pub struct StatusArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub daemon: continuity::DaemonArgs,
 }
 
 #[derive(Debug, Args)]

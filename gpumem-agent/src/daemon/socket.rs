@@ -1,0 +1,39 @@
+//! The daemon's side of the socket: a stale one (its agent died) is
+//! replaced, one answered by another daemon or owned by another user is not.
+use std::{
+    os::unix::{fs::MetadataExt as _, fs::PermissionsExt as _, net::UnixListener},
+    path::Path,
+};
+
+use anyhow::{bail, Context as _, Result};
+
+/// Binds the socket, readable and writable by its owner (root) only; a note
+/// when a stale socket was replaced.
+pub fn bind(path: &Path) -> Result<(UnixListener, Option<String>)> {
+    let mut note = None;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {} for the local API's socket", dir.display()))?;
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() != me {
+            bail!(
+                "{} belongs to uid {}, not to this agent (uid {me}): not replacing it (remove it, or choose another --socket)",
+                path.display(),
+                meta.uid()
+            );
+        }
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => bail!("another gpumem serve answers at {}: stop it first, or give this one another --socket", path.display()),
+            Err(_) => {
+                std::fs::remove_file(path).with_context(|| format!("removing the stale socket {}", path.display()))?;
+                note = Some(format!("removed a stale socket at {} (its agent is gone)", path.display()));
+            }
+        }
+    }
+    let listener = UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot make {} private", path.display()))?;
+    Ok((listener, note))
+}
