@@ -19,6 +19,8 @@ pub mod kind {
     pub const CTX: u32 = 5;
     /// A thread's current context (set or pushed), by thread id.
     pub const THREAD_CTX: u32 = 6;
+    /// A tensor of PyTorch's caching allocator (its USDT probes), by address.
+    pub const TENSOR: u32 = 7;
 }
 
 #[repr(C)]
@@ -77,6 +79,8 @@ pub fn effect(ev: &Event) -> Option<(u32, u64, bool)> {
         // The context below the popped one is not known here: the thread
         // falls back to the process's last context.
         CU_CTX_POP_CURRENT_V2 => (kind::THREAD_CTX, ev.tid as u64, false),
+        TENSOR_ALLOC => (kind::TENSOR, ev.addr, true),
+        TENSOR_FREE => (kind::TENSOR, ev.addr, false),
         _ => return None,
     })
 }

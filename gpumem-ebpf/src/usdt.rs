@@ -13,6 +13,7 @@ use gpumem_common::{
 };
 
 use crate::{
+    live,
     maps::{capture_stacks, lost, should_trace, submit_flags_for, track, EVENTS, USDT_SPECS},
     stack,
 };
@@ -71,10 +72,11 @@ pub fn on_probe(ctx: &ProbeContext, spec_index: u32) -> u32 {
         if ev.device < 0 {
             ev.device = DEVICE_UNKNOWN;
         }
-        if capture_stacks() {
-            stack::emit_with_stack(regs, ev, flags);
-            return 0;
-        }
+    }
+    live::record(&mut ev);
+    if spec.probe == api::TENSOR_ALLOC && capture_stacks() {
+        stack::emit_with_stack(regs, ev, flags);
+        return 0;
     }
     match EVENTS.reserve::<Event>(0) {
         Some(mut entry) => {

@@ -310,6 +310,19 @@ pub fn trace(args: &[&str], envs: &[(&str, &str)]) -> Trace {
     Trace { events, summary, status: out.status, stderr }
 }
 
+/// The PyTorch-shaped loop (fixtures/torch_train.py) over the test allocator and the synthetic driver.
+pub fn torch_cmd() -> String {
+    let f = fixtures();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch_train.py");
+    format!("python3 {} {} {}", script.display(), f.libcuda.display(), f.torch.display())
+}
+
+/// The allocator's own figures, as the loop printed them (`torch_figures={...}`).
+pub fn figures(stderr: &str) -> serde_json::Value {
+    let line = stderr.lines().find_map(|l| l.strip_prefix("torch_figures=")).unwrap_or_else(|| panic!("no figures in {stderr}"));
+    serde_json::from_str(line).unwrap()
+}
+
 /// The shell command that runs one workload scenario on the synthetic driver.
 pub fn workload_cmd(scenario: &str) -> String {
     let f = fixtures();

@@ -284,3 +284,54 @@ fn sockets_that_are_stale_foreign_or_of_another_version_are_not_used() {
     assert!(!String::from_utf8_lossy(&out.stdout).contains("old!"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn pytorch_tensors_held_across_a_restart_stay_exact() {
+    require_root();
+    let state = ServeState::new("tensors");
+    let args = serve_args(&state, &[]);
+    let first = start(&args);
+    let mut workload = Command::new("sh")
+        .args(["-c", &format!("exec {}", torch_cmd())])
+        .envs([("GPUMEM_TORCH", "leak"), ("GPUMEM_HOLD", "30")])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(workload.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("torch_figures=") {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "the loop ended early");
+    }
+    let own = figures(&line);
+    let pid = workload.id();
+    let series = |serve: &Serve, name: &str| {
+        let text = serve.metrics();
+        let prefix = format!("{name}{{pid=\"{pid}\"");
+        text.lines().find(|l| l.starts_with(&prefix)).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while series(&first, "gpumem_process_allocated_bytes") != own["allocated"].as_f64() {
+        assert!(Instant::now() < deadline, "{}", first.metrics());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    first.signal(libc::SIGKILL);
+    let mut second = start(&args);
+    // Tensors and segments both come back from the kernel's table.
+    assert_eq!(series(&second, "gpumem_process_allocated_bytes"), own["allocated"].as_f64(), "{}", second.metrics());
+    assert_eq!(series(&second, "gpumem_process_memory_bytes"), own["reserved"].as_f64());
+    assert_eq!(series(&second, "gpumem_process_reserved_unused_bytes"), own["unused"].as_f64());
+    let leaks = daemon_leaks(&state, pid);
+    let p = leaks["processes"].as_array().unwrap().iter().find(|p| p["device"] == 0).unwrap_or_else(|| panic!("{leaks:#}")).clone();
+    // The leaking line (kept.append, line 55), from stacks the first agent kept.
+    let groups = p["tensors"]["stacks"].as_array().unwrap_or_else(|| panic!("{p:#}"));
+    let kept = groups
+        .iter()
+        .find(|g| g["frames"].as_array().unwrap().iter().any(|f| f["function"] == "train_step" && f["line"] == 55))
+        .unwrap_or_else(|| panic!("no tensors at the leaking line: {p:#}"));
+    assert_eq!(kept["bytes"], 20 * MIB, "{kept:#}");
+    let _ = workload.kill();
+    let _ = workload.wait();
+    second.state = Some(state);
+    second.stop();
+}

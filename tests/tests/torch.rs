@@ -14,18 +14,6 @@ use gpumem_tests::*;
 use serde_json::Value;
 
 /// The shell command running the PyTorch-shaped loop (`GPUMEM_TORCH` picks the scenario).
-fn torch_cmd() -> String {
-    let f = fixtures();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch_train.py");
-    format!("python3 {} {} {}", script.display(), f.libcuda.display(), f.torch.display())
-}
-
-/// The allocator's own figures, as the loop printed them (`torch_figures={...}`).
-fn figures(stderr: &str) -> Value {
-    let line = stderr.lines().find_map(|l| l.strip_prefix("torch_figures=")).unwrap_or_else(|| panic!("no figures in {stderr}"));
-    serde_json::from_str(line).unwrap()
-}
-
 fn device0(t: &Trace) -> Value {
     let pid = t.of_type("tensor_alloc").first().unwrap_or_else(|| panic!("no tensor events: {}", t.stderr))["pid"].as_u64().unwrap();
     let p = t.summary_process(pid);

@@ -203,7 +203,7 @@ impl Continuity {
             false
         } else {
             // Freed before the snapshot: neither in it nor added since.
-            matches!(k, kind::ALLOC | kind::VMM_HANDLE | kind::VMM_MAP | kind::VA) && !w.keys.remove(&key)
+            matches!(k, kind::ALLOC | kind::VMM_HANDLE | kind::VMM_MAP | kind::VA | kind::TENSOR) && !w.keys.remove(&key)
         }
     }
 
@@ -231,7 +231,7 @@ impl Continuity {
         if ev.result != 0 || ev.flags & flags::NOT_IN_KERNEL_TABLE != 0 {
             return;
         }
-        let Some((k @ (kind::ALLOC | kind::VMM_HANDLE), id, true)) = live::effect(ev) else { return };
+        let Some((k @ (kind::ALLOC | kind::VMM_HANDLE | kind::TENSOR), id, true)) = live::effect(ev) else { return };
         let mut event = *ev;
         event.device = device;
         event.flags |= flags::ADOPTED;

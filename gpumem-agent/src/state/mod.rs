@@ -382,7 +382,9 @@ impl State {
             h.stack = Some(stack);
             return Some(h.device);
         }
-        let a = p.held.allocs.get_mut(&ev.addr)?;
+        let held =
+            if ev.api == gpumem_common::api::TENSOR_ALLOC { p.held.tensors.get_mut(&ev.addr) } else { p.held.allocs.get_mut(&ev.addr) };
+        let a = held?;
         a.set_stack(stack);
         Some(a.device())
     }
