@@ -4,7 +4,7 @@
 //! `cargo xtask soak` (10 minutes, a million allocations).
 use std::time::{Duration, Instant};
 
-use crate::{fixtures, sample, spawn_workload, Serve};
+use crate::{fixtures, sample, spawn_workload, Serve, ServeState};
 
 pub struct SoakConfig {
     pub duration: Duration,
@@ -12,6 +12,9 @@ pub struct SoakConfig {
     pub live_allocations: u64,
     /// The agent's `--max-allocations`.
     pub max_allocations: u64,
+    /// Restart the daemon this often (SIGKILL and SIGTERM in turn): it
+    /// adopts its pinned state each time.
+    pub restart_every: Option<Duration>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -32,6 +35,8 @@ pub struct SoakReport {
     pub samples: Vec<SoakSample>,
     pub processes_started: u64,
     pub held_allocations_seen: f64,
+    /// The holder's allocations the daemon showed right after each restart.
+    pub held_after_restarts: Vec<f64>,
     pub stderr: String,
 }
 
@@ -66,31 +71,57 @@ fn take(text: &str, at_s: f64) -> SoakSample {
     }
 }
 
+/// The holder's allocations as the daemon exports them.
+fn held(text: &str, holder_pid: u32) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with("gpumem_process_allocations{") && l.contains(&format!("pid=\"{holder_pid}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 pub fn run(cfg: &SoakConfig, mut progress: impl FnMut(&SoakSample)) -> SoakReport {
     let f = fixtures();
+    let state = ServeState::new("soak");
+    let mut args: Vec<String> = state.args();
+    // The kernel's table holds the holder and the churn.
+    let table = (cfg.live_allocations + 100_000).to_string();
     let cap = cfg.max_allocations.to_string();
-    let serve = Serve::start(
-        &[
+    args.extend(
+        [
             "--libcuda",
             f.libcuda.to_str().unwrap(),
             "--nvml",
             f.nvml.to_str().unwrap(),
             "--max-allocations",
             &cap,
+            "--kernel-table-entries",
+            &table,
             "--max-process-series",
             "100",
             "--exited-grace",
             "5",
-        ],
-        &[],
+        ]
+        .map(String::from),
     );
+    let start = || Serve::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+    let mut serve = start();
     let began = Instant::now();
     let live = cfg.live_allocations.to_string();
     let capacity = (1u64 << 42).to_string();
     let mut holder = spawn_workload("many", &[("GPUMEM_ALLOCS", live.as_str()), ("GPUMEM_FAKE_CAPACITY", capacity.as_str())]);
     let mut report = SoakReport::default();
     let mut next_sample = Duration::ZERO;
+    let mut next_restart = cfg.restart_every.unwrap_or(Duration::MAX);
+    let mut stderr = String::new();
     while began.elapsed() < cfg.duration {
+        if began.elapsed() >= next_restart {
+            next_restart += cfg.restart_every.unwrap_or(Duration::MAX);
+            let signal = if report.held_after_restarts.len() % 2 == 0 { libc::SIGKILL } else { libc::SIGTERM };
+            let (_, said) = serve.signal(signal);
+            stderr += &said;
+            serve = start();
+            report.held_after_restarts.push(held(&serve.metrics(), holder.id()));
+        }
         // Churn: one short CUDA process after another (5 allocations, a
         // context destroyed, exit holding 14 MiB).
         let out = spawn_workload("two_devices", &[]).wait_with_output().expect("churn process");
@@ -105,16 +136,12 @@ pub fn run(cfg: &SoakConfig, mut progress: impl FnMut(&SoakSample)) -> SoakRepor
     }
     let text = serve.metrics();
     report.samples.push(take(&text, began.elapsed().as_secs_f64()));
-    let holder_pid = holder.id().to_string();
-    report.held_allocations_seen = text
-        .lines()
-        .filter(|l| l.starts_with("gpumem_process_allocations{") && l.contains(&format!("pid=\"{holder_pid}\"")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    report.held_allocations_seen = held(&text, holder.id());
     let _ = holder.kill();
     let _ = holder.wait();
-    let (status, stderr) = serve.stop();
-    assert!(status.success(), "gpumem serve failed: {stderr}");
-    report.stderr = stderr;
+    serve.state = Some(state);
+    let (status, said) = serve.stop();
+    assert!(status.success(), "gpumem serve failed: {said}");
+    report.stderr = stderr + &said;
     report
 }

@@ -1,6 +1,7 @@
 //! Bounded memory under churn (issue 8), the short version that CI runs:
 //! 90 s of back-to-back CUDA processes while one process holds 150 000 live
-//! allocations against a table capped at 100 000. `cargo xtask soak` runs
+//! allocations against a table capped at 100 000, the daemon restarted every
+//! 30 s (issue 16). `cargo xtask soak` runs
 //! the 10-minute, million-allocation version with the same code.
 use std::time::Duration;
 
@@ -9,14 +10,31 @@ use gpumem_tests::{require_root, soak};
 #[test]
 fn churn_and_a_full_allocation_table_keep_memory_bounded_and_say_what_was_dropped() {
     require_root();
-    let cfg = soak::SoakConfig { duration: Duration::from_secs(90), live_allocations: 150_000, max_allocations: 100_000 };
+    let cfg = soak::SoakConfig {
+        duration: Duration::from_secs(90),
+        live_allocations: 150_000,
+        max_allocations: 100_000,
+        restart_every: Some(Duration::from_secs(30)),
+    };
     let r = soak::run(&cfg, |s| eprintln!("{s:?}"));
     let last = r.last();
-    eprintln!("{} processes; own RSS max {:.1} MiB; tracked max {}", r.processes_started, r.max_own_rss() / 1048576.0, r.max_tracked());
+    eprintln!(
+        "{} processes; own RSS max {:.1} MiB; tracked max {}; held after each restart {:?}",
+        r.processes_started,
+        r.max_own_rss() / 1048576.0,
+        r.max_tracked(),
+        r.held_after_restarts
+    );
     assert!(r.processes_started > 500, "churn: {} processes", r.processes_started);
     assert_eq!(last.lost, 0.0, "{last:?}");
     // The table holds at most its cap; the rest is counted, not kept.
     assert!(r.held_allocations_seen <= cfg.max_allocations as f64, "{}", r.held_allocations_seen);
+    // Restarted every 30 s (SIGKILL, then SIGTERM): each new agent shows the
+    // holder's allocations at once, as many as before.
+    assert_eq!(r.held_after_restarts.len(), 2, "{:?}", r.held_after_restarts);
+    for &h in &r.held_after_restarts {
+        assert_eq!(h, r.held_allocations_seen, "after a restart: {:?}", r.held_after_restarts);
+    }
     assert!(last.allocations_overflow >= (cfg.live_allocations - cfg.max_allocations) as f64, "{last:?}");
     // Exited processes are forgotten after the grace period (5 s): the
     // process table holds what started in the last few seconds, not all.

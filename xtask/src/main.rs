@@ -107,6 +107,9 @@ enum Cmd {
         /// the agent's --max-allocations
         #[arg(long, default_value_t = 1 << 20)]
         max_allocations: u64,
+        /// restart the daemon every this many seconds (SIGKILL and SIGTERM in turn)
+        #[arg(long, value_name = "SECONDS")]
+        restart_every: Option<f64>,
     },
     /// Measure probe overhead against empty probes on the same symbols.
     Bench {
@@ -246,7 +249,7 @@ fn measure(cmd: Cmd) -> Result<()> {
         Cmd::BenchMetrics { idle } => bench::metrics(idle),
         Cmd::BenchIdle { processes, seconds } => bench::idle(processes, seconds),
         Cmd::BenchAgent { seconds, python } => bench::agent_cpu(seconds, python),
-        Cmd::Soak { minutes, live, max_allocations } => soak::soak(minutes, live, max_allocations),
+        Cmd::Soak { minutes, live, max_allocations, restart_every } => soak::soak(minutes, live, max_allocations, restart_every),
         Cmd::Bench { pairs, rounds, python, usdt } => bench::overhead(pairs, rounds, bench::Loop::of(python, usdt)),
         _ => bail!("not a measurement"),
     }

@@ -4,10 +4,15 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use gpumem_tests::soak::{self, SoakConfig};
 
-pub fn soak(minutes: f64, live: u64, max_allocations: u64) -> Result<()> {
+pub fn soak(minutes: f64, live: u64, max_allocations: u64, restart_every: Option<f64>) -> Result<()> {
     crate::run(crate::cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
     std::env::set_var("GPUMEM_BIN", gpumem_tests::target_dir().join("release/gpumem"));
-    let cfg = SoakConfig { duration: Duration::from_secs_f64(minutes * 60.0), live_allocations: live, max_allocations };
+    let cfg = SoakConfig {
+        duration: Duration::from_secs_f64(minutes * 60.0),
+        live_allocations: live,
+        max_allocations,
+        restart_every: restart_every.map(Duration::from_secs_f64),
+    };
     println!(
         "soak: {minutes} min of back-to-back CUDA processes; one process holding {live} allocations; --max-allocations {max_allocations}"
     );
@@ -36,6 +41,16 @@ pub fn soak(minutes: f64, live: u64, max_allocations: u64) -> Result<()> {
         r.held_allocations_seen,
         r.last().allocations_overflow
     );
+    if !r.held_after_restarts.is_empty() {
+        println!(
+            "restarted {} times: the holder's allocations right after each restart {:?}",
+            r.held_after_restarts.len(),
+            r.held_after_restarts
+        );
+        if r.held_after_restarts.iter().any(|&h| h != r.held_allocations_seen) {
+            bail!("a restart lost allocations");
+        }
+    }
     if r.last().lost > 0.0 {
         bail!("events were lost");
     }
