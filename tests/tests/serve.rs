@@ -411,6 +411,23 @@ fn the_daemonset_matches_the_cli_and_asks_only_for_what_it_needs() {
     let mount = &c["volumeMounts"][0];
     assert_eq!(mount["mountPath"], "/sys/kernel/tracing");
     assert_eq!(mount["readOnly"], true);
+    // What continuity writes is on host paths that outlive the pod: the
+    // node's bpffs under --pin-dir, --state-dir, the socket's directory.
+    let mounted = |dir: &str| {
+        let m = c["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|m| dir.starts_with(m["mountPath"].as_str().unwrap()) && m["mountPath"] != "/");
+        let m = m.unwrap_or_else(|| panic!("{dir} is not on a mounted volume"));
+        assert_ne!(m["readOnly"], true, "{dir} is read-only");
+        let v = pod["volumes"].as_sequence().unwrap().iter().find(|v| v["name"] == m["name"]).unwrap();
+        assert_eq!(v["hostPath"]["path"], m["mountPath"], "{dir}: a host path");
+    };
+    for flag in ["--pin-dir=", "--state-dir=", "--socket="] {
+        let dir = args.iter().find_map(|a| a.strip_prefix(flag)).unwrap_or_else(|| panic!("{flag} is not set"));
+        mounted(dir);
+    }
 }
 
 #[test]

@@ -142,6 +142,8 @@ pub struct TargetArgs {
 pub struct TraceArgs {
     #[command(flatten)]
     pub target: TargetArgs,
+    #[command(flatten)]
+    pub daemon: continuity::DaemonArgs,
     /// Show only events of at least this size (e.g. 4096, 64K, 20MiB). The summary counts everything.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub min_size: Option<u64>,

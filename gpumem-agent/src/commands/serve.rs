@@ -48,6 +48,8 @@ pub enum Request {
     Leaks(LeaksQuery, oneshot::Sender<Result<String, String>>),
     /// The local API: the daemon's own status (JSON).
     Status(oneshot::Sender<Result<String, String>>),
+    /// The local API: what these processes hold (JSON), for trace's summary.
+    Holdings(Vec<u32>, oneshot::Sender<Result<String, String>>),
 }
 
 struct Server {
@@ -193,6 +195,10 @@ impl Output for Serve {
             Request::Leaks(q, reply) => {
                 let _ = reply.send(self.leaks(ctx, &q).map_err(|e| e.to_string()));
             }
+            Request::Holdings(pids, reply) => {
+                let h = crate::daemon::holdings(&ctx.pipeline.state, &pids);
+                let _ = reply.send(serde_json::to_string(&h).map_err(|e| e.to_string()));
+            }
             Request::Status(reply) => {
                 let _ = reply.send(serde_json::to_string(&self.status(ctx)).map_err(|e| e.to_string()));
             }
@@ -312,7 +318,7 @@ fn router(requests: mpsc::Sender<Request>) -> Router {
 
 /// The local API: what `top`, `leaks` and `status` ask a running daemon.
 fn api_router(requests: mpsc::Sender<Request>) -> Router {
-    let (for_leaks, for_status) = (requests.clone(), requests.clone());
+    let (for_leaks, for_status, for_holdings) = (requests.clone(), requests.clone(), requests.clone());
     Router::new()
         .route(
             "/v1/top",
@@ -328,6 +334,18 @@ fn api_router(requests: mpsc::Sender<Request>) -> Router {
                 async move {
                     match LeaksQuery::parse(query.0.as_deref().unwrap_or("")) {
                         Ok(q) => api_response(ask_with(&r, |tx| Request::Leaks(q, tx)).await),
+                        Err(e) => (StatusCode::BAD_REQUEST, format!("gpumem: {e}\n")).into_response(),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/v1/holdings",
+            get(move |query: axum::extract::RawQuery| {
+                let r = for_holdings.clone();
+                async move {
+                    match crate::daemon::parse_pids(query.0.as_deref().unwrap_or("")) {
+                        Ok(pids) => api_response(ask_with(&r, |tx| Request::Holdings(pids, tx)).await),
                         Err(e) => (StatusCode::BAD_REQUEST, format!("gpumem: {e}\n")).into_response(),
                     }
                 }

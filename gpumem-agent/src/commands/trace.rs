@@ -30,11 +30,16 @@ pub struct Trace<W: Write> {
     from: Option<PathBuf>,
     /// The first failed write: a closed pipe (`| head`) ends the trace quietly.
     write_error: Option<io::Error>,
+    /// A running daemon to ask, at the end, what the traced processes hold
+    /// since their start.
+    daemon: Option<crate::cli::continuity::DaemonArgs>,
+    /// The processes asked for (`-p`): named even if they made no call.
+    pids: Vec<u32>,
 }
 
 impl<W: Write> Trace<W> {
     pub fn new(out: W, json: bool, filter: Filter, from: Option<PathBuf>) -> Self {
-        Trace { printer: Printer::new(out, json, filter), json, quiet: false, from, write_error: None }
+        Trace { printer: Printer::new(out, json, filter), json, quiet: false, from, write_error: None, daemon: None, pids: Vec::new() }
     }
 
     /// Nothing on stdout: the session only runs.
@@ -46,7 +51,10 @@ impl<W: Write> Trace<W> {
     fn summary(&mut self, ctx: &mut Ctx<'_>, end: &End) -> io::Result<()> {
         let p = &mut *ctx.pipeline;
         let view = p.view(&ViewOptions { exited: true, layouts: true, ..Default::default() });
-        let summary = Summary::build(&p.state, &view, &end.footer, p.distributions.summary());
+        let mut summary = Summary::build(&p.state, &view, &end.footer, p.distributions.summary());
+        if let Some(d) = &self.daemon {
+            summary.known_to_daemon = known_to_daemon(d, &summary, &self.pids);
+        }
         let out = self.printer.inner();
         if self.json {
             summary.write_json(out)?;
@@ -106,6 +114,31 @@ impl<W: Write> Output for Trace<W> {
     }
 }
 
+/// What a running daemon knows the session's processes hold (from their
+/// start); empty without one. A daemon that cannot be asked is said, not fatal.
+fn known_to_daemon(d: &crate::cli::continuity::DaemonArgs, summary: &Summary, asked: &[u32]) -> Vec<crate::daemon::Holding> {
+    let mut pids: Vec<u32> = summary.processes.iter().map(|p| p.pid).chain(asked.iter().copied()).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    if pids.is_empty() {
+        return Vec::new();
+    }
+    let answer = crate::daemon::client::ask(d, &format!("/v1/holdings?pids={}", pids.join(",")));
+    match answer.map(|a| a.map(|b| serde_json::from_str(&b))) {
+        Ok(Some(Ok(h))) => h,
+        Ok(None) => Vec::new(),
+        Ok(Some(Err(e))) => {
+            eprintln!("gpumem: the running gpumem serve's answer is not understood: {e}");
+            Vec::new()
+        }
+        Err(e) => {
+            eprintln!("gpumem: {e:#}");
+            Vec::new()
+        }
+    }
+}
+
 /// A replay's exit status: a damaged or unfinished recording is said, with
 /// how much of it the report covers (`covers`: how the command says it), and
 /// is a failure.
@@ -130,6 +163,8 @@ pub fn run(a: TraceArgs) -> Result<ExitCode> {
     let stdout = BufWriter::new(io::stdout().lock());
     let filter = Filter { min_size: a.min_size.unwrap_or(0), failed_only: a.failed_only };
     let mut trace = Trace::new(stdout, a.json, filter, a.from.clone());
+    trace.daemon = Some(a.daemon);
+    trace.pids = a.target.pids.clone();
     if let Some(path) = &a.from {
         return runtime::replay(&mut super::open_recording(path)?, super::replay_options(a.max_allocations), &mut trace);
     }

@@ -12,6 +12,35 @@ pub const DEFAULT_SOCKET: &str = "/run/gpumem/gpumem.sock";
 pub const VERSION_HEADER: &str = "x-gpumem-version";
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// What a process holds on one device, as the daemon knows it (since the
+/// process's first call, or its state adopted from the kernel's table).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct Holding {
+    pub pid: u32,
+    pub comm: String,
+    pub device: i32,
+    pub live_bytes: u64,
+    pub live_allocs: u64,
+}
+
+/// The holdings of these processes (all, if none is named).
+pub fn holdings(state: &crate::state::State, pids: &[u32]) -> Vec<Holding> {
+    let mut out = Vec::new();
+    for p in state.processes.values().filter(|p| !p.exited && (pids.is_empty() || pids.contains(&p.pid))) {
+        for &device in &p.devices_seen {
+            let t = p.totals(device);
+            out.push(Holding { pid: p.pid, comm: p.comm.clone(), device, live_bytes: t.live_bytes, live_allocs: t.live_allocs });
+        }
+    }
+    out
+}
+
+/// Parses `pids=1,2` (the query of /v1/holdings).
+pub fn parse_pids(q: &str) -> Result<Vec<u32>, String> {
+    let v = q.strip_prefix("pids=").unwrap_or(q);
+    v.split(',').filter(|s| !s.is_empty()).map(|s| s.parse().map_err(|_| format!("bad pid {s:?}"))).collect()
+}
+
 /// `leaks` asked of the daemon.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct LeaksQuery {

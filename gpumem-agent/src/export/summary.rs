@@ -117,6 +117,10 @@ pub struct Summary {
     /// Processes NVML lists whose calls were never traced, with NVML's bytes
     /// (held since before tracing began).
     pub held_before_tracing: Vec<crate::analysis::view::UntracedRow>,
+    /// What a running `gpumem serve` knows these processes hold, from their
+    /// first call (memory allocated before this session included).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub known_to_daemon: Vec<crate::daemon::Holding>,
 }
 
 fn process_summary(p: &Process, view: &View) -> ProcessSummary {
@@ -198,6 +202,7 @@ impl Summary {
             stale_calls_removed: footer.stale_calls_removed,
             python_unwalked: footer.python_unwalked.clone(),
             held_before_tracing: view.untraced.clone(),
+            known_to_daemon: Vec::new(),
         }
     }
 
@@ -233,6 +238,17 @@ impl Summary {
                 printable(&u.comm),
                 bytes(u.nvml_bytes),
                 u.gpu
+            )?;
+        }
+        for h in &self.known_to_daemon {
+            writeln!(
+                out,
+                "note: the running gpumem serve, which has traced pid {} ({}) from its start: {} live in {} allocation(s) on GPU {}",
+                h.pid,
+                printable(&h.comm),
+                bytes(h.live_bytes),
+                h.live_allocs,
+                h.device
             )?;
         }
         for u in &self.python_unwalked {

@@ -8,8 +8,10 @@
 //! probes overlap, never miss), the table is read and replayed in time order
 //! as events flagged ADOPTED, and then the ring is read from where the last
 //! reader stopped. Ring events up to the snapshot may already be in the
-//! table: an event replayed from it is skipped, and so is a free of what
-//! the snapshot no longer held (freed before it, not untracked).
+//! table: one that made what the state now holds (same key, same time) is
+//! skipped, and so is a free of what it does not hold (freed before the
+//! snapshot, not untracked). The state is the reference: no copy of the
+//! table is kept (a million entries would cost a hundred MiB).
 use std::{
     collections::{HashMap, HashSet},
     io::{BufRead as _, Write as _},
@@ -72,15 +74,13 @@ pub struct Adopted {
     pub stacks_restored: usize,
     /// Processes whose entries did not all fit in the kernel's table.
     pub processes_uncertain: usize,
+    /// How long reading and replaying the table took.
+    pub took_ms: f64,
 }
 
-/// Ring events up to the snapshot that the snapshot already accounts for.
+/// Ring events up to the snapshot may be accounted for by it.
 struct Window {
     until_ns: u64,
-    /// (pid, api, ts) of every event replayed from the table.
-    replayed: HashSet<(u32, u32, u64)>,
-    /// What is held at this point of the window (snapshot plus later adds).
-    keys: HashSet<LiveKey>,
     opened: Instant,
 }
 
@@ -153,17 +153,17 @@ impl Continuity {
         if !std::mem::take(&mut self.adopt) {
             return;
         }
+        let began = Instant::now();
         let mut alive = Alive::default();
         let entries_of_exited = agent.remove_live_of(|pid| !alive.check(pid));
         let mut entries = agent.live_entries();
         entries.sort_by_key(|(_, e)| e.event.ts_ns);
         let restored = self.stacks.load(entries.iter().map(|(_, e)| e.stack).filter(|&s| s != 0).collect());
-        let mut window = Window { until_ns: 0, replayed: HashSet::new(), keys: HashSet::new(), opened: Instant::now() };
         let mut stacks_restored = 0;
         for (id, frames) in restored {
             pipeline.stacks.insert_symbolized(id, frames);
         }
-        for (key, entry) in &entries {
+        for (_, entry) in &entries {
             let mut ev = entry.event;
             ev.flags |= flags::ADOPTED;
             let stack = match entry.stack {
@@ -175,35 +175,37 @@ impl Continuity {
                 _ => Stack::None,
             };
             pipeline.apply(&ev, stack);
-            window.replayed.insert((ev.pid, ev.api, ev.ts_ns));
-            window.keys.insert(*key);
         }
-        window.until_ns = monotonic_ns();
+        let window = Window { until_ns: monotonic_ns(), opened: Instant::now() };
         let missed = agent.live_missed();
         pipeline.state.mark_lost(&missed);
         let processes = entries.iter().map(|(k, _)| k.tgid).collect::<HashSet<_>>().len();
-        self.report.adopted =
-            Some(Adopted { processes, entries: entries.len(), entries_of_exited, stacks_restored, processes_uncertain: missed.len() });
+        self.report.adopted = Some(Adopted {
+            processes,
+            entries: entries.len(),
+            entries_of_exited,
+            stacks_restored,
+            processes_uncertain: missed.len(),
+            took_ms: began.elapsed().as_secs_f64() * 1e3,
+        });
         self.window = Some(window);
     }
 
     /// Whether a ring event is already accounted for by the adopted table.
-    pub fn skips(&mut self, ev: &Event) -> bool {
-        let Some(w) = self.window.as_mut() else { return false };
-        if ev.ts_ns > w.until_ns {
+    pub fn skips(&self, ev: &Event, state: &crate::state::State) -> bool {
+        let Some(w) = &self.window else { return false };
+        if ev.ts_ns > w.until_ns || ev.result != 0 {
             return false;
         }
-        if w.replayed.remove(&(ev.pid, ev.api, ev.ts_ns)) {
-            return true;
-        }
-        let Some((k, id, add)) = (ev.result == 0).then(|| live::effect(ev)).flatten() else { return false };
-        let key = LiveKey { tgid: ev.pid, kind: k, id };
+        let Some((k, id, add)) = live::effect(ev) else { return false };
+        let held = state.held_entry(ev.pid, k, id);
         if add {
-            w.keys.insert(key);
-            false
+            // What the state holds came from this very call (entries
+            // without a time: the key is unique in the table).
+            k != kind::THREAD_CTX && held.is_some_and(|ts| ts == ev.ts_ns || ts == 0)
         } else {
-            // Freed before the snapshot: neither in it nor added since.
-            matches!(k, kind::ALLOC | kind::VMM_HANDLE | kind::VMM_MAP | kind::VA | kind::TENSOR) && !w.keys.remove(&key)
+            // Freed before the snapshot: not held, and no untracked free.
+            matches!(k, kind::ALLOC | kind::VMM_HANDLE | kind::VMM_MAP | kind::VA | kind::TENSOR) && held.is_none()
         }
     }
 

@@ -109,8 +109,8 @@ impl<'o, O: Output> Live<'o, O> {
             c.adopt(&mut agent, &mut pipeline);
             if let Some(a) = &c.report.adopted {
                 say(format!(
-                    "adopted the pinned state: {} live entries of {} processes rebuilt from the kernel's table ({} with their stacks; {} entries of processes gone removed)",
-                    a.entries, a.processes, a.stacks_restored, a.entries_of_exited
+                    "adopted the pinned state: {} live entries of {} processes rebuilt from the kernel's table in {:.0} ms ({} with their stacks; {} entries of processes gone removed)",
+                    a.entries, a.processes, a.took_ms, a.stacks_restored, a.entries_of_exited
                 ));
             }
         }
@@ -220,7 +220,7 @@ impl<'o, O: Output> Live<'o, O> {
                 signals.python.frameless(s.event.pid);
             }
             if let Some(c) = continuity.as_mut() {
-                if c.skips(ev) {
+                if c.skips(ev, &pipeline.state) {
                     if let Some(s) = stack {
                         c.skipped_with_stack(kernel, pipeline, s);
                     }

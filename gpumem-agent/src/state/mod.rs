@@ -373,6 +373,22 @@ impl State {
 
     /// Marks the processes that lost events (cumulative counts per pid, as
     /// the kernel keeps them) as uncertain.
+    /// Whether the process holds what a key of the kernel's table names
+    /// (`gpumem_common::live`): Some(its time, 0 where none is kept) if so.
+    pub fn held_entry(&self, pid: u32, kind: u32, id: u64) -> Option<u64> {
+        use gpumem_common::live::kind as k;
+        let h = &self.processes.get(&pid)?.held;
+        match kind {
+            k::ALLOC => h.allocs.get(&id).map(|a| a.ts_ns),
+            k::TENSOR => h.tensors.get(&id).map(|a| a.ts_ns),
+            k::VMM_HANDLE => h.vmm_handles.get(&id).map(|v| v.ts_ns),
+            k::VMM_MAP => h.mappings.contains_key(&id).then_some(0),
+            k::VA => h.reservations.contains_key(&id).then_some(0),
+            k::CTX => h.contexts.device_of.contains_key(&id).then_some(0),
+            _ => None,
+        }
+    }
+
     /// Sets the stack of the allocation or VMM handle an event made; its
     /// device, if held.
     pub fn set_stack(&mut self, ev: &Event, stack: StackId) -> Option<i32> {
