@@ -277,3 +277,42 @@ fn top_and_leaks_list_what_nvml_says_a_process_held_before_tracing_began() {
     assert_eq!((w[2], w[3], w[4], w[5], w[6]), ("workload", "0", "123.0", "MiB", "-"), "NVML's bytes, no traced allocation: {row}");
     assert!(row.contains("BEFORE TRACING (NVML)"), "{row}");
 }
+
+#[test]
+fn the_live_top_over_a_running_daemon_shows_what_was_allocated_before_it_started_with_stacks() {
+    require_root();
+    let f = fixtures();
+    let state = ServeState::new("top-daemon");
+    let mut args = state.args();
+    args.extend(["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"].map(String::from));
+    let mut serve = Serve::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+    let socket = state.socket.clone();
+    serve.state = Some(state);
+    // Allocated before top starts: the daemon saw it, top asks the daemon.
+    let mut hold = spawn_hold(30_000);
+    let pid = hold.id().to_string();
+    std::thread::sleep(Duration::from_secs(1));
+    let exit_file = target_dir().join("gpumem-fixtures/top-daemon.exit");
+    let _ = std::fs::remove_file(&exit_file);
+    let cmd = format!(
+        "{} top --interval 0.3 --socket {} 2>/dev/null; echo $? > {}",
+        gpumem_bin().display(),
+        socket.display(),
+        exit_file.display()
+    );
+    let tmux = Tmux::start("gpumem-top-daemon", &cmd);
+    tmux.wait_for("the workload's rows", |s| s.contains(&pid) && s.contains("9.0 MiB") && s.contains("2.0 MiB"));
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for("the stacks", |s| s.contains("largest live allocation stacks"));
+    assert!(s.contains("workload.c"), "the stacks of what was allocated before top started: {s}");
+    tmux.keys(&["x", "q"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !exit_file.exists() {
+        assert!(std::time::Instant::now() < deadline, "top did not quit; screen:\n{}", tmux.screen());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(std::fs::read_to_string(&exit_file).unwrap().trim(), "0");
+    let _ = hold.kill();
+    let _ = hold.wait();
+    serve.stop();
+}

@@ -14,7 +14,7 @@ use crate::{
     state::{Memory, Process, State},
 };
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct LeakGroup {
     /// None when the stack could not be captured or unwound.
     pub stack_id: Option<String>,

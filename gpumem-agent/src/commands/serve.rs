@@ -44,6 +44,10 @@ pub enum Request {
     Health(oneshot::Sender<String>),
     /// The local API: `top --once`'s text.
     Top(oneshot::Sender<Result<String, String>>),
+    /// The local API: the live top's snapshot (JSON).
+    Snapshot(oneshot::Sender<Result<String, String>>),
+    /// The local API: a process's largest live stacks on a device (JSON).
+    Stacks(u32, i32, oneshot::Sender<Result<String, String>>),
     /// The local API: a leaks report, rendered as asked.
     Leaks(LeaksQuery, oneshot::Sender<Result<String, String>>),
     /// The local API: the daemon's own status (JSON).
@@ -195,6 +199,16 @@ impl Output for Serve {
             Request::Leaks(q, reply) => {
                 let _ = reply.send(self.leaks(ctx, &q).map_err(|e| e.to_string()));
             }
+            Request::Snapshot(reply) => {
+                let lost = ctx.agent.kernel.lost.total();
+                let snapshot = super::top::snapshot(ctx.pipeline, lost);
+                let answer = serde_json::json!({ "snapshot": snapshot, "probes_attached": ctx.agent.probes_attached });
+                let _ = reply.send(Ok(answer.to_string()));
+            }
+            Request::Stacks(pid, device, reply) => {
+                let groups = super::top::stacks(ctx.pipeline, pid, device);
+                let _ = reply.send(serde_json::to_string(&groups).map_err(|e| e.to_string()));
+            }
             Request::Holdings(pids, reply) => {
                 let h = crate::daemon::holdings(&ctx.pipeline.state, &pids);
                 let _ = reply.send(serde_json::to_string(&h).map_err(|e| e.to_string()));
@@ -319,6 +333,7 @@ fn router(requests: mpsc::Sender<Request>) -> Router {
 /// The local API: what `top`, `leaks` and `status` ask a running daemon.
 fn api_router(requests: mpsc::Sender<Request>) -> Router {
     let (for_leaks, for_status, for_holdings) = (requests.clone(), requests.clone(), requests.clone());
+    let (for_snapshot, for_stacks) = (requests.clone(), requests.clone());
     Router::new()
         .route(
             "/v1/top",
@@ -334,6 +349,25 @@ fn api_router(requests: mpsc::Sender<Request>) -> Router {
                 async move {
                     match LeaksQuery::parse(query.0.as_deref().unwrap_or("")) {
                         Ok(q) => api_response(ask_with(&r, |tx| Request::Leaks(q, tx)).await),
+                        Err(e) => (StatusCode::BAD_REQUEST, format!("gpumem: {e}\n")).into_response(),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/v1/snapshot",
+            get(move || {
+                let r = for_snapshot.clone();
+                async move { api_response(ask(&r, Request::Snapshot).await) }
+            }),
+        )
+        .route(
+            "/v1/stacks",
+            get(move |query: axum::extract::RawQuery| {
+                let r = for_stacks.clone();
+                async move {
+                    match parse_stacks_query(query.0.as_deref().unwrap_or("")) {
+                        Ok((pid, device)) => api_response(ask_with(&r, |tx| Request::Stacks(pid, device, tx)).await),
                         Err(e) => (StatusCode::BAD_REQUEST, format!("gpumem: {e}\n")).into_response(),
                     }
                 }
@@ -362,6 +396,19 @@ fn api_router(requests: mpsc::Sender<Request>) -> Router {
             r.headers_mut().insert(crate::daemon::VERSION_HEADER, header::HeaderValue::from_static(crate::daemon::VERSION));
             r
         }))
+}
+
+/// `pid=N&device=D` of /v1/stacks.
+fn parse_stacks_query(q: &str) -> Result<(u32, i32), String> {
+    let (mut pid, mut device) = (None, None);
+    for pair in q.split('&') {
+        match pair.split_once('=') {
+            Some(("pid", v)) => pid = v.parse().ok(),
+            Some(("device", v)) => device = v.parse().ok(),
+            _ => return Err(format!("unknown parameter {pair:?}")),
+        }
+    }
+    Ok((pid.ok_or("pid=N is missing")?, device.ok_or("device=D is missing")?))
 }
 
 fn api_response(answer: Option<Result<String, String>>) -> Response {

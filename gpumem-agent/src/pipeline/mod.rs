@@ -56,7 +56,7 @@ impl Default for Options {
 /// How much the pipeline keeps per process, now and at most so far (as
 /// sampled at each growth sample and forgetting): a table that only grows
 /// under process churn shows here.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Kept {
     pub processes: usize,
     pub exited: usize,

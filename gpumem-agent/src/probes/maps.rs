@@ -81,6 +81,13 @@ impl Agent {
     }
 
     /// Kernel-side drop counters, summed over CPUs, in `stat` index order.
+    /// Returns without their entry that were no loss: while a new agent's
+    /// links overlap the last one's, each call's return runs twice and the
+    /// second finds its entry taken (see runtime/continuity.rs).
+    pub fn discount_duplicate_returns(&mut self, n: u64) {
+        self.duplicate_returns += n;
+    }
+
     pub fn kernel_stats(&self) -> Result<[u64; stat::COUNT as usize], ProbeError> {
         let map = self.ebpf.map("STATS").ok_or(ProbeError::MissingMap("STATS"))?;
         let stats: PerCpuArray<_, u64> =
@@ -90,6 +97,8 @@ impl Agent {
             let values = stats.get(&(i as u32), 0).map_err(|source| ProbeError::Map { map: "STATS", source: Box::new(source) })?;
             *slot = values.iter().sum();
         }
+        let rwe = &mut out[stat::RETURN_WITHOUT_ENTRY as usize];
+        *rwe = rwe.saturating_sub(self.duplicate_returns);
         Ok(out)
     }
 

@@ -155,6 +155,8 @@ pub struct Agent {
     links_changed: bool,
     /// Links of this load pinned so far, by id.
     pinned_links: HashSet<u32>,
+    /// Not losses: returns run twice while links overlapped at a takeover.
+    duplicate_returns: u64,
 }
 
 /// Context calls first, then frees, then allocations: with per-point links,
@@ -247,6 +249,7 @@ impl Agent {
             usdt_specs_used: 0,
             links_changed: true,
             pinned_links: HashSet::new(),
+            duplicate_returns: 0,
         };
         agent.load_uprobes()?;
         agent.attach_tracepoints(fork_offset != 0, oom_offsets[oom_field::PID] != oom_field::FIELD_ABSENT);

@@ -61,6 +61,9 @@ pub struct Report {
     pub adopted: Option<Adopted>,
     /// Links of the previous agent replaced by this one's.
     pub links_taken_over: usize,
+    /// Returns that ran twice while the links overlapped (not losses: the
+    /// first of each pair was delivered).
+    pub duplicate_returns: u64,
     pub notes: Vec<String>,
 }
 
@@ -139,11 +142,19 @@ impl Continuity {
     }
 
     /// This agent's links are attached and pinned: the previous agent's go.
-    pub fn take_over(&mut self) {
+    /// `returns_before`: the kernel's count of returns without their entry
+    /// before this agent's first link; what it counted since were the
+    /// overlapping links' second returns, discounted.
+    pub fn take_over(&mut self, agent: &mut Agent, returns_before: u64) {
         for l in std::mem::take(&mut self.old_links) {
             if std::fs::remove_file(&l).is_ok() {
                 self.report.links_taken_over += 1;
             }
+        }
+        if self.report.links_taken_over > 0 {
+            let now = returns_without_entry(agent);
+            self.report.duplicate_returns = now.saturating_sub(returns_before);
+            agent.discount_duplicate_returns(self.report.duplicate_returns);
         }
     }
 
@@ -269,6 +280,11 @@ impl Continuity {
     pub fn finish(&mut self, pipeline: &mut Pipeline) {
         self.stacks.persist(pipeline);
     }
+}
+
+/// The kernel's count of returns without their entry (0 if unreadable).
+pub fn returns_without_entry(agent: &Agent) -> u64 {
+    agent.kernel_stats().map_or(0, |s| s[gpumem_common::stat::RETURN_WITHOUT_ENTRY as usize])
 }
 
 /// Liveness of processes, each looked up once per sweep.

@@ -426,6 +426,7 @@ fn attach(s: &Session) -> Result<(Agent, EventReader, Option<Continuity>)> {
     for note in &agent.notes {
         say(note.clone());
     }
+    let returns_before = super::continuity::returns_without_entry(&agent);
     let (events, stacks) = agent.take_rings()?;
     let reader = EventReader::new(events, stacks).context("watching the ring buffer")?;
     let announce = |m: String| {
@@ -446,7 +447,7 @@ fn attach(s: &Session) -> Result<(Agent, EventReader, Option<Continuity>)> {
         agent.add_pid(pid, false)?;
     }
     if let Some(c) = continuity.as_mut() {
-        c.take_over();
+        c.take_over(&mut agent, returns_before);
         if c.report.links_taken_over > 0 {
             say(format!("took over from the last agent: its {} links replaced by this one's", c.report.links_taken_over));
         }

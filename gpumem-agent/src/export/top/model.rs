@@ -14,7 +14,7 @@ use crate::{
 /// Samples in a row's trend line.
 pub const TREND_LEN: usize = 20;
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GpuHeader {
     pub index: i32,
     pub name: String,
@@ -27,7 +27,7 @@ pub struct GpuHeader {
     pub health: Option<u32>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Row {
     pub pid: u32,
     pub comm: String,
@@ -76,7 +76,7 @@ impl SortKey {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Snapshot {
     pub gpus: Vec<GpuHeader>,
     pub rows: Vec<Row>,

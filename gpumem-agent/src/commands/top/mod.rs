@@ -26,6 +26,8 @@ use crate::{
     runtime::{self, Ctx, End, Flow, Output, Session},
 };
 
+mod daemon;
+
 /// Samples per growth series: 10 minutes at the 1 s sampling interval.
 const GROWTH_SAMPLES: usize = 600;
 const GROWTH_INTERVAL: Duration = Duration::from_secs(1);
@@ -131,8 +133,7 @@ impl Top {
             Action::Quit => return Flow::Stop,
             Action::Stacks { pid, device, title } => {
                 let p = &mut *ctx.pipeline;
-                let groups =
-                    p.state.processes.get(&pid).map(|proc| leaks::top_stacks(proc, device, &mut p.stacks, STACKS_SHOWN, monotonic_ns()));
+                let groups = stacks(p, pid, device);
                 self.screen.stacks = Some((title, tui::stack_lines(groups.as_deref())));
             }
             Action::None => {}
@@ -234,26 +235,43 @@ impl Output for Top {
     }
 }
 
-/// The `--once` text of what a pipeline holds now: what a running daemon
-/// answers `top --once` with.
-pub fn once_text(p: &mut crate::pipeline::Pipeline, lost_events: u64) -> Result<String> {
+/// What a pipeline holds now, as top shows it: what a running daemon
+/// answers the interactive top with.
+pub fn snapshot(p: &mut crate::pipeline::Pipeline, lost_events: u64) -> Snapshot {
     p.note_kept();
     let view = p.view(&ViewOptions { now_ns: monotonic_ns(), trend: model::TREND_LEN, ..Default::default() });
     let mut snap = top::build(&view, p.state.events, lost_events, p.kept);
     snap.sort(Screen::default().sort);
+    snap
+}
+
+/// A process's largest live allocation stacks on a device (None: gone).
+pub fn stacks(p: &mut crate::pipeline::Pipeline, pid: u32, device: i32) -> Option<Vec<leaks::LeakGroup>> {
+    let proc = p.state.processes.get(&pid)?;
+    Some(leaks::top_stacks(proc, device, &mut p.stacks, STACKS_SHOWN, monotonic_ns()))
+}
+
+/// The `--once` text of what a pipeline holds now: what a running daemon
+/// answers `top --once` with.
+pub fn once_text(p: &mut crate::pipeline::Pipeline, lost_events: u64) -> Result<String> {
+    let snap = snapshot(p, lost_events);
     let mut out = Vec::new();
     snap.write_text(&mut out)?;
     Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 pub fn run(args: TopArgs) -> Result<ExitCode> {
-    if args.once && args.from.is_none() {
+    if args.from.is_none() {
         // A running daemon has seen every allocation since it started.
-        if let Some(text) = crate::daemon::client::ask(&args.daemon, "/v1/top")? {
-            let mut out = std::io::stdout().lock();
-            out.write_all(text.as_bytes())?;
-            out.flush()?;
-            return Ok(ExitCode::SUCCESS);
+        if args.once {
+            if let Some(text) = crate::daemon::client::ask(&args.daemon, "/v1/top")? {
+                let mut out = std::io::stdout().lock();
+                out.write_all(text.as_bytes())?;
+                out.flush()?;
+                return Ok(ExitCode::SUCCESS);
+            }
+        } else if let Some(first) = crate::daemon::client::ask(&args.daemon, "/v1/snapshot")? {
+            return daemon::run(&args, &first);
         }
     }
     let mut top = Top::new(&args);

@@ -1,0 +1,80 @@
+//! The live `gpumem top` over a running daemon: the snapshot the daemon
+//! builds (every allocation since it started, its pinned state adopted)
+//! redrawn every --interval; a row's stacks asked of it on Enter. Keys and
+//! the screen are the same as with probes of its own.
+use std::process::ExitCode;
+
+use anyhow::{Context as _, Result};
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+use super::{spawn_key_reader, Input, Screenful};
+use crate::{
+    analysis::leaks::LeakGroup,
+    cli::TopArgs,
+    daemon::client,
+    export::top::{
+        tui::{self, Action, Screen},
+        Snapshot,
+    },
+};
+
+/// /v1/snapshot's answer.
+#[derive(Deserialize)]
+pub struct Answer {
+    pub snapshot: Snapshot,
+    pub probes_attached: usize,
+}
+
+fn fetch(args: &TopArgs) -> Result<Option<Answer>> {
+    match client::ask(&args.daemon, "/v1/snapshot")? {
+        Some(body) => Ok(Some(serde_json::from_str(&body).context("the daemon's snapshot")?)),
+        None => Ok(None),
+    }
+}
+
+pub fn run(args: &TopArgs, first: &str) -> Result<ExitCode> {
+    let mut answer: Answer = serde_json::from_str(first).context("the daemon's snapshot")?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+    rt.block_on(async {
+        let (tx, mut rx) = mpsc::channel(64);
+        spawn_key_reader(tx)?;
+        let mut terminal = Screenful::init()?;
+        let mut screen = Screen::default();
+        let mut redraw = tokio::time::interval(std::time::Duration::from_secs_f64(args.interval));
+        loop {
+            answer.snapshot.sort(screen.sort);
+            terminal.0.draw(|f| tui::draw(f, &answer.snapshot, &mut screen, answer.probes_attached))?;
+            tokio::select! {
+                _ = redraw.tick() => {
+                    if !screen.paused {
+                        // The daemon gone: the last snapshot stays, and says so in its footer.
+                        match fetch(args) {
+                            Ok(Some(a)) => answer = a,
+                            Ok(None) | Err(_) => screen.stacks = Some(("gpumem serve".into(), vec!["the daemon no longer answers".into()])),
+                        }
+                    }
+                }
+                input = rx.recv() => match input {
+                    None | Some(Input::Quit) => break,
+                    Some(Input::Redraw) => {}
+                    Some(Input::Key(k)) => match screen.key(&answer.snapshot, k) {
+                        Action::Quit => break,
+                        Action::Stacks { pid, device, title } => {
+                            let groups = stacks(args, pid, device);
+                            screen.stacks = Some((title, tui::stack_lines(groups.as_deref())));
+                        }
+                        Action::None => {}
+                    },
+                },
+            }
+        }
+        drop(terminal);
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn stacks(args: &TopArgs, pid: u32, device: i32) -> Option<Vec<LeakGroup>> {
+    let body = client::ask(&args.daemon, &format!("/v1/stacks?pid={pid}&device={device}")).ok()??;
+    serde_json::from_str::<Option<Vec<LeakGroup>>>(&body).ok()?
+}
