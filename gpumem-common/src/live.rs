@@ -84,3 +84,37 @@ pub fn effect(ev: &Event) -> Option<(u32, u64, bool)> {
         _ => return None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_add_has_its_remove_on_the_same_key() {
+        let of = |api: u32| {
+            let mut ev = Event::empty(api);
+            (ev.addr, ev.handle, ev.tid) = (0x1000, 0x2000, 7);
+            effect(&ev)
+        };
+        use api::*;
+        for (add, remove) in [
+            (CU_MEM_ALLOC_V2, CU_MEM_FREE_V2),
+            (CU_MEM_ALLOC_ASYNC, CU_MEM_FREE_ASYNC),
+            (CU_MEM_ALLOC_HOST_V2, CU_MEM_FREE_HOST),
+            (CU_MEM_CREATE, CU_MEM_RELEASE),
+            (CU_MEM_MAP, CU_MEM_UNMAP),
+            (CU_MEM_ADDRESS_RESERVE, CU_MEM_ADDRESS_FREE),
+            (CU_CTX_CREATE_V2, CU_CTX_DESTROY_V2),
+            (CU_CTX_SET_CURRENT, CU_CTX_POP_CURRENT_V2),
+            (TENSOR_ALLOC, TENSOR_FREE),
+        ] {
+            let (a, r) = (of(add).unwrap(), of(remove).unwrap());
+            assert_eq!((a.0, a.1, a.2), (r.0, r.1, true), "api {add}");
+            assert!(!r.2, "api {remove} removes");
+        }
+        assert_eq!(of(CU_MEM_CREATE).unwrap().1, 0x2000, "handles by handle");
+        assert_eq!(of(CU_CTX_SET_CURRENT).unwrap().1, 7, "current contexts by thread");
+        assert_eq!(of(CU_MEM_GET_INFO_V2), None);
+        assert_eq!(of(PROCESS_EXIT), None);
+    }
+}

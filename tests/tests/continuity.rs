@@ -119,6 +119,10 @@ fn restart_loses_nothing(signal: i32) {
     // Phase 0 before the agent: 8 MiB, a 4 MiB VMM handle mapped, 64 KiB pinned.
     let mut w = Phases::start();
     wait_for_bytes(&first, w.pid(), 12 * MIB);
+    // What the agent learned (devices, stack ids) reaches the kernel's table
+    // at its next tick (0.5 s): an allocation younger than that at a SIGKILL
+    // keeps its bytes, not its stack.
+    std::thread::sleep(Duration::from_secs(1));
     let (_, said) = first.signal(signal);
     if signal == libc::SIGTERM {
         assert!(said.contains("probes stay attached and keep counting"), "{said}");
@@ -335,6 +339,7 @@ fn pytorch_tensors_held_across_a_restart_stay_exact() {
         assert!(Instant::now() < deadline, "{}", first.metrics());
         std::thread::sleep(Duration::from_millis(100));
     }
+    std::thread::sleep(Duration::from_secs(1));
     first.signal(libc::SIGKILL);
     let mut second = start(&args);
     // Tensors and segments both come back from the kernel's table.

@@ -152,7 +152,10 @@ pub fn overhead(pairs: u64, rounds: u32, what: Loop) -> Result<()> {
         ("gpumem probes", vec![]),
         ("gpumem --stacks off", vec![]),
         ("bpftrace (peer)", vec![]),
+        ("gpumem as serve runs", vec![]),
     ];
+    // The kernel's table of live entries kept and the state pinned, as `serve` does.
+    let pin_dir = "/sys/fs/bpf/gpumem-bench";
     let mut calls = 0;
     for round in 0..rounds {
         gpumem_tests::wait_for_detach();
@@ -175,6 +178,17 @@ pub fn overhead(pairs: u64, rounds: u32, what: Loop) -> Result<()> {
             let (c, t) = under_bpftrace(f, &churn, &n, what)?;
             runs[4].1.push(t as f64 / c as f64);
         }
+        let (c, t) = churn_ns(
+            Command::new(&bin)
+                .args(["bench", "--probes", "full", "--stacks", "on", "--pin-dir", pin_dir])
+                .args(discover)
+                .args(["--libcuda", lib, "-c", &workload])
+                .env("GPUMEM_BENCH_N", &n)
+                .envs(churn.envs.iter().copied()),
+        )?;
+        runs[5].1.push(t as f64 / c as f64);
+        crate::run(Command::new(&bin).args(["serve", "--cleanup", "--pin-dir", pin_dir]))?;
+        gpumem_tests::wait_for_detach();
         let now: Vec<String> = runs.iter().filter_map(|(l, v)| v.last().map(|x| format!("{l} {x:.0}"))).collect();
         eprintln!("round {}: {} ns/call", round + 1, now.join(", "));
     }
@@ -385,18 +399,30 @@ pub fn idle(processes: u32, seconds: u64) -> Result<()> {
 /// `gpumem serve`'s CPU while one process allocates and frees at a steady
 /// rate, each allocation's stack 16 frames deep and taken (under the stack
 /// budget at 1 000/s, sampled beyond it at 10 000/s), beside the daemon at
-/// rest in the same run.
+/// rest in the same run; pinned (the default: the kernel's table of live
+/// entries kept, the agent writing back each allocation's device and stack)
+/// and with `--no-pin`, one after the other.
 pub fn agent_cpu(seconds: u64, python: bool) -> Result<()> {
     crate::run(crate::cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
     std::env::set_var("GPUMEM_BIN", gpumem_tests::target_dir().join("release/gpumem"));
+    let what = if python { "16 Python frames over ctypes" } else { "16-frame C call chains" };
+    println!("gpumem serve (release), one process allocating at a steady rate, {what}, {seconds} s each:");
+    for (mode, extra) in [("pinned (default)", None), ("--no-pin", Some("--no-pin"))] {
+        println!(" {mode}:");
+        agent_cpu_of(seconds, python, extra)?;
+    }
+    Ok(())
+}
+
+fn agent_cpu_of(seconds: u64, python: bool, extra: Option<&str>) -> Result<()> {
     let f = gpumem_tests::fixtures();
-    let serve = gpumem_tests::Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"], &[]);
+    let mut args = vec!["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"];
+    args.extend(extra);
+    let serve = gpumem_tests::Serve::start(&args, &[]);
     std::thread::sleep(std::time::Duration::from_secs(3));
     let cpu = || gpumem_tests::sample(&serve.metrics(), "gpumem_agent_cpu_seconds_total").unwrap_or(f64::NAN);
     let secs = seconds.to_string();
     let (mut idle, mut pairs) = (0.0, 0u64);
-    let what = if python { "16 Python frames over ctypes" } else { "16-frame C call chains" };
-    println!("gpumem serve (release), one process allocating at a steady rate, {what}, {seconds} s each:");
     let rates: &[u32] = if python { &[0, 1000, 3000] } else { &[0, 1000, 10_000] };
     for &rate in rates {
         let before = cpu();

@@ -368,6 +368,10 @@ pub struct BenchArgs {
     /// Command to run while the probes are attached.
     #[arg(short = 'c', long = "command", value_name = "CMD")]
     pub command: String,
+    /// As `serve` runs: the kernel's table of live entries kept, state
+    /// pinned here (the caller removes it with `serve --cleanup`).
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub pin_dir: Option<PathBuf>,
 }
 
 /// The longest duration or age accepted (about three years): longer ones

@@ -16,5 +16,10 @@ pub fn run(a: BenchArgs) -> Result<ExitCode> {
     let target = TargetArgs { pids: vec![], command: Some(a.command.clone()), duration: None };
     let mut s = super::session(&a.probes, &target, 1 << 20);
     s.probe_set = a.probe_set;
+    s.continuity = a.pin_dir.map(|root| runtime::continuity::Options {
+        state_dir: std::env::temp_dir().join("gpumem-bench-state"),
+        root,
+        kernel_table: gpumem_common::live::MAX_DEFAULT,
+    });
     runtime::run(s, &mut Trace::new(io::sink(), false, Filter::default(), None).quiet())
 }

@@ -222,21 +222,21 @@ impl<'o, O: Output> Live<'o, O> {
             if let Some(c) = continuity.as_mut() {
                 if c.skips(ev, &pipeline.state) {
                     if let Some(s) = stack {
-                        c.skipped_with_stack(kernel, pipeline, s);
+                        c.skipped_with_stack(pipeline, s);
                     }
                     return true;
                 }
             }
             let o = pipeline.apply(ev, stack.map_or(Stack::None, Stack::Captured));
             if let Some(c) = continuity.as_mut() {
-                c.applied(kernel, &o);
+                c.applied(&o);
             }
             result = out.event(&mut Ctx { pipeline: &mut *pipeline, agent, elapsed_s }, &o);
             matches!(result, Ok(Flow::Continue))
         });
         if n > 0 {
             if let Some(c) = continuity.as_mut() {
-                c.drained(pipeline);
+                c.drained(kernel, pipeline);
             }
             out.drained(&mut Ctx { pipeline, agent, elapsed_s })?;
             let learned = pipeline.stacks.take_copy_updates();
@@ -268,7 +268,7 @@ impl<'o, O: Output> Live<'o, O> {
     fn tick(&mut self) -> Result<Option<Ended>> {
         let gone = self.maintenance.tick(&mut self.agent, &self.s, &mut self.pipeline, &mut self.status, self.reader.counts());
         if let Some(c) = self.continuity.as_mut() {
-            c.tick(&mut self.agent);
+            c.tick(&mut self.agent, &self.pipeline);
         }
         let cuda = self.pipeline.state.processes.values().filter(|p| !p.exited).map(|p| p.pid);
         self.signals.python.tick(&mut self.agent, cuda);
@@ -390,7 +390,7 @@ impl<'o, O: Output> Live<'o, O> {
         self.out.close().await;
         drop(self.reader);
         if let Some(c) = self.continuity.as_mut() {
-            c.finish(&mut self.pipeline);
+            c.finish(&mut self.agent, &mut self.pipeline);
             if let Some(p) = self.agent.pinned() {
                 say(format!(
                     "probes stay attached and keep counting (pinned in {}): the next `gpumem serve` takes over; `gpumem serve --cleanup` removes them",
