@@ -162,36 +162,33 @@ pub fn overhead(pairs: u64, rounds: u32, what: Loop) -> Result<()> {
         let (c, t) = churn_ns(&mut churn.command(&n))?;
         calls = c;
         runs[0].1.push(t as f64 / c as f64);
+        // ns per call of `gpumem bench` with these options.
+        let gpumem = |options: &[&str]| -> Result<f64> {
+            let mut cmd = Command::new(&bin);
+            cmd.arg("bench").args(options).args(discover).args(["--libcuda", lib, "-c", &workload]);
+            let (c, t) = churn_ns(cmd.env("GPUMEM_BENCH_N", &n).envs(churn.envs.iter().copied()))?;
+            Ok(t as f64 / c as f64)
+        };
         for (i, (set, stacks)) in [("empty", "on"), ("full", "on"), ("full", "off")].into_iter().enumerate() {
-            let (c, t) = churn_ns(
-                Command::new(&bin)
-                    .args(["bench", "--probes", set, "--stacks", stacks])
-                    .args(discover)
-                    .args(["--libcuda", lib, "-c", &workload])
-                    .env("GPUMEM_BENCH_N", &n)
-                    .envs(churn.envs.iter().copied()),
-            )?;
-            runs[i + 1].1.push(t as f64 / c as f64);
+            runs[i + 1].1.push(gpumem(&["--probes", set, "--stacks", stacks])?);
             gpumem_tests::wait_for_detach();
         }
         if has_bpftrace {
             let (c, t) = under_bpftrace(f, &churn, &n, what)?;
             runs[4].1.push(t as f64 / c as f64);
         }
-        let (c, t) = churn_ns(
-            Command::new(&bin)
-                .args(["bench", "--probes", "full", "--stacks", "on", "--pin-dir", pin_dir])
-                .args(discover)
-                .args(["--libcuda", lib, "-c", &workload])
-                .env("GPUMEM_BENCH_N", &n)
-                .envs(churn.envs.iter().copied()),
-        )?;
-        runs[5].1.push(t as f64 / c as f64);
+        runs[5].1.push(gpumem(&["--probes", "full", "--stacks", "on", "--pin-dir", pin_dir])?);
         crate::run(Command::new(&bin).args(["serve", "--cleanup", "--pin-dir", pin_dir]))?;
         gpumem_tests::wait_for_detach();
         let now: Vec<String> = runs.iter().filter_map(|(l, v)| v.last().map(|x| format!("{l} {x:.0}"))).collect();
         eprintln!("round {}: {} ns/call", round + 1, now.join(", "));
     }
+    print_overhead(runs, calls, rounds, what);
+    Ok(())
+}
+
+/// The overhead table: each row's median over the rounds, against none and empty probes.
+fn print_overhead(runs: Vec<(&str, Vec<f64>)>, calls: u64, rounds: u32, what: Loop) {
     let med: Vec<(&str, Option<f64>)> = runs.into_iter().map(|(l, v)| (l, (!v.is_empty()).then(|| median(v)))).collect();
     let none = med[0].1.expect("measured");
     let empty = med[1].1.expect("measured");
@@ -227,7 +224,6 @@ pub fn overhead(pairs: u64, rounds: u32, what: Loop) -> Result<()> {
             None => println!("  {label:<22} not measured (bpftrace is not installed)"),
         }
     }
-    Ok(())
 }
 
 /// Cost of the ioctl path for ioctls that are not NVIDIA's: FIONREAD on a
