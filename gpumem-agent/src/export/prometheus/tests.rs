@@ -32,7 +32,9 @@ impl Fixture {
         let p = &mut self.pipeline;
         p.gpus.error = Some("not loaded".into());
         let view = p.view(&ViewOptions { exited: true, leak_age_ns: 0, ..Default::default() });
-        let agent = AgentStatus { probes_attached: 30, ..Default::default() };
+        // As `serve` runs: the kernel's table of live entries kept.
+        let kernel_table = Some(crate::probes::live::KernelTable { entries: 3, max_entries: 262_144, bytes: 456 });
+        let agent = AgentStatus { probes_attached: 30, kernel_table, ..Default::default() };
         render(&Scrape::of(p, &view, &agent, self.max_process_series)).unwrap()
     }
 }
@@ -125,5 +127,10 @@ fn every_catalogued_metric_is_in_the_exposition() {
     let text = f.render();
     for metric in catalog::ALL {
         assert!(text.contains(&format!("# TYPE {} ", metric.name)), "{} is not rendered", metric.name);
+    }
+    for (series, value) in
+        [("gpumem_kernel_table_entries ", "3"), ("gpumem_kernel_table_capacity_entries ", "262144"), ("gpumem_kernel_table_bytes ", "456")]
+    {
+        assert!(text.lines().any(|l| l.strip_prefix(series) == Some(value)), "{series}{value} is not in:\n{text}");
     }
 }
