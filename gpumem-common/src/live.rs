@@ -21,6 +21,9 @@ pub mod kind {
     pub const THREAD_CTX: u32 = 6;
     /// A tensor of PyTorch's caching allocator (its USDT probes), by address.
     pub const TENSOR: u32 = 7;
+    /// A device's primary context, by device: the retain event, its
+    /// `aux` the retains not released yet (kept by the eBPF side).
+    pub const PRIMARY_CTX: u32 = 8;
 }
 
 #[repr(C)]
@@ -73,7 +76,11 @@ pub fn effect(ev: &Event) -> Option<(u32, u64, bool)> {
         CU_MEM_UNMAP => (kind::VMM_MAP, ev.addr, false),
         CU_MEM_ADDRESS_RESERVE => (kind::VA, ev.addr, true),
         CU_MEM_ADDRESS_FREE => (kind::VA, ev.addr, false),
-        CU_DEVICE_PRIMARY_CTX_RETAIN | CU_CTX_CREATE_V2 | CU_CTX_CREATE_V3 | CU_CTX_CREATE_V4 => (kind::CTX, ev.handle, true),
+        CU_CTX_CREATE_V2 | CU_CTX_CREATE_V3 | CU_CTX_CREATE_V4 => (kind::CTX, ev.handle, true),
+        // Counted: a release removes the entry only with the last retain
+        // (see `is_counted`); a reset removes it at once.
+        CU_DEVICE_PRIMARY_CTX_RETAIN => (kind::PRIMARY_CTX, ev.device as u32 as u64, true),
+        CU_DEVICE_PRIMARY_CTX_RELEASE_V2 | CU_DEVICE_PRIMARY_CTX_RESET_V2 => (kind::PRIMARY_CTX, ev.device as u32 as u64, false),
         CU_CTX_DESTROY_V2 => (kind::CTX, ev.handle, false),
         CU_CTX_SET_CURRENT | CU_CTX_PUSH_CURRENT_V2 => (kind::THREAD_CTX, ev.tid as u64, true),
         // The context below the popped one is not known here: the thread
@@ -83,6 +90,13 @@ pub fn effect(ev: &Event) -> Option<(u32, u64, bool)> {
         TENSOR_FREE => (kind::TENSOR, ev.addr, false),
         _ => return None,
     })
+}
+
+/// Whether the call counts its entry up or down (retain, release) rather
+/// than adding or removing it.
+#[inline(always)]
+pub fn is_counted(api_id: u32) -> bool {
+    api_id == api::CU_DEVICE_PRIMARY_CTX_RETAIN || api_id == api::CU_DEVICE_PRIMARY_CTX_RELEASE_V2
 }
 
 #[cfg(test)]
@@ -106,6 +120,8 @@ mod tests {
             (CU_MEM_ADDRESS_RESERVE, CU_MEM_ADDRESS_FREE),
             (CU_CTX_CREATE_V2, CU_CTX_DESTROY_V2),
             (CU_CTX_SET_CURRENT, CU_CTX_POP_CURRENT_V2),
+            (CU_DEVICE_PRIMARY_CTX_RETAIN, CU_DEVICE_PRIMARY_CTX_RELEASE_V2),
+            (CU_DEVICE_PRIMARY_CTX_RETAIN, CU_DEVICE_PRIMARY_CTX_RESET_V2),
             (TENSOR_ALLOC, TENSOR_FREE),
         ] {
             let (a, r) = (of(add).unwrap(), of(remove).unwrap());

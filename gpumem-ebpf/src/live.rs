@@ -36,11 +36,34 @@ pub fn record(ev: &mut Event) {
     }
     let Some((kind, id, add)) = live::effect(ev) else { return };
     let key = LiveKey { tgid: ev.pid, kind, id };
+    if live::is_counted(ev.api) {
+        if let Some(e) = LIVE.get_ptr_mut(&key) {
+            // SAFETY: a value of this map. Not atomic (the BPF target has no
+            // fetch-and-add in core): two threads of a process retaining its
+            // primary context at the same instant (at start-up) may count
+            // one retain less.
+            let count = unsafe { &mut (*e).event.aux };
+            if add {
+                *count += 1;
+            } else if *count <= 1 {
+                let _ = LIVE.remove(&key);
+            } else {
+                *count -= 1;
+            }
+            return;
+        }
+        if !add {
+            return;
+        }
+    }
     if !add {
         let _ = LIVE.remove(&key);
         return;
     }
-    let entry = LiveEntry { event: *ev, stack: 0 };
+    let mut entry = LiveEntry { event: *ev, stack: 0 };
+    if live::is_counted(ev.api) {
+        entry.event.aux = 1;
+    }
     if LIVE.insert(&key, &entry, 0).is_err() {
         count(stat::KERNEL_TABLE_FULL);
         ev.flags |= flags::NOT_IN_KERNEL_TABLE;

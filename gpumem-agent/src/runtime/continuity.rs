@@ -204,6 +204,12 @@ impl Continuity {
                 _ => Stack::None,
             };
             pipeline.apply(&ev, stack);
+            // A primary context: once per retain not released yet.
+            if ev.api == gpumem_common::api::CU_DEVICE_PRIMARY_CTX_RETAIN {
+                for _ in 1..entry.event.aux.clamp(1, 1000) {
+                    pipeline.apply(&ev, Stack::None);
+                }
+            }
         }
         let window = Window { until_ns: monotonic_ns(), opened: Instant::now() };
         let missed = agent.live_missed();
@@ -227,6 +233,10 @@ impl Continuity {
             return false;
         }
         let Some((k, id, add)) = live::effect(ev) else { return false };
+        if k == kind::PRIMARY_CTX && !add {
+            // The table's count already has every release before the snapshot.
+            return true;
+        }
         let held = state.held_entry(ev.pid, k, id);
         if add {
             // What the state holds came from this very call (entries

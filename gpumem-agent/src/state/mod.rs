@@ -385,6 +385,7 @@ impl State {
             k::VMM_MAP => h.mappings.contains_key(&id).then_some(0),
             k::VA => h.reservations.contains_key(&id).then_some(0),
             k::CTX => h.contexts.device_of.contains_key(&id).then_some(0),
+            k::PRIMARY_CTX => h.contexts.primary.contains_key(&(id as u32 as i32)).then_some(0),
             _ => None,
         }
     }
