@@ -323,6 +323,16 @@ pub fn figures(stderr: &str) -> serde_json::Value {
     serde_json::from_str(line).unwrap()
 }
 
+/// Reads the loop's stderr up to its figures line; the figures.
+pub fn read_figures(stderr: &mut impl std::io::BufRead) -> serde_json::Value {
+    let mut line = String::new();
+    while !line.starts_with("torch_figures=") {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "the loop ended early");
+    }
+    figures(&line)
+}
+
 /// The shell command that runs one workload scenario on the synthetic driver.
 pub fn workload_cmd(scenario: &str) -> String {
     let f = fixtures();

@@ -135,6 +135,12 @@ impl Drop for Serve {
     }
 }
 
+/// The value of the first series of `name` for this process in a text exposition.
+pub fn pid_series(exposition: &str, name: &str, pid: u32) -> Option<f64> {
+    let prefix = format!("{name}{{pid=\"{pid}\"");
+    exposition.lines().find(|l| l.starts_with(&prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
 /// The value of one sample in a text exposition (exact line match on name+labels).
 pub fn sample(exposition: &str, series: &str) -> Option<f64> {
     exposition.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))

@@ -322,18 +322,9 @@ fn pytorch_tensors_held_across_a_restart_stay_exact() {
         .spawn()
         .unwrap();
     let mut err = BufReader::new(workload.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.starts_with("torch_figures=") {
-        line.clear();
-        assert!(err.read_line(&mut line).unwrap() > 0, "the loop ended early");
-    }
-    let own = figures(&line);
+    let own = read_figures(&mut err);
     let pid = workload.id();
-    let series = |serve: &Serve, name: &str| {
-        let text = serve.metrics();
-        let prefix = format!("{name}{{pid=\"{pid}\"");
-        text.lines().find(|l| l.starts_with(&prefix)).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-    };
+    let series = |serve: &Serve, name: &str| pid_series(&serve.metrics(), name, pid);
     let deadline = Instant::now() + Duration::from_secs(10);
     while series(&first, "gpumem_process_allocated_bytes") != own["allocated"].as_f64() {
         assert!(Instant::now() < deadline, "{}", first.metrics());

@@ -256,22 +256,11 @@ fn metrics_and_top_show_allocated_beside_reserved() {
     let serve = Serve::start(&["--no-nvml"], &[]);
     // The loop starts its CUDA calls 0.3 s in: after serve attached.
     let mut err = BufReader::new(workload.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.starts_with("torch_figures=") {
-        line.clear();
-        assert!(err.read_line(&mut line).unwrap() > 0, "the loop ended early");
-    }
-    let own = figures(&line);
+    let own = read_figures(&mut err);
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let text = serve.metrics();
     let pid = workload.id();
-    let series = |name: &str| {
-        let prefix = format!("{name}{{pid=\"{pid}\"");
-        text.lines()
-            .find(|l| l.starts_with(&prefix))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no {name} for pid {pid} in\n{text}"))
-    };
+    let series = |name: &str| pid_series(&text, name, pid).unwrap_or_else(|| panic!("no {name} for pid {pid} in\n{text}"));
     assert_eq!(series("gpumem_process_allocated_bytes"), own["allocated"].as_f64().unwrap());
     assert_eq!(series("gpumem_process_memory_bytes"), own["reserved"].as_f64().unwrap());
     assert_eq!(series("gpumem_process_reserved_unused_bytes"), own["unused"].as_f64().unwrap());

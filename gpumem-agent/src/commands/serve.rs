@@ -43,17 +43,17 @@ pub enum Request {
     Metrics(oneshot::Sender<Result<String, std::fmt::Error>>),
     Health(oneshot::Sender<String>),
     /// The local API: `top --once`'s text.
-    Top(oneshot::Sender<Result<String, String>>),
+    Top(Reply),
     /// The local API: the live top's snapshot (JSON).
-    Snapshot(oneshot::Sender<Result<String, String>>),
+    Snapshot(Reply),
     /// The local API: a process's largest live stacks on a device (JSON).
-    Stacks(u32, i32, oneshot::Sender<Result<String, String>>),
+    Stacks(u32, i32, Reply),
     /// The local API: a leaks report, rendered as asked.
-    Leaks(LeaksQuery, oneshot::Sender<Result<String, String>>),
+    Leaks(LeaksQuery, Reply),
     /// The local API: the daemon's own status (JSON).
-    Status(oneshot::Sender<Result<String, String>>),
+    Status(Reply),
     /// The local API: what these processes hold (JSON), for trace's summary.
-    Holdings(Vec<u32>, oneshot::Sender<Result<String, String>>),
+    Holdings(Vec<u32>, Reply),
 }
 
 struct Server {
@@ -330,72 +330,49 @@ fn router(requests: mpsc::Sender<Request>) -> Router {
         )
 }
 
-/// The local API: what `top`, `leaks` and `status` ask a running daemon.
+/// The local API: what `top`, `leaks`, `trace` and `status` ask a running daemon.
 fn api_router(requests: mpsc::Sender<Request>) -> Router {
-    let (for_leaks, for_status, for_holdings) = (requests.clone(), requests.clone(), requests.clone());
-    let (for_snapshot, for_stacks) = (requests.clone(), requests.clone());
     Router::new()
-        .route(
-            "/v1/top",
-            get(move || {
-                let r = requests.clone();
-                async move { api_response(ask(&r, Request::Top).await) }
-            }),
-        )
-        .route(
-            "/v1/leaks",
-            get(move |query: axum::extract::RawQuery| {
-                let r = for_leaks.clone();
-                async move {
-                    match LeaksQuery::parse(query.0.as_deref().unwrap_or("")) {
-                        Ok(q) => api_response(ask_with(&r, |tx| Request::Leaks(q, tx)).await),
-                        Err(e) => (StatusCode::BAD_REQUEST, format!("gpumem: {e}\n")).into_response(),
-                    }
-                }
-            }),
-        )
-        .route(
-            "/v1/snapshot",
-            get(move || {
-                let r = for_snapshot.clone();
-                async move { api_response(ask(&r, Request::Snapshot).await) }
-            }),
-        )
-        .route(
-            "/v1/stacks",
-            get(move |query: axum::extract::RawQuery| {
-                let r = for_stacks.clone();
-                async move {
-                    match parse_stacks_query(query.0.as_deref().unwrap_or("")) {
-                        Ok((pid, device)) => api_response(ask_with(&r, |tx| Request::Stacks(pid, device, tx)).await),
-                        Err(e) => (StatusCode::BAD_REQUEST, format!("gpumem: {e}\n")).into_response(),
-                    }
-                }
-            }),
-        )
-        .route(
-            "/v1/holdings",
-            get(move |query: axum::extract::RawQuery| {
-                let r = for_holdings.clone();
-                async move {
-                    match crate::daemon::parse_pids(query.0.as_deref().unwrap_or("")) {
-                        Ok(pids) => api_response(ask_with(&r, |tx| Request::Holdings(pids, tx)).await),
-                        Err(e) => (StatusCode::BAD_REQUEST, format!("gpumem: {e}\n")).into_response(),
-                    }
-                }
-            }),
-        )
-        .route(
-            "/v1/status",
-            get(move || {
-                let r = for_status.clone();
-                async move { api_response(ask(&r, Request::Status).await) }
-            }),
-        )
+        .route("/v1/top", api_get(&requests, Request::Top))
+        .route("/v1/snapshot", api_get(&requests, Request::Snapshot))
+        .route("/v1/status", api_get(&requests, Request::Status))
+        .route("/v1/leaks", api_get_query(&requests, LeaksQuery::parse, Request::Leaks))
+        .route("/v1/stacks", api_get_query(&requests, parse_stacks_query, |(pid, device), tx| Request::Stacks(pid, device, tx)))
+        .route("/v1/holdings", api_get_query(&requests, crate::daemon::parse_pids, Request::Holdings))
         .layer(axum::middleware::map_response(|mut r: Response| async move {
             r.headers_mut().insert(crate::daemon::VERSION_HEADER, header::HeaderValue::from_static(crate::daemon::VERSION));
             r
         }))
+}
+
+/// A local API answer: the runtime's rendering, or why there is none.
+type Reply = oneshot::Sender<Result<String, String>>;
+
+/// A route that asks the runtime and answers with its rendering.
+fn api_get(requests: &mpsc::Sender<Request>, make: fn(Reply) -> Request) -> axum::routing::MethodRouter {
+    let requests = requests.clone();
+    get(move || {
+        let r = requests.clone();
+        async move { api_response(ask(&r, make).await) }
+    })
+}
+
+/// The same, the request made from the query string (400 when it does not parse).
+fn api_get_query<Q: Send + 'static>(
+    requests: &mpsc::Sender<Request>,
+    parse: fn(&str) -> Result<Q, String>,
+    make: fn(Q, Reply) -> Request,
+) -> axum::routing::MethodRouter {
+    let requests = requests.clone();
+    get(move |query: axum::extract::RawQuery| {
+        let r = requests.clone();
+        async move {
+            match parse(query.0.as_deref().unwrap_or("")) {
+                Ok(q) => api_response(ask_with(&r, |tx| make(q, tx)).await),
+                Err(e) => (StatusCode::BAD_REQUEST, format!("gpumem: {e}\n")).into_response(),
+            }
+        }
+    })
 }
 
 /// `pid=N&device=D` of /v1/stacks.
