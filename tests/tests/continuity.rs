@@ -297,8 +297,13 @@ fn sockets_that_are_stale_foreign_or_of_another_version_are_not_used() {
     let server = std::thread::spawn(move || {
         use std::io::{Read as _, Write as _};
         let (mut s, _) = listener.accept().unwrap();
-        let mut buf = [0u8; 1024];
-        let _ = s.read(&mut buf);
+        // The whole request, then the answer.
+        let (mut req, mut buf) = (Vec::new(), [0u8; 1024]);
+        while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "the request was cut short: {req:?}");
+            req.extend_from_slice(&buf[..n]);
+        }
         s.write_all(b"HTTP/1.1 200 OK\r\nx-gpumem-version: 0.0.1\r\ncontent-length: 5\r\nconnection: close\r\n\r\nold!\n").unwrap();
     });
     let out = gpumem(&[&["top", "--once", "--socket", other.to_str().unwrap()][..], &own].concat());

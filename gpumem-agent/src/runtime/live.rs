@@ -94,6 +94,9 @@ struct Live<'o, O: Output> {
     maintenance: Maintenance,
     /// Processes that exec'd or loaded a library, read after each drain.
     signals: Signals,
+    /// SIGINT and SIGTERM, caught from before `started` says the session
+    /// is up (a signal sent on seeing that line must end it cleanly).
+    stop_signals: (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
     /// `serve`'s pinned state, adopted and kept for the next agent.
     continuity: Option<Continuity>,
     began: Instant,
@@ -157,6 +160,10 @@ impl<'o, O: Output> Live<'o, O> {
             status,
             maintenance,
             signals: Signals::default(),
+            stop_signals: (
+                signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
+                signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
+            ),
             continuity,
             began: Instant::now(),
         };
@@ -176,8 +183,6 @@ impl<'o, O: Output> Live<'o, O> {
         let sampling = self.s.growth_every.is_some();
         let mut growth = tokio::time::interval(self.s.growth_every.unwrap_or(Duration::MAX / 4));
         let deadline = self.s.duration.map(|d| tokio::time::Instant::now() + d);
-        let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-        let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
         loop {
             let stop = tokio::select! {
                 r = self.reader.readable() => {
@@ -195,8 +200,8 @@ impl<'o, O: Output> Live<'o, O> {
                     Some(Ended::Command(st.context("the wait thread ended")?.context("waiting for the command")?))
                 }
                 _ = async { tokio::time::sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() => Some(Ended::Done),
-                _ = sigint.recv() => Some(Ended::Done),
-                _ = sigterm.recv() => Some(Ended::Done),
+                _ = self.stop_signals.0.recv() => Some(Ended::Done),
+                _ = self.stop_signals.1.recv() => Some(Ended::Done),
             };
             if let Some(ended) = stop {
                 return Ok(ended);
