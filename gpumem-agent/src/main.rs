@@ -13,6 +13,7 @@ fn main() -> ExitCode {
         Command::Trace(args) => commands::trace::run(args),
         Command::Leaks(args) => commands::leaks::run(args),
         Command::Report(args) => commands::report::run(args),
+        Command::Export(args) => commands::export::run(args),
         Command::Top(args) => commands::top::run(args),
         Command::Record(args) => commands::record::run(args),
         Command::Replay(args) => commands::replay::run(args),

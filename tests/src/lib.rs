@@ -143,9 +143,26 @@ pub fn real_libcuda() -> PathBuf {
 /// PyTorch's real libc10_cuda.so (torch 2.15.0 from PyPI), fetched and
 /// cached by `cargo xtask test` (scripts/wheel-member.py).
 pub fn real_torch_lib() -> PathBuf {
+    torch_file("libc10_cuda.so")
+}
+
+/// PyTorch's memory viewer, torch/cuda/_memory_viz.py of the same wheel.
+pub fn torch_memory_viz() -> PathBuf {
+    torch_file("_memory_viz.py")
+}
+
+/// VictoriaMetrics 1.112 from Debian trixie, unpacked by `cargo xtask test`.
+pub fn victoria_metrics() -> PathBuf {
     let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
-    let path = home.join(".cache/gpumem/torch-2.15.0/libc10_cuda.so");
-    assert!(path.exists(), "PyTorch's libc10_cuda.so is not at {}: `cargo xtask test` fetches it from PyPI", path.display());
+    let path = home.join(".cache/gpumem/victoria-metrics-1.112.0/usr/bin/victoria-metrics");
+    assert!(path.exists(), "VictoriaMetrics is not at {}: `cargo xtask test` fetches it from Debian", path.display());
+    path
+}
+
+fn torch_file(name: &str) -> PathBuf {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    let path = home.join(".cache/gpumem/torch-2.15.0").join(name);
+    assert!(path.exists(), "PyTorch's {name} is not at {}: `cargo xtask test` fetches it from PyPI", path.display());
     path
 }
 

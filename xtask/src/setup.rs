@@ -12,7 +12,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// open the HTML report and take screenshots; bpftrace is the peer in the
 /// probe-overhead benchmark; Debian's python3.11 (interpreter linked into
 /// the executable) and debootstrap (a trixie root with python3.13) for the
-/// Python frame tests; systemtap-sdt-dev (sys/sdt.h) for the USDT tests.
+/// Python frame tests; systemtap-sdt-dev (sys/sdt.h) for the USDT tests;
+/// golang-go for `go tool pprof`, the real reader of the pprof export.
 const APT_PACKAGES: &[&str] = &[
     "python3.11",
     "debootstrap",
@@ -29,6 +30,8 @@ const APT_PACKAGES: &[&str] = &[
     "aha",
     "fonts-dejavu-core",
     "bpftrace",
+    "golang-go",
+    "curl",
 ];
 
 fn installed(pkg: &str) -> bool {
@@ -78,7 +81,37 @@ pub fn test_deps() -> Result<()> {
     python312_root()?;
     python310_root()?;
     torch_lib()?;
+    torch_memory_viz()?;
+    victoria_metrics()?;
     Ok(())
+}
+
+/// VictoriaMetrics from Debian trixie (1.112: it takes OTLP/HTTP at
+/// /opentelemetry/v1/metrics; bookworm's is too old), the real receiver of
+/// serve's OTLP push: the package fetched once and unpacked (not installed)
+/// under ~/.cache/gpumem.
+pub fn victoria_metrics() -> Result<PathBuf> {
+    const DEB: &str = "victoria-metrics_1.112.0+ds1-2_amd64.deb";
+    const SHA256: &str = "1d3717f1a8ab5bf690271095dd286730f6fb0761cc8c09c0fc8f529c9838f346";
+    let cache = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root")).join(".cache/gpumem");
+    let dir = cache.join("victoria-metrics-1.112.0");
+    let bin = dir.join("usr/bin/victoria-metrics");
+    if bin.exists() {
+        return Ok(bin);
+    }
+    std::fs::create_dir_all(&cache)?;
+    let deb = cache.join(DEB);
+    if !deb.exists() {
+        let url = format!("http://deb.debian.org/debian/pool/main/v/victoriametrics/{DEB}");
+        run(Command::new("curl").args(["-fsSL", "-o"]).arg(&deb).arg(&url))?;
+    }
+    let sum = Command::new("sha256sum").arg(&deb).output().context("sha256sum")?;
+    if !String::from_utf8_lossy(&sum.stdout).starts_with(SHA256) {
+        std::fs::remove_file(&deb)?;
+        bail!("{DEB} does not have the checksum of trixie's package index; removed it, run again");
+    }
+    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&dir))?;
+    Ok(bin)
 }
 
 /// An Ubuntu noble root with its python3.12 and headers (libpython3.12-dev:
@@ -138,14 +171,27 @@ pub const TORCH_VERSION: &str = "2.15.0";
 /// fetched with range requests (scripts/wheel-member.py), cached in
 /// ~/.cache/gpumem so that reruns and fresh clones do not fetch it again.
 pub fn torch_lib() -> Result<PathBuf> {
+    torch_file("torch/lib/libc10_cuda.so")
+}
+
+/// PyTorch's memory viewer (`torch/cuda/_memory_viz.py`, standard library
+/// only for its `stats` and `trace` commands), the real reader of the
+/// memory snapshot export; fetched and cached the same way.
+pub fn torch_memory_viz() -> Result<PathBuf> {
+    torch_file("torch/cuda/_memory_viz.py")
+}
+
+/// One file of the torch wheel, cached under ~/.cache/gpumem/torch-VERSION.
+fn torch_file(member: &str) -> Result<PathBuf> {
     let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
-    let dest = home.join(".cache/gpumem").join(format!("torch-{TORCH_VERSION}")).join("libc10_cuda.so");
+    let name = member.rsplit('/').next().expect("a file name");
+    let dest = home.join(".cache/gpumem").join(format!("torch-{TORCH_VERSION}")).join(name);
     if dest.exists() {
         return Ok(dest);
     }
     let script = gpumem_tests::workspace().join("scripts/wheel-member.py");
     let wheel = format!("torch-{TORCH_VERSION}-cp311-cp311-manylinux_*_x86_64.whl");
-    run(Command::new("python3").arg(script).args(["torch", TORCH_VERSION, &wheel, "torch/lib/libc10_cuda.so"]).arg(&dest))?;
+    run(Command::new("python3").arg(script).args(["torch", TORCH_VERSION, &wheel, member]).arg(&dest))?;
     Ok(dest)
 }
 

@@ -45,6 +45,8 @@ pub struct Mark {
 pub struct Timeline {
     /// (pid, device) → (seconds into the session, live bytes), at each change.
     pub series: BTreeMap<(u32, i32), Vec<(f64, u64)>>,
+    /// The same for the bytes of live tensors, where PyTorch's probes fired.
+    pub allocated: BTreeMap<(u32, i32), Vec<(f64, u64)>>,
     pub comm: BTreeMap<u32, String>,
     pub marks: Vec<Mark>,
     pub nvml: Vec<NvmlPoint>,
@@ -64,15 +66,7 @@ impl Timeline {
     }
 
     fn point(&mut self, pid: u32, device: i32, t: f64, bytes: u64) {
-        let s = self.series.entry((pid, device)).or_default();
-        if s.last().is_some_and(|&(_, b)| b == bytes) {
-            return;
-        }
-        s.push((t, bytes));
-        if s.len() > MAX_POINTS {
-            let thinned: Vec<(f64, u64)> = s.iter().copied().step_by(2).collect();
-            *s = thinned;
-        }
+        point(&mut self.series, (pid, device), t, bytes);
     }
 
     /// One applied event (`state` as it is after it).
@@ -94,6 +88,9 @@ impl Timeline {
         }
         for (&device, totals) in &p.held.devices {
             self.point(ev.pid, device, t, totals.live_bytes);
+            if p.tensor_probes {
+                point(&mut self.allocated, (ev.pid, device), t, totals.allocated_bytes);
+            }
         }
         // A device the process no longer holds memory on (freed, exited) reads 0.
         let gone: Vec<i32> = self
@@ -104,6 +101,9 @@ impl Timeline {
             .collect();
         for device in gone {
             self.point(ev.pid, device, t, 0);
+            if self.allocated.contains_key(&(ev.pid, device)) {
+                point(&mut self.allocated, (ev.pid, device), t, 0);
+            }
         }
     }
 
@@ -120,7 +120,7 @@ impl Timeline {
     /// from its start), and the marks in time order.
     pub fn align(&mut self, started_ns: u64) {
         let offset = self.first_ns.map_or(0.0, |f| f.saturating_sub(started_ns) as f64 / 1e9);
-        for s in self.series.values_mut() {
+        for s in self.series.values_mut().chain(self.allocated.values_mut()) {
             for p in s.iter_mut() {
                 p.0 += offset;
             }
@@ -138,6 +138,20 @@ impl Timeline {
         d.sort_unstable();
         d.dedup();
         d
+    }
+}
+
+/// A point of a series, kept only where the bytes changed; a long series
+/// is thinned to every other point.
+fn point(series: &mut BTreeMap<(u32, i32), Vec<(f64, u64)>>, key: (u32, i32), t: f64, bytes: u64) {
+    let s = series.entry(key).or_default();
+    if s.last().is_some_and(|&(_, b)| b == bytes) {
+        return;
+    }
+    s.push((t, bytes));
+    if s.len() > MAX_POINTS {
+        let thinned: Vec<(f64, u64)> = s.iter().copied().step_by(2).collect();
+        *s = thinned;
     }
 }
 

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub mod continuity;
+pub mod export;
 
 use crate::probes::{ioctl::IoctlMode, links::UprobeLinks, ProbeSet};
 
@@ -39,6 +40,10 @@ pub enum Command {
     /// and process, OOM and XID marks, ECC and temperatures, allocation sizes,
     /// leak suspects with stacks) and/or one SVG chart for a ticket.
     Report(ReportArgs),
+    /// Write what gpumem found in the formats other tools read: a pprof heap
+    /// profile, PyTorch's memory snapshot, a Perfetto trace; from a recording
+    /// or a running daemon.
+    Export(export::ExportArgs),
     /// Show kernel features, every libcuda found and every probe attached or skipped.
     Status(StatusArgs),
     /// GPU health from NVML: ECC, retired pages, remapped rows, temperatures, a score
@@ -335,6 +340,13 @@ pub struct ServeArgs {
     pub ringbuf_bytes: u32,
     #[command(flatten)]
     pub continuity: continuity::ContinuityArgs,
+    /// Also push the metrics over OTLP/HTTP protobuf (cumulative) to this
+    /// receiver, e.g. http://collector:4318/v1/metrics.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<crate::commands::serve::OtlpEndpoint>,
+    /// How often to push OTLP.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15.0, value_parser = parse_duration, allow_negative_numbers = true)]
+    pub otlp_interval: f64,
     /// The local API's socket (root only), through which top, leaks and
     /// status use this daemon.
     #[arg(long, value_name = "PATH", default_value = crate::daemon::DEFAULT_SOCKET)]

@@ -1,6 +1,7 @@
 //! One small file per subcommand: an `Output` wired to the runtime or to a
 //! replay, or a one-shot query (status, health). main.rs only dispatches here.
 pub mod bench;
+pub mod export;
 pub mod health;
 pub mod leaks;
 pub mod record;

@@ -13,17 +13,25 @@ use super::{VERSION, VERSION_HEADER};
 
 /// What asking gave.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Answer {
+pub enum Answer<B = String> {
     /// The daemon's rendering.
-    Body(String),
+    Body(B),
     /// No daemon to use, and why (said when the command falls back).
     NoDaemon(String),
 }
 
 const TIMEOUT: Duration = Duration::from_secs(15);
 
-/// GETs `path_and_query` from the daemon at `socket`.
+/// GETs `path_and_query` from the daemon at `socket`: a text answer.
 pub fn get(socket: &Path, path_and_query: &str) -> Result<Answer> {
+    Ok(match get_bytes(socket, path_and_query)? {
+        Answer::Body(b) => Answer::Body(String::from_utf8_lossy(&b).into_owned()),
+        Answer::NoDaemon(why) => Answer::NoDaemon(why),
+    })
+}
+
+/// The same, the answer's bytes as they came (exports are binary).
+pub fn get_bytes(socket: &Path, path_and_query: &str) -> Result<Answer<Vec<u8>>> {
     let meta = match std::fs::metadata(socket) {
         Ok(m) => m,
         Err(_) => return Ok(Answer::NoDaemon(format!("no gpumem serve at {}", socket.display()))),
@@ -43,7 +51,8 @@ pub fn get(socket: &Path, path_and_query: &str) -> Result<Answer> {
     };
     stream.set_read_timeout(Some(TIMEOUT))?;
     stream.set_write_timeout(Some(TIMEOUT))?;
-    write!(stream, "GET {path_and_query} HTTP/1.1\r\nHost: gpumem\r\nConnection: close\r\n\r\n")?;
+    // One write: a peer that answers on the first read sees the whole request.
+    stream.write_all(format!("GET {path_and_query} HTTP/1.1\r\nHost: gpumem\r\nConnection: close\r\n\r\n").as_bytes())?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;
     let (status, version, body) = parse_response(&raw)?;
@@ -55,7 +64,7 @@ pub fn get(socket: &Path, path_and_query: &str) -> Result<Answer> {
         )));
     }
     if status != 200 {
-        bail!("the gpumem serve at {} answered {status}: {}", socket.display(), body.trim());
+        bail!("the gpumem serve at {} answered {status}: {}", socket.display(), String::from_utf8_lossy(&body).trim());
     }
     Ok(Answer::Body(body))
 }
@@ -64,10 +73,15 @@ pub fn get(socket: &Path, path_and_query: &str) -> Result<Answer> {
 /// was there but could not be used) when the command should start its own
 /// probes: no daemon, `--no-daemon`, a stale socket, another version.
 pub fn ask(args: &crate::cli::continuity::DaemonArgs, path_and_query: &str) -> Result<Option<String>> {
+    Ok(ask_bytes(args, path_and_query)?.map(|b| String::from_utf8_lossy(&b).into_owned()))
+}
+
+/// The same, the answer's bytes as they came.
+pub fn ask_bytes(args: &crate::cli::continuity::DaemonArgs, path_and_query: &str) -> Result<Option<Vec<u8>>> {
     if args.no_daemon {
         return Ok(None);
     }
-    match get(&args.socket, path_and_query)? {
+    match get_bytes(&args.socket, path_and_query)? {
         Answer::Body(b) => Ok(Some(b)),
         Answer::NoDaemon(why) => {
             if args.socket.exists() {
@@ -79,9 +93,10 @@ pub fn ask(args: &crate::cli::continuity::DaemonArgs, path_and_query: &str) -> R
 }
 
 /// (status, version header, body) of an HTTP/1.1 response.
-fn parse_response(raw: &[u8]) -> Result<(u16, Option<String>, String)> {
-    let text = String::from_utf8_lossy(raw);
-    let Some((head, body)) = text.split_once("\r\n\r\n") else { bail!("the daemon's answer was cut short") };
+fn parse_response(raw: &[u8]) -> Result<(u16, Option<String>, Vec<u8>)> {
+    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else { bail!("the daemon's answer was cut short") };
+    let head = String::from_utf8_lossy(&raw[..end]);
+    let body = &raw[end + 4..];
     let mut lines = head.split("\r\n");
     let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|s| s.parse().ok());
     let Some(status) = status else { bail!("the daemon's answer has no HTTP status line") };
@@ -96,21 +111,23 @@ fn parse_response(raw: &[u8]) -> Result<(u16, Option<String>, String)> {
             }
         }
     }
-    let body = if chunked { dechunk(body)? } else { body.to_string() };
+    let body = if chunked { dechunk(body)? } else { body.to_vec() };
     Ok((status, version, body))
 }
 
-fn dechunk(mut s: &str) -> Result<String> {
-    let mut out = String::new();
+fn dechunk(mut s: &[u8]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
     loop {
-        let Some((size, rest)) = s.split_once("\r\n") else { bail!("a chunk of the daemon's answer was cut short") };
+        let Some(eol) = s.windows(2).position(|w| w == b"\r\n") else { bail!("a chunk of the daemon's answer was cut short") };
+        let size = String::from_utf8_lossy(&s[..eol]);
         let n = usize::from_str_radix(size.trim(), 16).map_err(|_| anyhow::anyhow!("bad chunk size {size:?}"))?;
         if n == 0 {
             return Ok(out);
         }
+        let rest = &s[eol + 2..];
         let Some(chunk) = rest.get(..n) else { bail!("a chunk of the daemon's answer was cut short") };
-        out.push_str(chunk);
-        s = rest.get(n + 2..).unwrap_or("");
+        out.extend_from_slice(chunk);
+        s = rest.get(n + 2..).unwrap_or(b"");
     }
 }
 
@@ -121,9 +138,9 @@ mod tests {
     #[test]
     fn responses_are_read_with_their_version_plain_or_chunked() {
         let plain = format!("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n{VERSION_HEADER}: 1.2.3\r\n\r\nhello");
-        assert_eq!(parse_response(plain.as_bytes()).unwrap(), (200, Some("1.2.3".into()), "hello".into()));
+        assert_eq!(parse_response(plain.as_bytes()).unwrap(), (200, Some("1.2.3".into()), b"hello".to_vec()));
         let chunked = "HTTP/1.1 503 Service Unavailable\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
-        assert_eq!(parse_response(chunked.as_bytes()).unwrap(), (503, None, "abcde".into()));
+        assert_eq!(parse_response(chunked.as_bytes()).unwrap(), (503, None, b"abcde".to_vec()));
         assert!(parse_response(b"HTTP/1.1 200").is_err());
     }
 

@@ -1,11 +1,16 @@
 //! Outputs: they render state and events, they never compute.
 pub mod health;
 pub mod leaks;
+pub mod otlp;
+pub mod perfetto;
+pub mod pickle;
+pub mod pprof;
 pub mod prometheus;
 pub mod report;
 pub mod status;
 pub mod summary;
 pub mod top;
+pub mod torch_snapshot;
 pub mod trace;
 
 use crate::{analysis::leaks::LeakGroup, names::bytes};

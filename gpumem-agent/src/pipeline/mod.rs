@@ -12,6 +12,7 @@ use crate::{
         counters::EventCounts,
         distributions::{self, Distributions},
         health::{GpuWatch, Thresholds},
+        history::History,
         leaks::{self, GrowthTracker, LeakGroup},
         oom::OomLog,
         timeline::Timeline,
@@ -44,12 +45,21 @@ pub struct Options {
     pub growth_samples: usize,
     /// Keep the session over time (reports).
     pub timeline: bool,
+    /// Keep what the exports need that the state forgets (allocations made
+    /// per stack, each device's memory actions): at most this many actions.
+    pub history: Option<usize>,
     pub thresholds: Thresholds,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { limits: Limits::default(), growth_samples: leaks::SERIES_CAP, timeline: false, thresholds: Thresholds::default() }
+        Options {
+            limits: Limits::default(),
+            growth_samples: leaks::SERIES_CAP,
+            timeline: false,
+            history: None,
+            thresholds: Thresholds::default(),
+        }
     }
 }
 
@@ -96,6 +106,7 @@ pub struct Pipeline {
     pub ooms: OomLog,
     pub gpus: GpuWatch,
     pub timeline: Option<Timeline>,
+    pub history: Option<History>,
     /// A replayed NVML reading, one point per GPU, until it is whole.
     recorded_reading: Vec<NvmlPoint>,
     pub kept: Kept,
@@ -118,6 +129,7 @@ impl Pipeline {
             ooms: OomLog::default(),
             gpus: GpuWatch::new(o.thresholds),
             timeline: o.timeline.then(Timeline::default),
+            history: o.history.map(History::with_trace_cap),
             recorded_reading: Vec::new(),
             kept: Kept::default(),
             untraced: FxHashMap::default(),
@@ -158,6 +170,9 @@ impl Pipeline {
         self.ooms.observe(ev, &kind, &applied, &oom_stacks);
         if let Some(t) = self.timeline.as_mut() {
             t.observe(ev, &applied, obs.as_ref(), &self.state);
+        }
+        if let Some(h) = self.history.as_mut() {
+            h.observe(ev, &kind, &applied, stack, self.stacks.sample_bytes);
         }
         Outcome { event: *ev, kind, applied, stack, oom_stacks }
     }
@@ -224,6 +239,9 @@ impl Pipeline {
         for pid in self.state.take_forgotten() {
             self.growth.forget(pid);
             self.stacks.forget_process(pid);
+            if let Some(h) = self.history.as_mut() {
+                h.forget(pid);
+            }
         }
     }
 

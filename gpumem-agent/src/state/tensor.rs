@@ -75,31 +75,66 @@ impl Process {
         totals.tensors -= 1;
     }
 
-    /// The reserved segments of a device, as address ranges: cuMemAlloc
-    /// allocations each on its own (blocks never span two), VMM mappings
-    /// merged where contiguous (expandable segments grow by mapping more
-    /// pages after the last).
-    fn segments(&self, device: i32) -> Vec<(u64, u64)> {
-        let mut out: Vec<(u64, u64)> = self
+    /// The reserved segments of a device in address order, carved into
+    /// blocks: cuMemAlloc allocations each on its own (blocks never span
+    /// two), VMM mappings merged where contiguous (expandable segments grow
+    /// by mapping more pages after the last). Where PyTorch's probes fired,
+    /// its tensors' blocks (sizes rounded to its 512 B granularity) and the
+    /// free runs between them, merged as its allocator merges them; without
+    /// them a segment is one block, in use. The blocks of a segment add up
+    /// to it exactly.
+    pub fn segments(&self, device: i32) -> Vec<Segment> {
+        let mut out: Vec<Segment> = self
             .held
             .allocs
             .iter()
             .filter(|(_, a)| a.memory == Memory::Device && a.device() == device)
-            .map(|(&addr, a)| (addr, addr.saturating_add(a.size)))
+            .map(|(&addr, a)| Segment { address: addr, size: a.size, expandable: false, stack: a.stack(), blocks: Vec::new() })
             .collect();
-        let mut mapped: Vec<(u64, u64)> = Vec::new();
+        let mut mapped: Vec<Segment> = Vec::new();
         for (&addr, m) in &self.held.mappings {
-            if self.held.vmm_handles.get(&m.handle).is_none_or(|h| h.device != device) {
-                continue;
-            }
+            let Some(h) = self.held.vmm_handles.get(&m.handle).filter(|h| h.device == device) else { continue };
             match mapped.last_mut() {
-                Some(last) if last.1 == addr => last.1 = addr.saturating_add(m.size),
-                _ => mapped.push((addr, addr.saturating_add(m.size))),
+                Some(last) if last.address.saturating_add(last.size) == addr => last.size += m.size,
+                _ => mapped.push(Segment { address: addr, size: m.size, expandable: true, stack: h.stack, blocks: Vec::new() }),
             }
         }
         out.extend(mapped);
-        out.sort_unstable();
+        out.sort_unstable_by_key(|s| s.address);
+        for seg in &mut out {
+            seg.blocks = self.carve(seg, device);
+        }
         out
+    }
+
+    fn carve(&self, seg: &Segment, device: i32) -> Vec<Block> {
+        let (start, end) = (seg.address, seg.address.saturating_add(seg.size));
+        if !self.tensor_probes {
+            return vec![Block { address: start, size: seg.size, requested: seg.size, in_use: true, stack: seg.stack }];
+        }
+        let mut blocks = Vec::new();
+        let mut cursor = start;
+        for (&addr, t) in self.held.tensors.range(start..end).filter(|(_, t)| t.device() == device) {
+            let from = addr.max(cursor);
+            let block_end = addr.saturating_add(t.size.max(1).div_ceil(BLOCK_ROUND) * BLOCK_ROUND).min(end);
+            if from > cursor {
+                blocks.push(Block { address: cursor, size: from - cursor, requested: 0, in_use: false, stack: None });
+            }
+            if block_end > from {
+                blocks.push(Block {
+                    address: from,
+                    size: block_end - from,
+                    requested: t.size.min(block_end - from),
+                    in_use: true,
+                    stack: t.stack(),
+                });
+            }
+            cursor = cursor.max(block_end);
+        }
+        if end > cursor {
+            blocks.push(Block { address: cursor, size: end - cursor, requested: 0, in_use: false, stack: None });
+        }
+        blocks
     }
 
     /// How the tensors seen use the device's segments; None when no
@@ -111,23 +146,44 @@ impl Process {
         }
         let mut fb = FreeBlocks::default();
         let mut inside = 0u64;
-        for (start, end) in self.segments(device) {
-            fb.segment_bytes += end - start;
-            let mut cursor = start;
-            for (&addr, t) in self.held.tensors.range(start..end).filter(|(_, t)| t.device() == device) {
-                let block_end = addr.saturating_add(t.size.max(1).div_ceil(BLOCK_ROUND) * BLOCK_ROUND).min(end);
-                fb.largest_free_block = fb.largest_free_block.max(addr.saturating_sub(cursor));
-                fb.unused_bytes += addr.saturating_sub(cursor);
-                cursor = cursor.max(block_end);
-                inside += 1;
+        for seg in self.segments(device) {
+            fb.segment_bytes += seg.size;
+            for b in seg.blocks {
+                if b.in_use {
+                    inside += 1;
+                } else {
+                    fb.unused_bytes += b.size;
+                    fb.largest_free_block = fb.largest_free_block.max(b.size);
+                }
             }
-            fb.largest_free_block = fb.largest_free_block.max(end - cursor);
-            fb.unused_bytes += end - cursor;
         }
         let on_device = self.held.tensors.values().filter(|t| t.device() == device).count() as u64;
-        fb.tensors_outside_segments = on_device - inside;
+        fb.tensors_outside_segments = on_device.saturating_sub(inside);
         Some(fb)
     }
+}
+
+/// Memory a process reserved from the driver in one piece of address space.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub address: u64,
+    pub size: u64,
+    /// Made of VMM mappings (PyTorch's expandable segments).
+    pub expandable: bool,
+    /// The stack of the allocation (or first mapping's handle) that made it.
+    pub stack: Option<StackId>,
+    pub blocks: Vec<Block>,
+}
+
+/// A piece of a segment: a tensor's block, or a free run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub address: u64,
+    pub size: u64,
+    /// What the tensor asked for (its block is rounded up); 0 when free.
+    pub requested: u64,
+    pub in_use: bool,
+    pub stack: Option<StackId>,
 }
 
 /// Tensors by address, for carving (BTreeMap: ranges by segment).

@@ -5,6 +5,11 @@
 //! The runtime's task owns all state; the HTTP handlers ask it for a
 //! rendering over a channel (an input of this output), so a scrape never
 //! races an event and nothing is locked.
+mod api;
+mod otlp;
+
+pub use otlp::Endpoint as OtlpEndpoint;
+
 use std::{
     future::IntoFuture as _,
     net::SocketAddr,
@@ -33,10 +38,15 @@ use crate::{
 
 /// Samples per growth series (the detector's window: 10 min at 1 s).
 const GROWTH_SAMPLES: usize = 600;
+/// Memory actions the daemon keeps for exports' traces (about 64 bytes each).
+const HISTORY_ENTRIES: usize = 1 << 16;
 /// A scrape or health check that the runtime has not answered by then fails.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// A local API answer: the runtime's rendering, or why there is none.
+pub type Reply = oneshot::Sender<Result<String, String>>;
 
 pub enum Request {
     /// The exposition, or why it could not be rendered.
@@ -54,6 +64,10 @@ pub enum Request {
     Status(Reply),
     /// The local API: what these processes hold (JSON), for trace's summary.
     Holdings(Vec<u32>, Reply),
+    /// The local API: an export (pprof, PyTorch snapshot) of what the daemon knows.
+    Export(super::export::Query, oneshot::Sender<Result<Vec<u8>, String>>),
+    /// The metrics as an OTLP request body, for the pusher.
+    Otlp(oneshot::Sender<Vec<u8>>),
 }
 
 struct Server {
@@ -80,6 +94,12 @@ pub struct Serve {
     /// The local API's socket, removed at the end.
     socket: Option<std::path::PathBuf>,
     began: Instant,
+    /// Unix ns when the daemon started: OTLP counters count from it.
+    began_unix_ns: u64,
+    /// Where and how often to push OTLP, and the pushes so far.
+    otlp: Option<(otlp::Endpoint, Duration)>,
+    pushes: std::sync::Arc<otlp::Pushes>,
+    otlp_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Serve {
@@ -125,8 +145,30 @@ impl Serve {
         }
         let p = &mut *ctx.pipeline;
         let view = p.view(&ViewOptions { now_ns: monotonic_ns(), leak_age_ns: self.leak_age_ns, exited: true, ..Default::default() });
-        let scrape = Scrape::of(p, &view, ctx.agent, self.max_process_series);
+        let mut scrape = Scrape::of(p, &view, ctx.agent, self.max_process_series);
+        scrape.otlp_pushes = self.otlp.is_some().then(|| self.pushes.counts());
         prometheus::render(&scrape)
+    }
+
+    /// What /metrics shows, as an OTLP request body.
+    fn otlp_body(&mut self, ctx: &mut Ctx<'_>) -> Vec<u8> {
+        let p = &mut *ctx.pipeline;
+        let view = p.view(&ViewOptions { now_ns: monotonic_ns(), leak_age_ns: self.leak_age_ns, exited: true, ..Default::default() });
+        let mut scrape = Scrape::of(p, &view, ctx.agent, self.max_process_series);
+        scrape.otlp_pushes = Some(self.pushes.counts());
+        let times = crate::export::otlp::Times { start_ns: self.began_unix_ns, now_ns: unix_ns() };
+        crate::export::otlp::request(&prometheus::families(&scrape), &node_name(), times)
+    }
+
+    /// An export of what the daemon knows now.
+    fn export(&self, ctx: &mut Ctx<'_>, q: &super::export::Query) -> Result<Vec<u8>> {
+        let span = super::export::Span {
+            ended_ns: monotonic_ns(),
+            duration_s: self.began.elapsed().as_secs_f64(),
+            wall_end_ns: unix_ns() as i64,
+            recorded_by: format!("gpumem serve (pid {}), up {:.0} s", std::process::id(), self.began.elapsed().as_secs_f64()),
+        };
+        Ok(super::export::render(ctx.pipeline, q, &span)?.bytes)
     }
 }
 
@@ -154,9 +196,13 @@ impl Output for Serve {
             let shutdown = async move {
                 let _ = stopped.await;
             };
-            let task = tokio::spawn(axum::serve(api, api_router(self.tx.clone())).with_graceful_shutdown(shutdown).into_future());
+            let task = tokio::spawn(axum::serve(api, api::router(self.tx.clone())).with_graceful_shutdown(shutdown).into_future());
             self.api_server = Some(Server { stop, task });
-            eprintln!("gpumem: local API on {} (top, leaks and status use it)", path.display());
+            eprintln!("gpumem: local API on {} (top, leaks, status and export use it)", path.display());
+        }
+        if let Some((endpoint, every)) = self.otlp.clone() {
+            eprintln!("gpumem: pushing OTLP metrics to http://{}{} every {} s", endpoint.authority, endpoint.path, every.as_secs_f64());
+            self.otlp_task = Some(otlp::spawn(endpoint, every, self.tx.clone(), self.pushes.clone()));
         }
         eprintln!(
             "gpumem: serving http://{}/metrics ({} probes attached); SIGTERM or Ctrl-C to stop",
@@ -216,6 +262,12 @@ impl Output for Serve {
             Request::Status(reply) => {
                 let _ = reply.send(serde_json::to_string(&self.status(ctx)).map_err(|e| e.to_string()));
             }
+            Request::Export(q, reply) => {
+                let _ = reply.send(self.export(ctx, &q).map_err(|e| format!("{e:#}")));
+            }
+            Request::Otlp(reply) => {
+                let _ = reply.send(self.otlp_body(ctx));
+            }
         }
         Ok(Flow::Continue)
     }
@@ -230,6 +282,9 @@ impl Output for Serve {
     fn close(&mut self) -> impl std::future::Future<Output = ()> {
         let servers = [self.server.take(), self.api_server.take()];
         let socket = self.socket.clone();
+        if let Some(t) = self.otlp_task.take() {
+            t.abort();
+        }
         async move {
             for s in servers.into_iter().flatten() {
                 let _ = s.stop.send(());
@@ -276,11 +331,16 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         server: None,
         nvml_said: false,
         began: Instant::now(),
+        began_unix_ns: unix_ns(),
+        otlp: args.otlp_endpoint.clone().map(|e| (e, Duration::from_secs_f64(args.otlp_interval))),
+        pushes: Default::default(),
+        otlp_task: None,
     };
     let mut s = Session::new(args.probes.probing());
     s.ringbuf_bytes = args.ringbuf_bytes;
     s.pipeline.limits.max_entries = args.max_allocations;
     s.pipeline.growth_samples = GROWTH_SAMPLES;
+    s.pipeline.history = Some(HISTORY_ENTRIES);
     s.growth_every = Some(Duration::from_secs_f64(args.growth_interval));
     s.nvml_every = Duration::from_secs_f64(args.nvml_interval);
     s.forget_after = Some(Duration::from_secs_f64(args.exited_grace));
@@ -288,6 +348,19 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     s.fail_counter_reads = args.fail_counter_reads;
     s.continuity = args.continuity.options();
     runtime::run(s, &mut serve)
+}
+
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The node's name for OTLP's `host.name`: the DaemonSet's NODE_NAME, else the host name.
+fn node_name() -> String {
+    std::env::var("NODE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string()))
+        .unwrap_or_default()
 }
 
 /// `serve --cleanup`: every pinned link and map under the directory removed.
@@ -331,71 +404,6 @@ fn router(requests: mpsc::Sender<Request>) -> Router {
 }
 
 /// The local API: what `top`, `leaks`, `trace` and `status` ask a running daemon.
-fn api_router(requests: mpsc::Sender<Request>) -> Router {
-    Router::new()
-        .route("/v1/top", api_get(&requests, Request::Top))
-        .route("/v1/snapshot", api_get(&requests, Request::Snapshot))
-        .route("/v1/status", api_get(&requests, Request::Status))
-        .route("/v1/leaks", api_get_query(&requests, LeaksQuery::parse, Request::Leaks))
-        .route("/v1/stacks", api_get_query(&requests, parse_stacks_query, |(pid, device), tx| Request::Stacks(pid, device, tx)))
-        .route("/v1/holdings", api_get_query(&requests, crate::daemon::parse_pids, Request::Holdings))
-        .layer(axum::middleware::map_response(|mut r: Response| async move {
-            r.headers_mut().insert(crate::daemon::VERSION_HEADER, header::HeaderValue::from_static(crate::daemon::VERSION));
-            r
-        }))
-}
-
-/// A local API answer: the runtime's rendering, or why there is none.
-type Reply = oneshot::Sender<Result<String, String>>;
-
-/// A route that asks the runtime and answers with its rendering.
-fn api_get(requests: &mpsc::Sender<Request>, make: fn(Reply) -> Request) -> axum::routing::MethodRouter {
-    let requests = requests.clone();
-    get(move || {
-        let r = requests.clone();
-        async move { api_response(ask(&r, make).await) }
-    })
-}
-
-/// The same, the request made from the query string (400 when it does not parse).
-fn api_get_query<Q: Send + 'static>(
-    requests: &mpsc::Sender<Request>,
-    parse: fn(&str) -> Result<Q, String>,
-    make: fn(Q, Reply) -> Request,
-) -> axum::routing::MethodRouter {
-    let requests = requests.clone();
-    get(move |query: axum::extract::RawQuery| {
-        let r = requests.clone();
-        async move {
-            match parse(query.0.as_deref().unwrap_or("")) {
-                Ok(q) => api_response(ask_with(&r, |tx| make(q, tx)).await),
-                Err(e) => (StatusCode::BAD_REQUEST, format!("gpumem: {e}\n")).into_response(),
-            }
-        }
-    })
-}
-
-/// `pid=N&device=D` of /v1/stacks.
-fn parse_stacks_query(q: &str) -> Result<(u32, i32), String> {
-    let (mut pid, mut device) = (None, None);
-    for pair in q.split('&') {
-        match pair.split_once('=') {
-            Some(("pid", v)) => pid = v.parse().ok(),
-            Some(("device", v)) => device = v.parse().ok(),
-            _ => return Err(format!("unknown parameter {pair:?}")),
-        }
-    }
-    Ok((pid.ok_or("pid=N is missing")?, device.ok_or("device=D is missing")?))
-}
-
-fn api_response(answer: Option<Result<String, String>>) -> Response {
-    match answer {
-        Some(Ok(body)) => body.into_response(),
-        Some(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("gpumem: {e}\n")).into_response(),
-        None => unavailable(),
-    }
-}
-
 fn metrics_response(answer: Option<Result<String, std::fmt::Error>>, openmetrics: bool) -> Response {
     match answer {
         Some(Ok(body)) if openmetrics => ([(header::CONTENT_TYPE, OPENMETRICS)], body).into_response(),
@@ -406,17 +414,17 @@ fn metrics_response(answer: Option<Result<String, std::fmt::Error>>, openmetrics
 }
 
 /// Asks the runtime; None if it does not answer in time (stuck or stopping).
-async fn ask<T>(requests: &mpsc::Sender<Request>, make: fn(oneshot::Sender<T>) -> Request) -> Option<T> {
+pub(super) async fn ask<T>(requests: &mpsc::Sender<Request>, make: fn(oneshot::Sender<T>) -> Request) -> Option<T> {
     ask_with(requests, make).await
 }
 
-async fn ask_with<T>(requests: &mpsc::Sender<Request>, make: impl FnOnce(oneshot::Sender<T>) -> Request) -> Option<T> {
+pub(super) async fn ask_with<T>(requests: &mpsc::Sender<Request>, make: impl FnOnce(oneshot::Sender<T>) -> Request) -> Option<T> {
     let (tx, rx) = oneshot::channel();
     requests.send(make(tx)).await.ok()?;
     tokio::time::timeout(ANSWER_TIMEOUT, rx).await.ok()?.ok()
 }
 
-fn unavailable() -> Response {
+pub(super) fn unavailable() -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, "gpumem: the agent did not answer\n").into_response()
 }
 

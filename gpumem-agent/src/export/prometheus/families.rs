@@ -67,6 +67,11 @@ impl Families {
         &mut self.0.last_mut().expect("pushed").series
     }
 
+    /// Each family's metric and series, in order (for other encoders: OTLP).
+    pub fn iter(&self) -> impl Iterator<Item = (&Metric, &[(Labels, Value)])> {
+        self.0.iter().map(|f| (&f.metric, f.series.as_slice()))
+    }
+
     /// The whole exposition, ending with `# EOF`.
     pub fn encode(self) -> Result<String, std::fmt::Error> {
         let mut out = String::with_capacity(64 * 1024);

@@ -45,6 +45,8 @@ pub struct Scrape<'a> {
     pub gpus: &'a GpuWatch,
     pub stacks: &'a StackStats,
     pub agent: &'a AgentStatus,
+    /// OTLP pushes done and failed, where serve pushes.
+    pub otlp_pushes: Option<(u64, u64)>,
 }
 
 impl<'a> Scrape<'a> {
@@ -60,19 +62,26 @@ impl<'a> Scrape<'a> {
             gpus: &p.gpus,
             stacks: &p.stacks.stats,
             agent,
+            otlp_pushes: None,
         }
     }
 }
 
 /// The whole exposition, ending with `# EOF`.
 pub fn render(s: &Scrape<'_>) -> Result<String, std::fmt::Error> {
+    families(s).encode()
+}
+
+/// Every family of a scrape, with its series: what /metrics shows (and
+/// OTLP pushes).
+pub fn families(s: &Scrape<'_>) -> Families {
     let mut fams = Families::default();
     histograms(&mut fams, s.distributions);
     process_families(&mut fams, s);
     event_families(&mut fams, s);
     gpu_families(&mut fams, s);
     self_families(&mut fams, s);
-    fams.encode()
+    fams
 }
 
 /// dcgm-exporter's device labels, filled from NVML where it has the GPU.
@@ -296,6 +305,10 @@ fn self_families(fams: &mut Families, s: &Scrape<'_>) {
     fams.add(m::IMPLAUSIBLE_EVENTS).push((vec![], Value::Count(s.state.implausible_events)));
     fams.add(m::UNKNOWN_EVENTS).push((vec![], Value::Count(s.state.unknown_events)));
     fams.add(m::PROBES_ATTACHED).push((vec![], Value::int(a.probes_attached as u64)));
+    if let Some((ok, failed)) = s.otlp_pushes {
+        let outcomes = [("ok", ok), ("failed", failed)];
+        fams.add(m::OTLP_PUSHES).extend(outcomes.iter().map(|&(o, n)| (vec![("outcome", o.to_string())], Value::Count(n))));
+    }
     fams.add(m::STALE_CALLS_REMOVED).push((vec![], Value::Count(a.stale_calls_removed)));
     fams.add(m::EVENTS_PROCESSED).push((vec![], Value::Count(s.state.events)));
     fams.add(m::TRACKED_PROCESSES).push((vec![], Value::int(s.state.processes.len() as u64)));

@@ -35,7 +35,9 @@ impl Fixture {
         // As `serve` runs: the kernel's table of live entries kept.
         let kernel_table = Some(crate::probes::live::KernelTable { entries: 3, max_entries: 262_144, bytes: 456 });
         let agent = AgentStatus { probes_attached: 30, kernel_table, ..Default::default() };
-        render(&Scrape::of(p, &view, &agent, self.max_process_series)).unwrap()
+        // And pushing OTLP.
+        let scrape = Scrape { otlp_pushes: Some((7, 1)), ..Scrape::of(p, &view, &agent, self.max_process_series) };
+        render(&scrape).unwrap()
     }
 }
 
@@ -129,7 +131,7 @@ fn every_catalogued_metric_is_in_the_exposition() {
         assert!(text.contains(&format!("# TYPE {} ", metric.name)), "{} is not rendered", metric.name);
     }
     for (series, value) in
-        [("gpumem_kernel_table_entries ", "3"), ("gpumem_kernel_table_capacity_entries ", "262144"), ("gpumem_kernel_table_bytes ", "456")]
+        [("gpumem_otlp_pushes_total{outcome=\"ok\"} ", "7"), ("gpumem_kernel_table_entries ", "3"), ("gpumem_kernel_table_capacity_entries ", "262144"), ("gpumem_kernel_table_bytes ", "456")]
     {
         assert!(text.lines().any(|l| l.strip_prefix(series) == Some(value)), "{series}{value} is not in:\n{text}");
     }
