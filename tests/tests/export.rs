@@ -77,15 +77,15 @@ fn go_tool_pprof_reads_the_heap_profile_with_the_leaks_exact_bytes() {
     let bytes = std::fs::read(&profile).unwrap();
     assert_eq!(&bytes[..2], [0x1f, 0x8b], "gzipped");
 
-    let top = pprof(&profile, &["-top", "-unit=bytes", "-nodecount=100"]);
+    let top = pprof(&profile, &["-top", "-unit=bytes", "-nodecount=100", "-nodefraction=0"]);
     assert!(top.contains("Type: inuse_space"), "inuse_space is the default:\n{top}");
     assert_eq!(flat(&top, "leak_buffer"), format!("{}B", 15 * 4 * MIB), "{top}");
     assert_eq!(flat(&top, "load_weights"), format!("{}B", 256 * MIB), "{top}");
-    let made = pprof(&profile, &["-top", "-unit=bytes", "-nodecount=100", "-sample_index=alloc_space"]);
+    let made = pprof(&profile, &["-top", "-unit=bytes", "-nodecount=100", "-nodefraction=0", "-sample_index=alloc_space"]);
     assert_eq!(flat(&made, "train_step"), format!("{}B", 15 * 32 * MIB), "freed, but made: {made}");
-    let objects = pprof(&profile, &["-top", "-nodecount=100", "-sample_index=alloc_objects"]);
+    let objects = pprof(&profile, &["-top", "-nodecount=100", "-nodefraction=0", "-sample_index=alloc_objects"]);
     assert_eq!(flat(&objects, "leak_buffer"), "15", "{objects}");
-    let held = pprof(&profile, &["-top", "-nodecount=100", "-sample_index=inuse_objects"]);
+    let held = pprof(&profile, &["-top", "-nodecount=100", "-nodefraction=0", "-sample_index=inuse_objects"]);
     assert_eq!(flat(&held, "leak_buffer"), "15", "{held}");
 
     // The leak's whole stack, innermost first, with the labels.
@@ -353,4 +353,32 @@ fn otlp_pushes_reach_victoria_metrics_with_the_series_of_a_scrape() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(serve.stop().0.success());
+}
+
+#[test]
+fn sampled_stacks_carry_the_same_unbiased_estimates_as_leaks() {
+    require_root();
+    // Stacks over a budget of 100/s sampled one per 64 KiB on average (see
+    // tests/leaks.rs): pprof's figures are the leak groups' estimates.
+    let script = format!("GPUMEM_SECONDS=6 {}", workload_cmd("sampled"));
+    let f = fixtures();
+    let rec = dir().join("sampled.gpumemrec");
+    let args = ["record", "-o", rec.to_str().unwrap(), "--duration", "3", "--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"];
+    let out = run_gpumem(&[&args[..], &["--stack-budget", "100", "--stack-sample-bytes", "64KiB", "-c", &script]].concat(), &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let o = run_gpumem(&["leaks", "--from", rec.to_str().unwrap(), "--json", "--older-than", "0", "-n", "10"], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let profile = export("pprof", &rec, "sampled.pb.gz", &[]);
+    let top = pprof(&profile, &["-top", "-unit=bytes", "-nodecount=100", "-nodefraction=0"]);
+    let objects = pprof(&profile, &["-top", "-nodecount=100", "-nodefraction=0", "-sample_index=inuse_objects"]);
+    for g in v["processes"][0]["stacks"].as_array().unwrap() {
+        let name = g["frames"][0]["function"].as_str().unwrap();
+        assert_eq!(g["estimated"], true, "{g}");
+        assert_eq!(flat(&top, name), format!("{}B", g["bytes"]), "{name}: {top}");
+        assert_eq!(flat(&objects, name), g["count"].to_string(), "{name}: {objects}");
+    }
+    assert_eq!(flat(&top, "sampled_big"), format!("{}B", 4 * MIB), "p = 1: exact");
+    let raw = pprof(&profile, &["-raw"]);
+    assert!(raw.contains("estimated:[true]") && raw.contains("over the stack budget were not sampled"), "{raw}");
 }

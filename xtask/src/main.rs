@@ -6,6 +6,7 @@
 //! - `demo`: the real agent on the bundled synthetic driver: trace, leaks, health, a recording drawn as a report
 //! - `test`: setup, nvidia-libs, build, then every test (end-to-end ones as root, one at a time)
 //! - `bench`: probe overhead as a ratio to empty probes on the same symbols
+//! - `bench-export`: `gpumem export`'s time and size per format for a 1 M-event recording
 //! - `bench-engine`: events/s through the pipeline (decode → lookups → stacks → state → analyses) from a recording; bytes per live allocation
 //! - `bench-metrics`: /metrics render time and size, the daemon's idle memory and CPU
 //! - `bench-stacks`: unwinding and symbolization (uncached, cached) per stack
@@ -61,6 +62,12 @@ enum Cmd {
     },
     /// Measure the engine's throughput (decode → state → analyses, no kernel) and its memory per live allocation.
     BenchEngine {
+        /// events in the synthetic recording
+        #[arg(long, default_value_t = 1_000_000)]
+        events: u64,
+    },
+    /// Measure `gpumem export`'s time and file size per format on a synthetic recording.
+    BenchExport {
         /// events in the synthetic recording
         #[arg(long, default_value_t = 1_000_000)]
         events: u64,
@@ -235,6 +242,7 @@ fn main() -> Result<()> {
             run(&mut test)
         }
         Cmd::BenchEngine { events } => run(&mut engine_bench(&["engine", "--events", &events.to_string()])),
+        Cmd::BenchExport { events } => run(&mut engine_bench(&["export", "--events", &events.to_string()])),
         Cmd::BenchStacks { rounds } => run(&mut engine_bench(&["stacks", "--rounds", &rounds.to_string()])),
         measurement => measure(measurement),
     }

@@ -3,9 +3,11 @@
 //! - `engine`: events/s through the pipeline (decode → lookups → stacks →
 //!   state → analyses) from a synthetic recording, and bytes per live allocation;
 //! - `render`: /metrics render time and size for a large host;
-//! - `stacks`: unwinding and symbolization (uncached, cached) per stack.
+//! - `stacks`: unwinding and symbolization (uncached, cached) per stack;
+//! - `export`: `gpumem export`'s time and file size per format.
 //!
 //! `cargo xtask bench-engine`, `bench-metrics` and `bench-stacks` run them.
+mod export;
 mod render;
 mod stacks;
 
@@ -63,6 +65,13 @@ enum Mode {
         #[arg(long, default_value_t = 21)]
         rounds: u32,
     },
+    /// Export time and size per format for a synthetic recording.
+    Export {
+        #[arg(long, default_value_t = 1_000_000)]
+        events: u64,
+        #[arg(long, default_value_t = 100)]
+        processes: u32,
+    },
     /// Unwinding and symbolization cost per stack.
     Stacks {
         /// Stacks unwound (and frames symbolized) per measurement.
@@ -82,6 +91,7 @@ fn main() -> ExitCode {
         }
         Mode::Render { processes, gpus, rounds } => render::run(processes, gpus, rounds),
         Mode::Stacks { rounds } => stacks::run(rounds),
+        Mode::Export { events, processes } => export::run(events, processes),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

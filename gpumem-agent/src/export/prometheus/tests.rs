@@ -130,9 +130,12 @@ fn every_catalogued_metric_is_in_the_exposition() {
     for metric in catalog::ALL {
         assert!(text.contains(&format!("# TYPE {} ", metric.name)), "{} is not rendered", metric.name);
     }
-    for (series, value) in
-        [("gpumem_otlp_pushes_total{outcome=\"ok\"} ", "7"), ("gpumem_kernel_table_entries ", "3"), ("gpumem_kernel_table_capacity_entries ", "262144"), ("gpumem_kernel_table_bytes ", "456")]
-    {
+    for (series, value) in [
+        ("gpumem_otlp_pushes_total{outcome=\"ok\"} ", "7"),
+        ("gpumem_kernel_table_entries ", "3"),
+        ("gpumem_kernel_table_capacity_entries ", "262144"),
+        ("gpumem_kernel_table_bytes ", "456"),
+    ] {
         assert!(text.lines().any(|l| l.strip_prefix(series) == Some(value)), "{series}{value} is not in:\n{text}");
     }
 }
