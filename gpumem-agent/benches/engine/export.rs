@@ -7,13 +7,11 @@ use gpumem_agent::{
     analysis::{history, profile::Layers},
     cli::export::Format,
     commands::export::{render, Query, Span},
-    pipeline,
-    record::{self, Footer, Header},
+    pipeline, record,
     runtime::{self, Ctx, End, Output},
     stacks::Frame,
     state::Limits,
 };
-use gpumem_common::{api, Event};
 
 /// Distinct allocation stacks in the recording, and frames in each.
 const STACKS: u64 = 64;
@@ -35,64 +33,29 @@ impl Output for Render {
     }
 }
 
-/// The synthetic session of the engine benchmark, each allocation with one
-/// of STACKS symbolized stacks of DEPTH frames.
-fn recording(events: u64, processes: u32) -> Result<Vec<u8>> {
-    let mut w = record::Writer::new(Vec::with_capacity((events as usize) * 100))?;
-    let header = Header {
-        gpumem_version: env!("CARGO_PKG_VERSION").into(),
-        recorded_by: "bench".into(),
-        command: None,
-        pids: vec![],
-        started_ns: 0,
-        stack_sample_bytes: 0,
-    };
-    w.header(&header)?;
+/// STACKS symbolized stacks of DEPTH frames, for the engine benchmark's session.
+fn stacks() -> Vec<(u64, Vec<Frame>)> {
     let module: Arc<str> = Arc::from("/opt/app/bin/train");
-    for id in 1..=STACKS {
-        let frames = (0..DEPTH)
-            .map(|d| Frame {
-                function: Some(format!("layer_{id}_{d}")),
-                offset: Some(0x10),
-                file: Some(format!("/src/model_{id}.cc")),
-                line: Some(d as u32 + 1),
-                module: module.clone(),
-                module_offset: id * 0x1000 + d as u64 * 0x10,
-                python: false,
-            })
-            .collect();
-        w.stack(id, frames)?;
-    }
-    let mut ts = 1u64;
-    let mut ev = |pid: u32, e: Event, stack: Option<u64>, w: &mut record::Writer<Vec<u8>>| -> Result<()> {
-        ts += 1_000;
-        w.event(&Event { pid, tid: pid, comm: super::COMM, ts_ns: ts, latency_ns: 20_000, ..e }, stack)?;
-        Ok(())
-    };
-    let mut n = 0u64;
-    for pid in 1..=processes {
-        ev(pid, Event { handle: 0xc0, device: (pid % 8) as i32, ..Event::empty(api::CU_DEVICE_PRIMARY_CTX_RETAIN) }, None, &mut w)?;
-        ev(pid, Event { handle: 0xc0, ..Event::empty(api::CU_CTX_SET_CURRENT) }, None, &mut w)?;
-        n += 2;
-    }
-    let mut i = 0u64;
-    while n < events {
-        let pid = 1 + (i % processes as u64) as u32;
-        let addr = 0x7f00_0000_0000 + i * 0x1000;
-        let size = 4096u64 << (i % 15);
-        ev(pid, Event { addr, size, ..Event::empty(api::CU_MEM_ALLOC_V2) }, Some(1 + i % STACKS), &mut w)?;
-        n += 1;
-        if !i.is_multiple_of(10) {
-            ev(pid, Event { addr, ..Event::empty(api::CU_MEM_FREE_V2) }, None, &mut w)?;
-            n += 1;
-        }
-        i += 1;
-    }
-    Ok(w.finish(&Footer::default())?)
+    (1..=STACKS)
+        .map(|id| {
+            let frames = (0..DEPTH)
+                .map(|d| Frame {
+                    function: Some(format!("layer_{id}_{d}")),
+                    offset: Some(0x10),
+                    file: Some(format!("/src/model_{id}.cc")),
+                    line: Some(d as u32 + 1),
+                    module: module.clone(),
+                    module_offset: id * 0x1000 + d as u64 * 0x10,
+                    python: false,
+                })
+                .collect();
+            (id, frames)
+        })
+        .collect()
 }
 
 pub fn run(events: u64, processes: u32) -> Result<()> {
-    let bytes = recording(events, processes)?;
+    let bytes = super::synthetic_recording_with(events, processes, &stacks())?;
     println!(
         "export: {events} events, {processes} processes, {STACKS} stacks of {DEPTH} frames ({:.1} MiB recording), one core:",
         bytes.len() as f64 / 1048576.0

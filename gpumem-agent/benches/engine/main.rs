@@ -106,6 +106,11 @@ fn main() -> ExitCode {
 /// doing allocate/free pairs (sizes from 4 KiB to 64 MiB) with a tenth of
 /// allocations kept live, until `events` events.
 fn synthetic_recording(events: u64, processes: u32) -> Result<Vec<u8>> {
+    synthetic_recording_with(events, processes, &[])
+}
+
+/// The same, allocation i with stack `stacks[i % len]` (symbolized, in the recording).
+pub fn synthetic_recording_with(events: u64, processes: u32, stacks: &[(u64, Vec<gpumem_agent::stacks::Frame>)]) -> Result<Vec<u8>> {
     let mut w = record::Writer::new(Vec::with_capacity((events as usize) * 100))?;
     w.header(&Header {
         gpumem_version: env!("CARGO_PKG_VERSION").into(),
@@ -115,16 +120,19 @@ fn synthetic_recording(events: u64, processes: u32) -> Result<Vec<u8>> {
         started_ns: 0,
         stack_sample_bytes: 0,
     })?;
+    for (id, frames) in stacks {
+        w.stack(*id, frames.clone())?;
+    }
     let mut ts = 1u64;
-    let mut ev = |pid: u32, e: Event, w: &mut record::Writer<Vec<u8>>| -> Result<()> {
+    let mut ev = |pid: u32, e: Event, stack: Option<u64>, w: &mut record::Writer<Vec<u8>>| -> Result<()> {
         ts += 1_000;
-        w.event(&Event { pid, tid: pid, comm: COMM, ts_ns: ts, latency_ns: 20_000, ..e }, None)?;
+        w.event(&Event { pid, tid: pid, comm: COMM, ts_ns: ts, latency_ns: 20_000, ..e }, stack)?;
         Ok(())
     };
     let mut n = 0u64;
     for pid in 1..=processes {
-        ev(pid, Event { handle: 0xc0, device: (pid % 8) as i32, ..Event::empty(api::CU_DEVICE_PRIMARY_CTX_RETAIN) }, &mut w)?;
-        ev(pid, Event { handle: 0xc0, ..Event::empty(api::CU_CTX_SET_CURRENT) }, &mut w)?;
+        ev(pid, Event { handle: 0xc0, device: (pid % 8) as i32, ..Event::empty(api::CU_DEVICE_PRIMARY_CTX_RETAIN) }, None, &mut w)?;
+        ev(pid, Event { handle: 0xc0, ..Event::empty(api::CU_CTX_SET_CURRENT) }, None, &mut w)?;
         n += 2;
     }
     let mut i = 0u64;
@@ -132,10 +140,11 @@ fn synthetic_recording(events: u64, processes: u32) -> Result<Vec<u8>> {
         let pid = 1 + (i % processes as u64) as u32;
         let addr = 0x7f00_0000_0000 + i * 0x1000;
         let size = 4096u64 << (i % 15);
-        ev(pid, Event { addr, size, ..Event::empty(api::CU_MEM_ALLOC_V2) }, &mut w)?;
+        let stack = (!stacks.is_empty()).then(|| stacks[(i % stacks.len() as u64) as usize].0);
+        ev(pid, Event { addr, size, ..Event::empty(api::CU_MEM_ALLOC_V2) }, stack, &mut w)?;
         n += 1;
         if !i.is_multiple_of(10) {
-            ev(pid, Event { addr, ..Event::empty(api::CU_MEM_FREE_V2) }, &mut w)?;
+            ev(pid, Event { addr, ..Event::empty(api::CU_MEM_FREE_V2) }, None, &mut w)?;
             n += 1;
         }
         i += 1;

@@ -162,7 +162,7 @@ impl History {
 
     /// One applied event; `sample_bytes`: the session's stack sampling rate.
     pub fn observe(&mut self, ev: &Event, kind: &Kind, applied: &Applied, stack: Option<StackId>, sample_bytes: u64) {
-        self.name_thread(ev);
+        self.name_thread(ev, kind);
         if let Some(oom) = &applied.cuda_oom {
             self.log(
                 oom.device,
@@ -209,8 +209,8 @@ impl History {
         }
     }
 
-    fn name_thread(&mut self, ev: &Event) {
-        if matches!(Kind::of(ev), Kind::OomKill(_)) {
+    fn name_thread(&mut self, ev: &Event, kind: &Kind) {
+        if matches!(kind, Kind::OomKill(_)) {
             return; // the victim's pid with the trigger's tid
         }
         let name = String::from_utf8_lossy(ev.comm_bytes());

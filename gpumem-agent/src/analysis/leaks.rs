@@ -8,9 +8,10 @@ use serde::Serialize;
 use super::{
     fragmentation::{self, DeviceLayout},
     growth::{GrowthConfig, Series, Verdict},
+    history::Totals,
 };
 use crate::{
-    stacks::{policy, Frame, Sampling, StackId, Stacks},
+    stacks::{Frame, Sampling, StackId, Stacks},
     state::{Memory, Process, State},
 };
 
@@ -61,13 +62,8 @@ pub struct ProcessLeaks {
 
 #[derive(Default)]
 struct Group {
-    /// Allocations seen with this stack, exact.
-    count: u64,
-    bytes: u64,
-    /// The same, each weighed by the inverse of its sampling probability.
-    est_count: f64,
-    est_bytes: f64,
-    estimated: bool,
+    /// Allocations seen with this stack, exact and weighed.
+    totals: Totals,
     oldest_ts: u64,
 }
 
@@ -161,12 +157,7 @@ fn group_items(items: impl Iterator<Item = Item>, now_ns: u64, older_than_ns: u6
             continue;
         }
         let g = d.groups.entry(stack).or_insert(Group { oldest_ts: u64::MAX, ..Default::default() });
-        let w = policy::weight(sampling, size, sample_bytes);
-        g.count += 1;
-        g.bytes += size;
-        g.est_count += w;
-        g.est_bytes += w * size as f64;
-        g.estimated |= sampling == Sampling::Sampled;
+        g.totals.add(size, sampling, sample_bytes);
         g.oldest_ts = g.oldest_ts.min(ts);
     }
     per_dev
@@ -214,17 +205,17 @@ pub fn bytes_allocated_before(p: &Process, device: i32, before_ns: u64) -> u64 {
 /// The largest `top` groups, symbolized; and how many more there were.
 fn largest(groups: HashMap<Option<StackId>, Group>, stacks: &mut Stacks, now_ns: u64, top: usize) -> (Vec<LeakGroup>, usize) {
     let mut groups: Vec<(Option<StackId>, Group)> = groups.into_iter().collect();
-    groups.sort_by(|a, b| b.1.est_bytes.total_cmp(&a.1.est_bytes).then(b.1.count.cmp(&a.1.count)));
+    groups.sort_by(|a, b| b.1.totals.est_bytes.total_cmp(&a.1.totals.est_bytes).then(b.1.totals.count.cmp(&a.1.totals.count)));
     let more = groups.len().saturating_sub(top);
     let shown = groups
         .into_iter()
         .take(top)
-        .map(|(id, g)| LeakGroup {
+        .map(|(id, Group { totals: g, oldest_ts })| LeakGroup {
             stack_id: id.map(|i| format!("{i:016x}")),
             count: if g.estimated { g.est_count.round() as u64 } else { g.count },
             bytes: if g.estimated { g.est_bytes.round() as u64 } else { g.bytes },
             estimated: g.estimated,
-            oldest_age_s: now_ns.saturating_sub(g.oldest_ts) as f64 / 1e9,
+            oldest_age_s: now_ns.saturating_sub(oldest_ts) as f64 / 1e9,
             frames: id.map(|i| stacks.frames(i)).unwrap_or_default(),
         })
         .collect();
@@ -259,15 +250,15 @@ pub fn find(
             let tensors = p.tensor_probes.then(|| {
                 let t = tensors.remove(&dev).unwrap_or_default();
                 let (ns_allocs, ns_bytes) = t.not_sampled;
-                let outstanding_bytes = t.groups.values().map(|g| g.bytes).sum::<u64>() + ns_bytes;
-                let outstanding_tensors = t.groups.values().map(|g| g.count).sum::<u64>() + ns_allocs;
+                let outstanding_bytes = t.groups.values().map(|g| g.totals.bytes).sum::<u64>() + ns_bytes;
+                let outstanding_tensors = t.groups.values().map(|g| g.totals.count).sum::<u64>() + ns_allocs;
                 let (shown, more_stacks) = largest(t.groups, stacks, now_ns, top);
                 let allocated_bytes = p.held.devices.get(&dev).map_or(0, |t| t.allocated_bytes);
                 TensorLeaks { outstanding_bytes, outstanding_tensors, allocated_bytes, stacks: shown, more_stacks }
             });
             let (not_sampled_allocs, not_sampled_bytes) = d.not_sampled;
-            let outstanding_bytes = d.groups.values().map(|g| g.bytes).sum::<u64>() + not_sampled_bytes;
-            let outstanding_allocs = d.groups.values().map(|g| g.count).sum::<u64>() + not_sampled_allocs;
+            let outstanding_bytes = d.groups.values().map(|g| g.totals.bytes).sum::<u64>() + not_sampled_bytes;
+            let outstanding_allocs = d.groups.values().map(|g| g.totals.count).sum::<u64>() + not_sampled_allocs;
             let (shown, more_stacks) = largest(d.groups, stacks, now_ns, top);
             let c = p.container.clone().unwrap_or_default();
             out.push(ProcessLeaks {

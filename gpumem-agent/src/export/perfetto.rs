@@ -3,7 +3,8 @@
 //! each GPU (and of allocated bytes where PyTorch's probes fired), instant
 //! events for CUDA OOMs, host OOM kills, XIDs and leak verdicts, process and
 //! thread names; NVML's used bytes per GPU on a track of their own. `ts` in
-//! microseconds from the session's start.
+//! microseconds from the session's start. A counter's value is its `bytes`
+//! argument: Perfetto names the track "GPU-0 live bytes".
 use serde_json::{json, Value};
 
 use crate::{
@@ -70,14 +71,14 @@ pub fn render(s: &Session<'_>) -> String {
         }
     }
     for (&(pid, device), points) in &t.series {
-        counter(&mut events, pid, &format!("{} live bytes", gpu(device)), points);
+        counter(&mut events, pid, &format!("{} live", gpu(device)), points);
     }
     for (&(pid, device), points) in &t.allocated {
-        counter(&mut events, pid, &format!("{} allocated bytes", gpu(device)), points);
+        counter(&mut events, pid, &format!("{} allocated", gpu(device)), points);
     }
     for p in &t.nvml {
         if let Some(used) = p.used_bytes {
-            counter(&mut events, GPUS_PID, &format!("GPU-{} used bytes (NVML)", p.gpu), &[(p.t_s, used)]);
+            counter(&mut events, GPUS_PID, &format!("GPU-{} used (NVML)", p.gpu), &[(p.t_s, used)]);
         }
     }
     for m in &t.marks {
