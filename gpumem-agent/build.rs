@@ -4,7 +4,28 @@ use anyhow::{anyhow, Context as _};
 use aya_build::{Package, Toolchain};
 use cargo_metadata::MetadataCommand;
 
+/// The git revision the binary is built from (`gpumem --version`), or
+/// "unknown" outside a git checkout.
+fn git_revision() {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let revision = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=GPUMEM_GIT_REVISION={revision}");
+    if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
+        let dir = std::path::Path::new(&dir);
+        println!("cargo:rerun-if-changed={}", dir.join("HEAD").display());
+        println!("cargo:rerun-if-changed={}", dir.join("refs/heads").display());
+    }
+}
+
 fn main() -> anyhow::Result<()> {
+    git_revision();
     let metadata = MetadataCommand::new().no_deps().exec().context("running cargo metadata")?;
     let ebpf = metadata
         .packages

@@ -3,6 +3,9 @@
 //!
 //! Data flows one way: probes → events → pipeline → state → analyses →
 //! outputs (export), driven live by `runtime` or from a recording.
+/// `gpumem --version`: the release and the git revision it was built from.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("GPUMEM_GIT_REVISION"), ")");
+
 pub mod analysis;
 pub mod cli;
 pub mod clock;

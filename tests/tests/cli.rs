@@ -1,5 +1,7 @@
 //! The command line: one-line errors, exit statuses, filters, loss accounting.
 //! Run as root, one test at a time (`cargo xtask test` does both).
+use std::process::Command;
+
 use gpumem_tests::*;
 
 #[test]
@@ -24,7 +26,7 @@ fn errors_are_one_line_with_nonzero_status() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--libcuda /nonexistent/libcuda.so.1"));
     // Not root and no capabilities: drop to nobody (reliability.rs covers
     // running with only the capabilities it needs).
-    let out = std::process::Command::new("setpriv")
+    let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(gpumem_bin())
         .arg("status")
@@ -90,4 +92,26 @@ fn lost_events_are_counted_exactly() {
     let p = t.summary_process(pid);
     assert_eq!(p["events_lost"].as_u64().unwrap(), ringbuf_full, "{p}");
     assert_eq!(p["uncertain"], true, "{p}");
+}
+
+#[test]
+fn the_version_names_the_git_revision_and_the_glibc_floor_holds() {
+    let out = Command::new(gpumem_bin()).arg("--version").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let head = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).current_dir(workspace()).output().unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    assert_eq!(text, format!("gpumem {} ({head})", env!("CARGO_PKG_VERSION")));
+    // The newest glibc symbol version the binary needs: the floor the README
+    // states (glibc 2.34: Debian 12, Ubuntu 22.04, RHEL 9 and later).
+    let dynamic = Command::new("objdump").arg("-T").arg(gpumem_bin()).output().expect("objdump (binutils)");
+    let needed = String::from_utf8_lossy(&dynamic.stdout)
+        .split_whitespace()
+        .filter_map(|w| w.trim_start_matches('(').trim_end_matches(')').strip_prefix("GLIBC_"))
+        .filter_map(|v| {
+            let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
+            Some((parts.next()??, parts.next().flatten().unwrap_or(0)))
+        })
+        .max()
+        .expect("glibc symbols");
+    assert!(needed <= (2, 34), "the binary needs glibc {}.{}: raise the floor in the README or avoid the symbol", needed.0, needed.1);
 }

@@ -11,7 +11,7 @@ use crate::probes::{ioctl::IoctlMode, links::UprobeLinks, ProbeSet};
 #[derive(Debug, Parser)]
 #[command(
     name = "gpumem",
-    version,
+    version = crate::VERSION,
     about = "Who holds GPU memory on this host, and why: eBPF tracing of the CUDA driver, no changes to the traced programs",
     after_help = "Needs root (CAP_BPF and CAP_PERFMON). Exit status: 0 ok, 1 error, 2 bad usage; with -c, the command's own status."
 )]

@@ -322,7 +322,8 @@ fn self_families(fams: &mut Families, s: &Scrape<'_>) {
         fams.add(m::KERNEL_TABLE_CAPACITY).push((vec![], Value::int(t.max_entries)));
         fams.add(m::KERNEL_TABLE_BYTES).push((vec![], Value::int(t.bytes)));
     }
-    fams.add(m::BUILD_INFO).push((vec![("version", env!("CARGO_PKG_VERSION").to_string())], Value::Int(1)));
+    let build = vec![("version", env!("CARGO_PKG_VERSION").to_string()), ("revision", env!("GPUMEM_GIT_REVISION").to_string())];
+    fams.add(m::BUILD_INFO).push((build, Value::Int(1)));
 }
 
 #[cfg(test)]
