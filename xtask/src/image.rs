@@ -1,0 +1,141 @@
+//! `cargo xtask image`: the OCI image the DaemonSet runs, as an OCI image
+//! layout archive (target/image/gpumem-oci.tar), built with Debian's umoci
+//! from a fresh machine, no registry and no daemon: the release binary, the
+//! shared libraries it links (what `ldd` names, the dynamic loader) and
+//! /etc/passwd, nothing else (no shell, no package manager). Reproducible:
+//! every time stamp is SOURCE_DATE_EPOCH (the last commit's time), files are
+//! added in name order, and the archive is written by tar in name order, so
+//! the same source gives the same digest.
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{cargo, run};
+
+/// The archive `cargo xtask image` writes.
+pub fn archive() -> PathBuf {
+    gpumem_tests::target_dir().join(gpumem_tests::IMAGE_ARCHIVE)
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    let o = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !o.status.success() {
+        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(String::from_utf8(o.stdout)?)
+}
+
+/// The shared libraries a binary loads at start, loader included (ldd's
+/// resolved paths).
+fn libraries(bin: &Path) -> Result<Vec<PathBuf>> {
+    let text = output(Command::new("ldd").arg(bin))?;
+    let mut libs: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| {
+            let path = l.split("=>").nth(1).unwrap_or(l).split_whitespace().next()?;
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect();
+    libs.sort();
+    libs.dedup();
+    Ok(libs)
+}
+
+/// Copies `from` to `root` + `at`, with its parents.
+fn place(root: &Path, from: &Path, at: &Path) -> Result<()> {
+    let dest = root.join(at.strip_prefix("/").unwrap_or(at));
+    std::fs::create_dir_all(dest.parent().expect("a parent"))?;
+    std::fs::copy(from, &dest).with_context(|| format!("copying {}", from.display()))?;
+    Ok(())
+}
+
+/// The last commit's time: every time stamp in the image.
+fn source_date_epoch() -> Result<String> {
+    if let Ok(e) = std::env::var("SOURCE_DATE_EPOCH") {
+        return Ok(e);
+    }
+    Ok(output(Command::new("git").args(["log", "-1", "--format=%ct"]).current_dir(gpumem_tests::workspace()))?.trim().to_string())
+}
+
+/// The root file system: the binary, its libraries, who its user is.
+fn rootfs(root: &Path, bin: &Path) -> Result<()> {
+    place(root, bin, Path::new("/usr/bin/gpumem"))?;
+    for lib in libraries(bin)? {
+        // The loader by the path the binary names (PT_INTERP), the rest where ldd found them.
+        place(root, &lib, &lib)?;
+    }
+    let etc = root.join("etc");
+    std::fs::create_dir_all(&etc)?;
+    std::fs::write(etc.join("passwd"), "root:x:0:0:root:/:/usr/sbin/nologin\nnonroot:x:65532:65532:nonroot:/:/usr/sbin/nologin\n")?;
+    std::fs::write(etc.join("group"), "root:x:0:\nnonroot:x:65532:\n")?;
+    // Mount points the DaemonSet uses (the root file system is read-only).
+    for dir in ["sys/kernel/tracing", "sys/fs/bpf", "var/lib/gpumem", "run/gpumem", "proc", "tmp"] {
+        std::fs::create_dir_all(root.join(dir))?;
+    }
+    Ok(())
+}
+
+/// Sets every time stamp under `root` to `epoch` (links not followed).
+fn stamp(root: &Path, epoch: &str) -> Result<()> {
+    run(Command::new("find").arg(root).args(["-exec", "touch", "-h", "-d"]).arg(format!("@{epoch}")).args(["{}", "+"]))
+}
+
+pub fn build() -> Result<PathBuf> {
+    run(cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
+    let bin = gpumem_tests::target_dir().join("release/gpumem");
+    let dir = gpumem_tests::target_dir().join("image");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let (layout, bundle) = (dir.join("layout"), dir.join("bundle"));
+    let epoch = source_date_epoch()?;
+    let created = output(Command::new("date").args(["-u", "-d"]).arg(format!("@{epoch}")).arg("+%Y-%m-%dT%H:%M:%SZ"))?.trim().to_string();
+    let image = format!("{}:{}", layout.display(), env!("CARGO_PKG_VERSION"));
+    run(Command::new("umoci").args(["init", "--layout"]).arg(&layout))?;
+    run(Command::new("umoci").args(["new", "--image", &image]))?;
+    run(Command::new("umoci").args(["unpack", "--image", &image]).arg(&bundle))?;
+    let root = bundle.join("rootfs");
+    rootfs(&root, &bin)?;
+    stamp(&root, &epoch)?;
+    run(Command::new("umoci")
+        .args(["repack", "--image", &image, "--history.created", &created, "--history.created_by", "cargo xtask image"])
+        .arg(&bundle))?;
+    run(Command::new("umoci").args([
+        "config",
+        "--image",
+        &image,
+        "--created",
+        &created,
+        "--history.created",
+        &created,
+        "--config.entrypoint",
+        "/usr/bin/gpumem",
+        "--config.cmd",
+        "serve",
+        "--config.user",
+        "0:0",
+        "--config.workingdir",
+        "/",
+        "--config.label",
+        &format!("org.opencontainers.image.version={}", env!("CARGO_PKG_VERSION")),
+        "--config.label",
+        "org.opencontainers.image.title=gpumem",
+    ]))?;
+    // Unreferenced blobs (the empty image's config) go before the archive is made.
+    run(Command::new("umoci").args(["gc", "--layout"]).arg(&layout))?;
+    stamp(&layout, &epoch)?;
+    let tar = archive();
+    run(Command::new("tar")
+        .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "--format=posix"])
+        .arg("--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime")
+        .arg(format!("--mtime=@{epoch}"))
+        .arg("-cf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&layout)
+        .arg("."))?;
+    let _ = std::fs::remove_dir_all(&bundle);
+    Ok(tar)
+}
