@@ -36,21 +36,35 @@ fn unpack(name: &str) -> std::path::PathBuf {
 
 /// Runs `args` in the bundle as the DaemonSet runs the agent; (ok, stdout, stderr).
 fn run_in(bundle: &Path, id: &str, args: &[&str]) -> (bool, String, String) {
+    configure(bundle, args, &[], false);
+    output(Command::new("runc").args(["run", "--bundle"]).arg(bundle).arg(id))
+}
+
+/// The bundle's config as the DaemonSet's pod: `args`, its capabilities,
+/// the host's pid namespace, seccomp unconfined, a read-only root and
+/// tracefs, and `binds` (host path, container path) writable; the host's
+/// network namespace where `host_network` (the pod network is the
+/// runtime's, not gpumem's: the test reaches /metrics on the host this way).
+fn configure(bundle: &Path, args: &[&str], binds: &[(&Path, &str)], host_network: bool) {
     let path = bundle.join("config.json");
     let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     c["process"]["terminal"] = json!(false);
     c["process"]["args"] = json!(args);
     c["process"]["capabilities"] = json!({"bounding": CAPS, "effective": CAPS, "permitted": CAPS});
     // hostPID: the host's pid namespace; seccomp Unconfined; read-only root and tracefs.
-    let namespaces: Vec<Value> = c["linux"]["namespaces"].as_array().unwrap().iter().filter(|n| n["type"] != "pid").cloned().collect();
+    let shared = |n: &Value| n["type"] == "pid" || (host_network && n["type"] == "network");
+    let namespaces: Vec<Value> = c["linux"]["namespaces"].as_array().unwrap().iter().filter(|n| !shared(n)).cloned().collect();
     c["linux"]["namespaces"] = json!(namespaces);
     c["linux"].as_object_mut().unwrap().remove("seccomp");
     c["root"]["readonly"] = json!(true);
-    c["mounts"].as_array_mut().unwrap().push(json!({
+    let mounts = c["mounts"].as_array_mut().unwrap();
+    mounts.push(json!({
         "destination": "/sys/kernel/tracing", "type": "bind", "source": "/sys/kernel/tracing", "options": ["rbind", "ro"]
     }));
+    for (host, at) in binds {
+        mounts.push(json!({"destination": at, "type": "bind", "source": host, "options": ["rbind", "rw"]}));
+    }
     std::fs::write(&path, c.to_string()).unwrap();
-    output(Command::new("runc").args(["run", "--bundle"]).arg(bundle).arg(id))
 }
 
 #[test]
@@ -107,4 +121,79 @@ fn mount_tracefs() {
         let (ok, _, err) = output(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]));
         assert!(ok, "mounting tracefs: {err}");
     }
+}
+
+/// A container of the image, detached; killed and deleted on drop.
+struct Container {
+    id: String,
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = Command::new("runc").args(["kill", &self.id, "TERM"]).output();
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let _ = Command::new("runc").args(["delete", "--force", &self.id]).output();
+    }
+}
+
+#[test]
+fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() {
+    require_root();
+    let bundle = unpack("serve");
+    let state = ServeState::new("image");
+    let dirs = [state.state_dir.clone(), state.socket.parent().unwrap().join("image-run")];
+    for d in &dirs {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let port = free_port();
+    let listen = format!("--listen=127.0.0.1:{port}");
+    let pin = format!("--pin-dir={}", state.pin_dir.display());
+    // The synthetic libcuda, seen through the host's root (hostPID): attached
+    // at start, as the node's driver library is, so the first calls are traced.
+    let f = fixtures();
+    let libcuda = format!("--libcuda=/proc/{}/root{}", std::process::id(), f.libcuda.display());
+    let args = [
+        "/usr/bin/gpumem",
+        "serve",
+        &listen,
+        "--no-nvml",
+        &libcuda,
+        &pin,
+        "--state-dir=/var/lib/gpumem",
+        "--socket=/run/gpumem/gpumem.sock",
+    ];
+    let binds = [(Path::new("/sys/fs/bpf"), "/sys/fs/bpf"), (dirs[0].as_path(), "/var/lib/gpumem"), (dirs[1].as_path(), "/run/gpumem")];
+    configure(&bundle, &args, &binds, true);
+    mount_tracefs();
+    wait_for_detach();
+    let id = format!("gpumem-image-serve-{}", std::process::id());
+    let log = bundle.parent().unwrap().join("serve.log");
+    let (ok, _, err) = output(
+        Command::new("runc")
+            .args(["run", "--detach", "--bundle"])
+            .arg(&bundle)
+            .arg(&id)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(bundle.parent().unwrap().join("serve.out")).unwrap())
+            .stderr(std::fs::File::create(&log).unwrap()),
+    );
+    assert!(ok, "runc run: {err}");
+    let container = Container { id };
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    poll(30, "the agent in the container to serve", || said().contains("gpumem: serving").then_some(()), || format!(": {}", said()));
+    // A workload on the host, its process found through the host's /proc (hostPID).
+    let mut w = Command::new(&f.workload).arg(&f.libcuda).arg("hold").env("GPUMEM_WORKLOAD_HOLD_MS", "8000").spawn().unwrap();
+    let pid = w.id();
+    let metrics = || http_get(port, "/metrics", None).map(|r| r.2).unwrap_or_default();
+    let bytes = |text: &str| pid_series(text, "gpumem_process_memory_bytes", pid);
+    poll(
+        20,
+        "the workload's exact bytes on the host's /metrics",
+        || (bytes(&metrics()) == Some((9 * MIB) as f64)).then_some(()),
+        || format!(":\n{}\n{}", metrics(), said()),
+    );
+    w.kill().unwrap();
+    w.wait().unwrap();
+    drop(container);
+    state.remove();
 }
