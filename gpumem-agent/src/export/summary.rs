@@ -70,6 +70,8 @@ pub struct ProcessSummary {
     pub uvm_mapped_bytes: u64,
     pub container: Option<String>,
     pub pod_uid: Option<String>,
+    /// The pod's Kubernetes QoS class (guaranteed, burstable, besteffort), from its cgroup path.
+    pub qos: Option<&'static str>,
     pub pod: Option<String>,
     pub namespace: Option<String>,
     pub ns_pid: Option<u32>,
@@ -159,6 +161,7 @@ fn process_summary(p: &Process, view: &View) -> ProcessSummary {
         uvm_mapped_bytes: p.held.driver.uvm_mapped_bytes,
         container: c.and_then(|c| c.container.clone()),
         pod_uid: c.and_then(|c| c.pod_uid.clone()),
+        qos: c.and_then(|c| c.qos),
         pod: c.and_then(|c| c.pod_name.clone()),
         namespace: c.and_then(|c| c.namespace.clone()),
         ns_pid: c.and_then(|c| c.ns_pid),

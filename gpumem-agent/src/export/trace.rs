@@ -109,6 +109,7 @@ pub fn event_json(ev: &Event, kind: &Kind, applied: &Applied, container: Option<
     let c = container.cloned().unwrap_or_default();
     obj.insert("container".into(), json!(c.container));
     obj.insert("pod_uid".into(), json!(c.pod_uid));
+    obj.insert("qos".into(), json!(c.qos));
     obj.insert("pod".into(), json!(c.pod_name));
     obj.insert("namespace".into(), json!(c.namespace));
     obj.insert("ns_pid".into(), json!(c.ns_pid));
