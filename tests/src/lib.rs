@@ -16,6 +16,7 @@ mod browser;
 mod fake_device;
 mod http;
 mod prometheus;
+pub mod runc;
 pub mod soak;
 mod tools;
 
@@ -23,6 +24,7 @@ pub use browser::*;
 pub use fake_device::*;
 pub use http::*;
 pub use prometheus::*;
+pub use runc::*;
 pub use tools::*;
 
 pub const MIB: u64 = 1024 * 1024;

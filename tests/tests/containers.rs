@@ -9,56 +9,10 @@
 //! UID, QoS class, `ns_pid` and exact bytes are checked for each, for a
 //! container that exits, and for two containers of one pod. Run as root,
 //! one test at a time.
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::path::Path;
 
 use gpumem_tests::*;
-use serde_json::{json, Value};
-
-const POD_UID: &str = "7c2d3e4f-5061-4b2c-8d3e-4f5a6b7c8d9e";
-const POD_NAME: &str = "trainer-5c8d-q7w";
-const NAMESPACE: &str = "ml-team";
-
-/// A 64-hex container id, distinct per `n`.
-fn container_id(n: u8) -> String {
-    format!("{:02x}", n).repeat(32)
-}
-
-/// A bundle for one container running the workload's `scenario`, in `cgroups_path`.
-fn bundle(name: &str, cgroups_path: &str, scenario: &str) -> PathBuf {
-    let f = fixtures();
-    let dir = target_dir().join("runc").join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    let root = dir.join("rootfs");
-    for d in ["usr", "lib", "lib64", "bin", "proc", "dev", "sys", "tmp", "opt/nvidia", "etc", "run/secrets/kubernetes.io/serviceaccount"] {
-        std::fs::create_dir_all(root.join(d)).unwrap();
-    }
-    // What the kubelet gives a pod's containers; the driver library only the container sees.
-    std::fs::write(root.join("etc/hostname"), format!("{POD_NAME}\n")).unwrap();
-    std::fs::write(root.join("run/secrets/kubernetes.io/serviceaccount/namespace"), NAMESPACE).unwrap();
-    std::fs::copy(&f.libcuda, root.join("opt/nvidia/libcuda.so.1")).unwrap();
-    std::fs::copy(&f.workload, root.join("opt/workload")).unwrap();
-    let out = Command::new("runc").args(["spec", "--bundle"]).arg(&dir).output().unwrap();
-    assert!(out.status.success(), "runc spec: {}", String::from_utf8_lossy(&out.stderr));
-    let path = dir.join("config.json");
-    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    c["root"] = json!({"path": root, "readonly": true});
-    c["hostname"] = json!(POD_NAME);
-    c["process"]["terminal"] = json!(false);
-    c["process"]["args"] = json!(["/opt/workload", "/opt/nvidia/libcuda.so.1", scenario]);
-    c["process"]["env"] = json!(["PATH=/usr/bin:/bin", "GPUMEM_WORKLOAD_DELAY_MS=1000", "GPUMEM_WORKLOAD_HOLD_MS=1500"]);
-    c["linux"]["cgroupsPath"] = json!(cgroups_path);
-    let mounts = c["mounts"].as_array_mut().unwrap();
-    for lib in ["/usr", "/lib", "/lib64", "/bin"] {
-        if Path::new(lib).exists() {
-            mounts.push(json!({"destination": lib, "type": "bind", "source": lib, "options": ["rbind", "ro"]}));
-        }
-    }
-    std::fs::write(&path, c.to_string()).unwrap();
-    dir
-}
+use serde_json::Value;
 
 /// `runc run` of a bundle in the foreground, as a shell command.
 fn run_cmd(bundle: &Path, id: &str) -> String {
@@ -95,7 +49,7 @@ fn trace_containers(script: &str) -> Trace {
 fn a_runc_container_in_a_cgroupfs_kubepods_path_is_attributed_exactly() {
     require_root();
     let id = container_id(0xa1);
-    let b = bundle("cgroupfs", &format!("/kubepods/burstable/pod{POD_UID}/{id}"), "late_load");
+    let b = workload_bundle("cgroupfs", &format!("/kubepods/burstable/pod{POD_UID}/{id}"), "late_load", &[]);
     let t = trace_containers(&run_cmd(&b, &format!("gpumem-test-{}", &id[..12])));
     check(&t, &id, "burstable");
 }
@@ -106,7 +60,7 @@ fn a_runc_container_in_a_systemd_shaped_slice_is_attributed_exactly() {
     let id = container_id(0xb2);
     let uid = POD_UID.replace('-', "_");
     let path = format!("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid}.slice/cri-containerd-{id}.scope");
-    let b = bundle("systemd", &path, "late_load");
+    let b = workload_bundle("systemd", &path, "late_load", &[]);
     let t = trace_containers(&run_cmd(&b, &format!("gpumem-test-{}", &id[..12])));
     check(&t, &id, "besteffort");
 }
@@ -115,8 +69,8 @@ fn a_runc_container_in_a_systemd_shaped_slice_is_attributed_exactly() {
 fn two_containers_of_one_pod_are_told_apart() {
     require_root();
     let (one, two) = (container_id(0xc3), container_id(0xd4));
-    let b1 = bundle("pod-one", &format!("/kubepods/pod{POD_UID}/{one}"), "late_load");
-    let b2 = bundle("pod-two", &format!("/kubepods/pod{POD_UID}/{two}"), "late_load");
+    let b1 = workload_bundle("pod-one", &format!("/kubepods/pod{POD_UID}/{one}"), "late_load", &[]);
+    let b2 = workload_bundle("pod-two", &format!("/kubepods/pod{POD_UID}/{two}"), "late_load", &[]);
     let script = format!("{} & {} & wait", run_cmd(&b1, "gpumem-test-one"), run_cmd(&b2, "gpumem-test-two"));
     let t = trace_containers(&script);
     check(&t, &one, "guaranteed");

@@ -3,7 +3,9 @@
 //! binary, the libraries it links and /etc/passwd, nothing else; run with
 //! runc, `gpumem --version` names this build and `gpumem status` attaches
 //! its probes with exactly the DaemonSet's capabilities, host pid namespace
-//! and read-only root and tracefs. Run as root, one test at a time.
+//! and read-only root and tracefs; `gpumem serve` in it traces a workload
+//! on the host and one in a container of its own (pod, container, exact
+//! bytes on /metrics). Run as root, one test at a time.
 use std::{path::Path, process::Command};
 
 use gpumem_tests::*;
@@ -194,6 +196,45 @@ fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() 
     );
     w.kill().unwrap();
     w.wait().unwrap();
+
+    // A workload in a container of its own (a pod's, with its driver library
+    // at a path only it sees), found by the agent in its container.
+    let cid = container_id(0xe5);
+    let wb = workload_bundle(
+        "beside-gpumem",
+        &format!("/kubepods/burstable/pod{POD_UID}/{cid}"),
+        "late_load",
+        &[("GPUMEM_WORKLOAD_HOLD_MS", "8000")],
+    );
+    let wid = format!("gpumem-image-workload-{}", std::process::id());
+    let (ok, _, err) = output(
+        Command::new("runc")
+            .args(["run", "--detach", "--bundle"])
+            .arg(&wb)
+            .arg(&wid)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null()),
+    );
+    assert!(ok, "runc run: {err}");
+    let workload = Container { id: wid.clone() };
+    let (_, st, _) = output(Command::new("runc").args(["state", &wid]));
+    let host_pid = serde_json::from_str::<Value>(&st).unwrap()["pid"].as_u64().unwrap() as u32;
+    let series = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("gpumem_process_memory_bytes{") && l.contains(&format!("pid=\"{host_pid}\"")))
+            .map(str::to_string)
+    };
+    let line = poll(
+        20,
+        "the containerised workload's 4 MiB",
+        || series(&metrics()).filter(|l| l.ends_with(&format!(" {}", 4 * MIB))),
+        || format!(":\n{}\n{}", metrics(), said()),
+    );
+    for label in [format!("container=\"{cid}\""), format!("pod=\"{POD_NAME}\""), format!("namespace=\"{NAMESPACE}\"")] {
+        assert!(line.contains(&label), "{label}: {line}");
+    }
+    drop(workload);
     drop(container);
     state.remove();
 }

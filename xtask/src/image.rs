@@ -3,9 +3,12 @@
 //! from a fresh machine, no registry and no daemon: the release binary, the
 //! shared libraries it links (what `ldd` names, the dynamic loader) and
 //! /etc/passwd, nothing else (no shell, no package manager). Reproducible:
-//! every time stamp is SOURCE_DATE_EPOCH (the last commit's time), files are
-//! added in name order, and the archive is written by tar in name order, so
-//! the same source gives the same digest.
+//! the binary is built with its paths remapped, every time stamp is
+//! SOURCE_DATE_EPOCH (the last commit's time), files are added in name
+//! order, and the archive is written by tar in name order, so the same
+//! checkout gives the same digest. (A checkout at another path differs in
+//! the eBPF object's BTF line information: aya-build sets that build's
+//! flags, so its paths are not remapped.)
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -83,9 +86,20 @@ fn stamp(root: &Path, epoch: &str) -> Result<()> {
     run(Command::new("find").arg(root).args(["-exec", "touch", "-h", "-d"]).arg(format!("@{epoch}")).args(["{}", "+"]))
 }
 
+/// The release binary, built apart (its own target directory) with the
+/// checkout's and cargo's paths mapped to fixed ones: the same source gives
+/// the same binary wherever it is checked out.
+fn release_binary() -> Result<PathBuf> {
+    let ws = gpumem_tests::workspace();
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let target = gpumem_tests::target_dir().join("image-build");
+    let flags = format!("--remap-path-prefix={}=/build/gpumem --remap-path-prefix={home}/.cargo=/build/cargo", ws.display());
+    run(cargo().args(["build", "--release", "-p", "gpumem-agent"]).env("CARGO_TARGET_DIR", &target).env("RUSTFLAGS", flags))?;
+    Ok(target.join("release/gpumem"))
+}
+
 pub fn build() -> Result<PathBuf> {
-    run(cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
-    let bin = gpumem_tests::target_dir().join("release/gpumem");
+    let bin = release_binary()?;
     let dir = gpumem_tests::target_dir().join("image");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
