@@ -84,6 +84,17 @@ impl Process {
     /// them a segment is one block, in use. The blocks of a segment add up
     /// to it exactly.
     pub fn segments(&self, device: i32) -> Vec<Segment> {
+        let mut out = self.spans(device);
+        for seg in &mut out {
+            let mut blocks = Vec::new();
+            self.carve(seg, device, |b| blocks.push(b));
+            seg.blocks = blocks;
+        }
+        out
+    }
+
+    /// The segments of a device in address order, not carved yet.
+    fn spans(&self, device: i32) -> Vec<Segment> {
         let mut out: Vec<Segment> = self
             .held
             .allocs
@@ -101,64 +112,58 @@ impl Process {
         }
         out.extend(mapped);
         out.sort_unstable_by_key(|s| s.address);
-        for seg in &mut out {
-            seg.blocks = self.carve(seg, device);
-        }
         out
     }
 
-    fn carve(&self, seg: &Segment, device: i32) -> Vec<Block> {
+    /// Hands `block` each block of a segment in address order (see
+    /// `segments`); the tensors that lie in it.
+    fn carve(&self, seg: &Segment, device: i32, mut block: impl FnMut(Block)) -> u64 {
         let (start, end) = (seg.address, seg.address.saturating_add(seg.size));
         if !self.tensor_probes {
-            return vec![Block { address: start, size: seg.size, requested: seg.size, in_use: true, stack: seg.stack }];
+            block(Block { address: start, size: seg.size, requested: seg.size, in_use: true, stack: seg.stack });
+            return 0;
         }
-        let mut blocks = Vec::new();
         let mut cursor = start;
+        let mut inside = 0;
         for (&addr, t) in self.held.tensors.range(start..end).filter(|(_, t)| t.device() == device) {
+            inside += 1;
             let from = addr.max(cursor);
             let block_end = addr.saturating_add(t.size.max(1).div_ceil(BLOCK_ROUND) * BLOCK_ROUND).min(end);
             if from > cursor {
-                blocks.push(Block { address: cursor, size: from - cursor, requested: 0, in_use: false, stack: None });
+                block(Block { address: cursor, size: from - cursor, requested: 0, in_use: false, stack: None });
             }
             if block_end > from {
-                blocks.push(Block {
-                    address: from,
-                    size: block_end - from,
-                    requested: t.size.min(block_end - from),
-                    in_use: true,
-                    stack: t.stack(),
-                });
+                let size = block_end - from;
+                block(Block { address: from, size, requested: t.size.min(size), in_use: true, stack: t.stack() });
             }
             cursor = cursor.max(block_end);
         }
         if end > cursor {
-            blocks.push(Block { address: cursor, size: end - cursor, requested: 0, in_use: false, stack: None });
+            block(Block { address: cursor, size: end - cursor, requested: 0, in_use: false, stack: None });
         }
-        blocks
+        inside
     }
 
     /// How the tensors seen use the device's segments; None when no
     /// PyTorch probe fired in this process (nothing to tell allocated from
-    /// reserved by).
+    /// reserved by). On every scrape: the blocks are walked, not kept.
     pub fn free_blocks(&self, device: i32) -> Option<FreeBlocks> {
         if !self.tensor_probes {
             return None;
         }
         let mut fb = FreeBlocks::default();
         let mut inside = 0u64;
-        for seg in self.segments(device) {
+        for seg in self.spans(device) {
             fb.segment_bytes += seg.size;
-            for b in seg.blocks {
-                if b.in_use {
-                    inside += 1;
-                } else {
+            inside += self.carve(&seg, device, |b| {
+                if !b.in_use {
                     fb.unused_bytes += b.size;
                     fb.largest_free_block = fb.largest_free_block.max(b.size);
                 }
-            }
+            });
         }
         let on_device = self.held.tensors.values().filter(|t| t.device() == device).count() as u64;
-        fb.tensors_outside_segments = on_device.saturating_sub(inside);
+        fb.tensors_outside_segments = on_device - inside;
         Some(fb)
     }
 }
