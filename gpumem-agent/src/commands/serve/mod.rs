@@ -100,6 +100,8 @@ pub struct Serve {
     otlp: Option<(otlp::Endpoint, Duration)>,
     pushes: std::sync::Arc<otlp::Pushes>,
     otlp_task: Option<tokio::task::JoinHandle<()>>,
+    /// OTLP's `host.name`, read once.
+    node: String,
 }
 
 impl Serve {
@@ -143,21 +145,23 @@ impl Serve {
             self.fail_renders -= 1;
             return Err(std::fmt::Error);
         }
+        self.with_scrape(ctx, |scrape| prometheus::render(scrape))
+    }
+
+    /// `f` of what /metrics shows now (the view with exited processes, the
+    /// agent's status, the OTLP pushes where it pushes).
+    fn with_scrape<T>(&self, ctx: &mut Ctx<'_>, f: impl FnOnce(&Scrape<'_>) -> T) -> T {
         let p = &mut *ctx.pipeline;
         let view = p.view(&ViewOptions { now_ns: monotonic_ns(), leak_age_ns: self.leak_age_ns, exited: true, ..Default::default() });
         let mut scrape = Scrape::of(p, &view, ctx.agent, self.max_process_series);
         scrape.otlp_pushes = self.otlp.is_some().then(|| self.pushes.counts());
-        prometheus::render(&scrape)
+        f(&scrape)
     }
 
     /// What /metrics shows, as an OTLP request body.
-    fn otlp_body(&mut self, ctx: &mut Ctx<'_>) -> Vec<u8> {
-        let p = &mut *ctx.pipeline;
-        let view = p.view(&ViewOptions { now_ns: monotonic_ns(), leak_age_ns: self.leak_age_ns, exited: true, ..Default::default() });
-        let mut scrape = Scrape::of(p, &view, ctx.agent, self.max_process_series);
-        scrape.otlp_pushes = Some(self.pushes.counts());
+    fn otlp_body(&self, ctx: &mut Ctx<'_>) -> Vec<u8> {
         let times = crate::export::otlp::Times { start_ns: self.began_unix_ns, now_ns: unix_ns() };
-        crate::export::otlp::request(&prometheus::families(&scrape), &node_name(), times)
+        self.with_scrape(ctx, |scrape| crate::export::otlp::request(&prometheus::families(scrape), &self.node, times))
     }
 
     /// An export of what the daemon knows now.
@@ -335,6 +339,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         otlp: args.otlp_endpoint.clone().map(|e| (e, Duration::from_secs_f64(args.otlp_interval))),
         pushes: Default::default(),
         otlp_task: None,
+        node: node_name(),
     };
     let mut s = Session::new(args.probes.probing());
     s.ringbuf_bytes = args.ringbuf_bytes;
