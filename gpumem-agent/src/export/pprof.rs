@@ -185,62 +185,34 @@ impl Builder {
     }
 
     fn location(&mut self, frame: &Frame) -> u64 {
-        let name = function_name(frame);
-        let file = frame.file.clone().unwrap_or_default();
+        let function = self.function(&frame.name(), frame.file.as_deref().unwrap_or(""));
         let line = frame.line.unwrap_or(0) as u64;
-        let (mapping, address, function) = if frame.python {
+        if frame.python {
             // A Python frame has no address of its own: it is its code and line.
-            (0, 0, self.function(&name, &file))
-        } else {
-            let m = self.mapping(&frame.module);
-            (m, m * MAPPING_SPAN + frame.module_offset.min(MAPPING_SPAN - 1), 0)
-        };
-        let key = if frame.python { (0, function, line) } else { (mapping, address, 0) };
-        if let Some(&id) = self.locations.get(&key) {
-            return id;
+            return self.intern_location((0, function, line), 0, 0, function, line);
         }
-        let function = if frame.python { function } else { self.function(&name, &file) };
-        let id = self.profile.location.len() as u64 + 1;
-        self.profile.location.push(proto::Location {
-            id,
-            mapping_id: mapping,
-            address,
-            line: vec![proto::Line { function_id: function, line: line as i64 }],
-        });
-        self.locations.insert(key, id);
-        id
+        let mapping = self.mapping(&frame.module);
+        let address = mapping * MAPPING_SPAN + frame.module_offset.min(MAPPING_SPAN - 1);
+        self.intern_location((mapping, address, 0), mapping, address, function, line)
     }
-}
 
-impl Builder {
     /// The location of samples whose stack was not captured (not sampled
     /// over the budget, not taken for pinned host memory, or unwinding failed).
     fn unknown_location(&mut self) -> u64 {
         let function = self.function("[stack not captured]", "");
-        let key = (0, function, 0);
+        self.intern_location((0, function, 0), 0, 0, function, 0)
+    }
+
+    /// The location `key` stands for, added the first time.
+    fn intern_location(&mut self, key: (u64, u64, u64), mapping_id: u64, address: u64, function: u64, line: u64) -> u64 {
         if let Some(&id) = self.locations.get(&key) {
             return id;
         }
         let id = self.profile.location.len() as u64 + 1;
-        self.profile.location.push(proto::Location {
-            id,
-            mapping_id: 0,
-            address: 0,
-            line: vec![proto::Line { function_id: function, line: 0 }],
-        });
+        let line = vec![proto::Line { function_id: function, line: line as i64 }];
+        self.profile.location.push(proto::Location { id, mapping_id, address, line });
         self.locations.insert(key, id);
         id
-    }
-}
-
-/// A frame's function as pprof shows it: the symbol, or where it is.
-fn function_name(f: &Frame) -> String {
-    match &f.function {
-        Some(name) => name.clone(),
-        None => {
-            let module = f.module.rsplit('/').next().unwrap_or(&f.module);
-            format!("{module}+{:#x}", f.module_offset)
-        }
     }
 }
 

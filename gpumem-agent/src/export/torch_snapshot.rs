@@ -102,11 +102,7 @@ fn frame(p: &mut Pickler, f: &Frame) {
     p.dict();
     p.entry_str("filename", f.file.as_deref().unwrap_or(&f.module));
     p.entry_int("line", f.line.unwrap_or(0) as i128);
-    let name = match &f.function {
-        Some(n) => n.clone(),
-        None => format!("{}+{:#x}", f.module.rsplit('/').next().unwrap_or(&f.module), f.module_offset),
-    };
-    p.entry_str("name", &name);
+    p.entry_str("name", &f.name());
     p.end_dict();
 }
 

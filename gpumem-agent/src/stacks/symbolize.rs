@@ -25,6 +25,15 @@ pub struct Frame {
 }
 
 impl Frame {
+    /// The function, or where it is (`libcuda.so.1+0x1c2a0`) when the module
+    /// has no symbol for it: a frame's name for tools that key on names.
+    pub fn name(&self) -> String {
+        match &self.function {
+            Some(f) => f.clone(),
+            None => format!("{}+{:#x}", self.module.rsplit('/').next().unwrap_or(&self.module), self.module_offset),
+        }
+    }
+
     /// `function+0x1c (file.c:42) [module]`
     pub fn display(&self) -> String {
         let module = self.module.rsplit('/').next().unwrap_or(&self.module);
