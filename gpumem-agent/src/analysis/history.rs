@@ -238,6 +238,11 @@ impl History {
         }
     }
 
+    /// The most log entries kept, all devices together.
+    pub fn trace_cap(&self) -> usize {
+        self.trace_cap
+    }
+
     /// The threads of a process, by thread id.
     pub fn threads_of(&self, pid: u32) -> impl Iterator<Item = (u32, &str)> {
         self.threads.iter().filter(move |(_, (p, _))| *p == pid).map(|(&tid, (_, name))| (tid, name.as_str()))

@@ -14,8 +14,10 @@ pub struct MemorySnapshot {
     pub traces: BTreeMap<i32, Vec<TraceEntry>>,
     /// Blocks are tensors (PyTorch's probes fired); else whole segments.
     pub tensor_blocks: bool,
-    /// Log entries dropped (all processes) to stay within the history's bound.
+    /// Log entries dropped (all processes) to stay within the history's
+    /// bound, and that bound.
     pub trace_dropped: u64,
+    pub trace_cap: usize,
 }
 
 /// Why no snapshot could be made.
@@ -69,5 +71,5 @@ pub fn of_process(state: &State, history: &History, pid: Option<u32>) -> Result<
         .map(|(&d, log)| (d, log.iter().filter(|e| e.pid == pid).copied().collect::<Vec<_>>()))
         .filter(|(_, log)| !log.is_empty())
         .collect();
-    Ok(MemorySnapshot { pid, segments, traces, tensor_blocks, trace_dropped: history.trace_dropped })
+    Ok(MemorySnapshot { pid, segments, traces, tensor_blocks, trace_dropped: history.trace_dropped, trace_cap: history.trace_cap() })
 }

@@ -98,11 +98,7 @@ pub fn render(p: &mut Pipeline, q: &Query, span: &Span) -> Result<Rendered> {
                 what.push_str("; blocks are whole segments (no PyTorch probe fired in it)");
             }
             if snap.trace_dropped > 0 {
-                what.push_str(&format!(
-                    "; the {} oldest trace entries were dropped (at most {} kept)",
-                    snap.trace_dropped,
-                    history::TRACE_CAP
-                ));
+                what.push_str(&format!("; the {} oldest trace entries were dropped (at most {} kept)", snap.trace_dropped, snap.trace_cap));
             }
             Rendered { bytes: torch_snapshot::render(&snap, &mut p.stacks), what }
         }
