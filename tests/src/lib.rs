@@ -285,6 +285,12 @@ pub fn poll<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>, context:
     }
 }
 
+/// Runs a command to its end: (success, stdout, stderr).
+pub fn command_output(cmd: &mut Command) -> (bool, String, String) {
+    let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
 pub fn run_gpumem(args: &[&str], envs: &[(&str, &str)]) -> Output {
     wait_for_detach();
     let mut cmd = Command::new(gpumem_bin());

@@ -10,9 +10,10 @@ use std::process::Command;
 
 use gpumem_tests::*;
 
+/// Success, and stdout and stderr together.
 fn output(cmd: &mut Command) -> (bool, String) {
-    let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    (o.status.success(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    let (ok, out, err) = command_output(cmd);
+    (ok, format!("{out}{err}"))
 }
 
 fn helm(args: &[&str]) -> String {

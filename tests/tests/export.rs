@@ -50,10 +50,11 @@ fn export(format: &str, rec: &std::path::Path, out_name: &str, extra: &[&str]) -
     out
 }
 
+/// A command's stdout; it must succeed.
 fn run(cmd: &mut Command) -> String {
-    let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(o.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
+    let (ok, out, err) = command_output(cmd);
+    assert!(ok, "{err}");
+    out
 }
 
 /// `go tool pprof -symbolize=none ARGS PROFILE`.
@@ -235,8 +236,7 @@ fn a_truncated_recording_is_refused_and_nothing_is_written() {
 /// A `hold` workload alive for `ms`: 8 + 1 MiB on GPU 0, 2 MiB on GPU 1
 /// (a context of its own) and 64 KiB pinned.
 fn hold_workload(ms: &str) -> std::process::Child {
-    let f = fixtures();
-    Command::new(&f.workload).arg(&f.libcuda).arg("hold").env("GPUMEM_WORKLOAD_HOLD_MS", ms).spawn().unwrap()
+    spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", ms)])
 }
 
 const HOLD_BYTES: u64 = 9 * MIB;

@@ -14,11 +14,6 @@ use serde_json::{json, Value};
 /// What the DaemonSet adds (deploy/helm/gpumem), all other capabilities dropped.
 const CAPS: [&str; 5] = ["CAP_BPF", "CAP_PERFMON", "CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"];
 
-fn output(cmd: &mut Command) -> (bool, String, String) {
-    let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
-}
-
 /// The image unpacked into a fresh bundle (rootfs and config.json).
 fn unpack(name: &str) -> std::path::PathBuf {
     let archive = target_dir().join(IMAGE_ARCHIVE);
@@ -27,11 +22,11 @@ fn unpack(name: &str) -> std::path::PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     let layout = dir.join("layout");
     std::fs::create_dir_all(&layout).unwrap();
-    let (ok, _, err) = output(Command::new("tar").arg("xf").arg(&archive).arg("-C").arg(&layout));
+    let (ok, _, err) = command_output(Command::new("tar").arg("xf").arg(&archive).arg("-C").arg(&layout));
     assert!(ok, "{err}");
     let bundle = dir.join("bundle");
     let image = format!("{}:{}", layout.display(), env!("CARGO_PKG_VERSION"));
-    let (ok, _, err) = output(Command::new("umoci").args(["unpack", "--image", &image]).arg(&bundle));
+    let (ok, _, err) = command_output(Command::new("umoci").args(["unpack", "--image", &image]).arg(&bundle));
     assert!(ok, "umoci unpack: {err}");
     bundle
 }
@@ -39,7 +34,7 @@ fn unpack(name: &str) -> std::path::PathBuf {
 /// Runs `args` in the bundle as the DaemonSet runs the agent; (ok, stdout, stderr).
 fn run_in(bundle: &Path, id: &str, args: &[&str]) -> (bool, String, String) {
     configure(bundle, args, &[], false);
-    output(Command::new("runc").args(["run", "--bundle"]).arg(bundle).arg(id))
+    command_output(Command::new("runc").args(["run", "--bundle"]).arg(bundle).arg(id))
 }
 
 /// The bundle's config as the DaemonSet's pod: `args`, its capabilities,
@@ -105,7 +100,7 @@ fn the_image_holds_the_binary_and_its_libraries_only_and_runs_status_with_the_da
 
     let (ok, out, err) = run_in(&bundle, &format!("gpumem-image-v-{}", std::process::id()), &["/usr/bin/gpumem", "--version"]);
     assert!(ok, "{err}");
-    let (_, ours, _) = output(Command::new(gpumem_bin()).arg("--version"));
+    let (_, ours, _) = command_output(Command::new(gpumem_bin()).arg("--version"));
     assert_eq!(out, ours, "the image's binary is this build");
 
     mount_tracefs();
@@ -120,14 +115,37 @@ fn the_image_holds_the_binary_and_its_libraries_only_and_runs_status_with_the_da
 /// The host's tracefs, which the pod mounts read-only (a fresh machine may not have it mounted).
 fn mount_tracefs() {
     if !Path::new("/sys/kernel/tracing/events").exists() {
-        let (ok, _, err) = output(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]));
+        let (ok, _, err) = command_output(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]));
         assert!(ok, "mounting tracefs: {err}");
     }
 }
 
-/// A container of the image, detached; killed and deleted on drop.
+/// A container run detached from a bundle; killed and deleted on drop.
 struct Container {
     id: String,
+}
+
+impl Container {
+    /// `runc run --detach`, the container's stdout and stderr to these.
+    fn start(bundle: &Path, id: &str, stdout: std::process::Stdio, stderr: std::process::Stdio) -> Container {
+        let (ok, _, err) = command_output(
+            Command::new("runc")
+                .args(["run", "--detach", "--bundle"])
+                .arg(bundle)
+                .arg(id)
+                .stdin(std::process::Stdio::null())
+                .stdout(stdout)
+                .stderr(stderr),
+        );
+        assert!(ok, "runc run: {err}");
+        Container { id: id.to_string() }
+    }
+
+    /// Its process's host pid.
+    fn pid(&self) -> u32 {
+        let (_, state, _) = command_output(Command::new("runc").args(["state", &self.id]));
+        serde_json::from_str::<Value>(&state).unwrap()["pid"].as_u64().unwrap() as u32
+    }
 }
 
 impl Drop for Container {
@@ -170,21 +188,12 @@ fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() 
     wait_for_detach();
     let id = format!("gpumem-image-serve-{}", std::process::id());
     let log = bundle.parent().unwrap().join("serve.log");
-    let (ok, _, err) = output(
-        Command::new("runc")
-            .args(["run", "--detach", "--bundle"])
-            .arg(&bundle)
-            .arg(&id)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::fs::File::create(bundle.parent().unwrap().join("serve.out")).unwrap())
-            .stderr(std::fs::File::create(&log).unwrap()),
-    );
-    assert!(ok, "runc run: {err}");
-    let container = Container { id };
+    let out = std::fs::File::create(bundle.parent().unwrap().join("serve.out")).unwrap();
+    let container = Container::start(&bundle, &id, out.into(), std::fs::File::create(&log).unwrap().into());
     let said = || std::fs::read_to_string(&log).unwrap_or_default();
     poll(30, "the agent in the container to serve", || said().contains("gpumem: serving").then_some(()), || format!(": {}", said()));
     // A workload on the host, its process found through the host's /proc (hostPID).
-    let mut w = Command::new(&f.workload).arg(&f.libcuda).arg("hold").env("GPUMEM_WORKLOAD_HOLD_MS", "8000").spawn().unwrap();
+    let mut w = spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", "8000")]);
     let pid = w.id();
     let metrics = || http_get(port, "/metrics", None).map(|r| r.2).unwrap_or_default();
     let bytes = |text: &str| pid_series(text, "gpumem_process_memory_bytes", pid);
@@ -207,19 +216,8 @@ fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() 
         &[("GPUMEM_WORKLOAD_HOLD_MS", "8000")],
     );
     let wid = format!("gpumem-image-workload-{}", std::process::id());
-    let (ok, _, err) = output(
-        Command::new("runc")
-            .args(["run", "--detach", "--bundle"])
-            .arg(&wb)
-            .arg(&wid)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null()),
-    );
-    assert!(ok, "runc run: {err}");
-    let workload = Container { id: wid.clone() };
-    let (_, st, _) = output(Command::new("runc").args(["state", &wid]));
-    let host_pid = serde_json::from_str::<Value>(&st).unwrap()["pid"].as_u64().unwrap() as u32;
+    let workload = Container::start(&wb, &wid, std::process::Stdio::null(), std::process::Stdio::null());
+    let host_pid = workload.pid();
     let series = |text: &str| {
         text.lines()
             .find(|l| l.starts_with("gpumem_process_memory_bytes{") && l.contains(&format!("pid=\"{host_pid}\"")))
