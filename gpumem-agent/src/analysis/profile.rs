@@ -125,13 +125,13 @@ pub fn heap(state: &State, history: &History, stacks: &mut Stacks, layers: Layer
     out
 }
 
-/// A process's name, container and pod: from the state while it is kept,
-/// else the name of its main thread.
+/// A process's name, container and pod (as every output names them): from
+/// the state while it is kept, else the name of its main thread.
 fn who(state: &State, history: &History, pid: u32) -> (String, Option<String>, Option<String>) {
     match state.processes.get(&pid) {
         Some(p) => {
-            let c = p.container.clone().unwrap_or_default();
-            (p.comm.clone(), c.container, c.pod_uid)
+            let w = super::view::Workload::of(p.container.as_ref());
+            (p.comm.clone(), w.container, w.pod)
         }
         None => {
             let name = history.threads.get(&pid).map(|(_, n)| n.clone()).unwrap_or_default();

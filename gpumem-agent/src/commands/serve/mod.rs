@@ -145,7 +145,7 @@ impl Serve {
             self.fail_renders -= 1;
             return Err(std::fmt::Error);
         }
-        self.with_scrape(ctx, |scrape| prometheus::render(scrape))
+        self.with_scrape(ctx, prometheus::render)
     }
 
     /// `f` of what /metrics shows now (the view with exited processes, the
