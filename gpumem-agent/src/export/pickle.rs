@@ -121,23 +121,22 @@ impl Pickler {
     pub fn memoize(&mut self) -> Memo {
         let i = self.memo;
         self.memo += 1;
-        match u8::try_from(i) {
-            Ok(b) => self.out.extend([op::BINPUT, b]),
-            Err(_) => {
-                self.out.push(op::LONG_BINPUT);
-                self.out.extend(i.to_le_bytes());
-            }
-        }
+        self.indexed(op::BINPUT, op::LONG_BINPUT, i);
         Memo(i)
     }
 
     /// The memoized object again (the same object, not a copy).
     pub fn get(&mut self, m: Memo) {
-        match u8::try_from(m.0) {
-            Ok(b) => self.out.extend([op::BINGET, b]),
+        self.indexed(op::BINGET, op::LONG_BINGET, m.0);
+    }
+
+    /// A memo opcode with its index: one byte where it fits, else four.
+    fn indexed(&mut self, short: u8, long: u8, i: u32) {
+        match u8::try_from(i) {
+            Ok(b) => self.out.extend([short, b]),
             Err(_) => {
-                self.out.push(op::LONG_BINGET);
-                self.out.extend(m.0.to_le_bytes());
+                self.out.push(long);
+                self.out.extend(i.to_le_bytes());
             }
         }
     }
@@ -185,6 +184,34 @@ mod tests {
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success());
         String::from_utf8(out.stdout).unwrap()
+    }
+
+    #[test]
+    fn memo_indexes_past_one_byte_are_read_back() {
+        // 300 memoized lists: the last ones need LONG_BINPUT / LONG_BINGET.
+        let mut p = Pickler::default();
+        p.dict();
+        p.str("shared");
+        p.list();
+        let mut memos = Vec::new();
+        for i in 0..300 {
+            p.list();
+            p.int(i);
+            p.end_list();
+            memos.push(p.memoize());
+        }
+        p.get(memos[299]);
+        p.end_list();
+        p.end_dict();
+        let mut child = Command::new("python3")
+            .args(["-c", "import pickle,sys; s=pickle.loads(sys.stdin.buffer.read())['shared']; print(len(s), s[300], s[299] is s[300])"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        child.stdin.take().unwrap().write_all(&p.finish()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), "301 [299] True\n");
     }
 
     #[test]
