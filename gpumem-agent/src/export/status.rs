@@ -78,8 +78,9 @@ pub fn write_human(
         }
     }
     write_torch(out, agent)?;
+    // What bring-up said, as it says it (its sentences carry their own "note:").
     for n in notes {
-        writeln!(out, "note: {n}")?;
+        writeln!(out, "{n}")?;
     }
     Ok(())
 }

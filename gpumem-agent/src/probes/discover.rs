@@ -5,7 +5,6 @@ use std::{
     fs,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
-    process::Command,
 };
 
 use crate::procfs;
@@ -61,38 +60,16 @@ pub fn is_libcuda_name(name: &str) -> bool {
     name == "libcuda.so" || name.starts_with("libcuda.so.")
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("cannot run ldconfig -p: {0}")]
-pub struct LdconfigError(#[source] std::io::Error);
-
-/// libcuda paths known to the dynamic linker cache (`ldconfig -p`).
-pub fn from_ld_cache() -> Result<Vec<PathBuf>, LdconfigError> {
-    let out = Command::new("ldconfig")
-        .arg("-p")
-        .output()
-        .or_else(|_| Command::new("/sbin/ldconfig").arg("-p").output())
-        .map_err(LdconfigError)?;
-    Ok(parse_ldconfig(&String::from_utf8_lossy(&out.stdout)))
-}
-
-/// Parses `ldconfig -p` lines such as
-/// `\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1`.
-pub fn parse_ldconfig(text: &str) -> Vec<PathBuf> {
-    let mut paths = Vec::new();
-    for line in text.lines() {
-        let line = line.trim();
-        let Some((name, rest)) = line.split_once(' ') else { continue };
-        if !is_libcuda_name(name) || !rest.contains("x86-64") && cfg!(target_arch = "x86_64") {
-            continue;
-        }
-        if let Some((_, path)) = rest.split_once("=> ") {
-            let p = PathBuf::from(path.trim());
-            if !paths.contains(&p) {
-                paths.push(p);
-            }
+/// libcuda paths the dynamic linker's cache resolves (what `ldconfig -p`
+/// lists), read from the file itself.
+pub fn from_ld_cache() -> Result<Vec<PathBuf>, super::ld_cache::LdCacheError> {
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for e in super::ld_cache::read(Path::new("/etc/ld.so.cache"))? {
+        if is_libcuda_name(&e.name) && !paths.contains(&e.path) {
+            paths.push(e.path);
         }
     }
-    paths
+    Ok(paths)
 }
 
 fn is_libcuda_mapping(e: &procfs::MapsEntry) -> bool {
@@ -232,18 +209,6 @@ pub fn from_processes(skip_pid: u32) -> (Found, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ldconfig_lines() {
-        let text = "3 libs found in cache `/etc/ld.so.cache'\n\
-            \tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1\n\
-            \tlibcuda.so (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so\n\
-            \tlibcudart.so.12 (libc6,x86-64) => /usr/lib/libcudart.so.12\n";
-        assert_eq!(
-            parse_ldconfig(text),
-            vec![PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.1"), PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so")]
-        );
-    }
 
     #[test]
     fn maps_lines() {

@@ -4,6 +4,7 @@ mod detach;
 pub mod discover;
 pub mod features;
 pub mod ioctl;
+pub mod ld_cache;
 pub mod links;
 pub mod live;
 pub mod loaders;

@@ -122,7 +122,7 @@ pub fn attach_given(agent: &mut Agent, p: &Probing, mut say: impl FnMut(String))
 /// probes would go with this process).
 fn pin_new_links(agent: &mut Agent, say: &mut impl FnMut(String)) {
     if let Err(e) = agent.pin_new_links() {
-        say(format!("{e}: those probes are detached when this agent stops"));
+        say(format!("note: {e}: those probes are detached when this agent stops"));
     }
 }
 
@@ -136,7 +136,7 @@ pub fn attach_discovered(agent: &mut Agent, p: &Probing, with_ld_cache: bool, mu
     if with_ld_cache {
         match discover::from_ld_cache() {
             Ok(paths) => found.libcuda.extend(paths.iter().filter_map(|p| discover::stat_library(p, Source::LdCache).ok())),
-            Err(e) => say(format!("note: {e}")),
+            Err(e) => say(format!("note: {e}; libcuda is found in the processes that map it")),
         }
     }
     let began = std::time::Instant::now();
