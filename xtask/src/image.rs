@@ -5,10 +5,9 @@
 //! /etc/passwd, nothing else (no shell, no package manager). Reproducible:
 //! the binary is built with its paths remapped, every time stamp is
 //! SOURCE_DATE_EPOCH (the last commit's time), files are added in name
-//! order, and the archive is written by tar in name order, so the same
-//! checkout gives the same digest. (A checkout at another path differs in
-//! the eBPF object's BTF line information: aya-build sets that build's
-//! flags, so its paths are not remapped.)
+//! order, the archive is written by tar in name order, and the binary is
+//! built from a clone of HEAD at a fixed path, so the same commit gives the
+//! same digest from any checkout (with the same toolchain and $HOME).
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -86,20 +85,74 @@ fn stamp(root: &Path, epoch: &str) -> Result<()> {
     run(Command::new("find").arg(root).args(["-exec", "touch", "-h", "-d"]).arg(format!("@{epoch}")).args(["{}", "+"]))
 }
 
-/// The release binary, built apart (its own target directory) with the
-/// checkout's and cargo's paths mapped to fixed ones: the same source gives
-/// the same binary wherever it is checked out.
-fn release_binary() -> Result<PathBuf> {
+/// Where the image's binary is built: a clone of the checkout's HEAD at a
+/// fixed path, with its own target directory. The eBPF object's BTF line
+/// information names absolute source paths, and aya-build sets that nested
+/// build's flags itself (no --remap-path-prefix reaches it), so only a fixed
+/// path makes the same commit give the same bytes from any checkout.
+const BUILD_ROOT: &str = "/var/tmp/gpumem-image";
+
+/// Holds an exclusive lock on the build root while it lives (two image
+/// builds share one clone).
+struct BuildLock(#[allow(dead_code)] std::fs::File);
+
+impl BuildLock {
+    fn take(root: &Path) -> Result<Self> {
+        std::fs::create_dir_all(root)?;
+        let file = std::fs::File::create(root.join("lock"))?;
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: flock on a descriptor this struct owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            bail!("locking {}: {}", root.display(), std::io::Error::last_os_error());
+        }
+        Ok(BuildLock(file))
+    }
+}
+
+fn git(dir: &Path) -> Command {
+    let mut cmd = Command::new("git");
+    cmd.arg("-C").arg(dir);
+    cmd
+}
+
+/// The fixed-path clone, checked out at this checkout's HEAD (uncommitted
+/// changes are not in the image: said).
+fn source_at_head(root: &Path) -> Result<PathBuf> {
     let ws = gpumem_tests::workspace();
+    let head = output(git(&ws).args(["rev-parse", "HEAD"]))?.trim().to_string();
+    if !output(git(&ws).args(["status", "--porcelain", "--untracked-files=no"]))?.trim().is_empty() {
+        eprintln!("xtask image: building commit {head}; this checkout's uncommitted changes are not in the image");
+    }
+    let src = root.join("src");
+    if !src.join(".git").exists() {
+        let _ = std::fs::remove_dir_all(&src);
+        run(Command::new("git").args(["clone", "--quiet", "--no-checkout"]).arg(&ws).arg(&src))?;
+    }
+    run(git(&src).args(["fetch", "--quiet"]).arg(&ws).arg(&head))?;
+    run(git(&src).args(["checkout", "--quiet", "--force", "--detach", &head]))?;
+    run(git(&src).args(["clean", "-q", "-f", "-d", "-x"]))?;
+    Ok(src)
+}
+
+/// The release binary, built from the fixed-path clone with its own target
+/// directory, the clone's and cargo's paths mapped to fixed names.
+fn release_binary(root: &Path) -> Result<PathBuf> {
+    let src = source_at_head(root)?;
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let target = gpumem_tests::target_dir().join("image-build");
-    let flags = format!("--remap-path-prefix={}=/build/gpumem --remap-path-prefix={home}/.cargo=/build/cargo", ws.display());
-    run(cargo().args(["build", "--release", "-p", "gpumem-agent"]).env("CARGO_TARGET_DIR", &target).env("RUSTFLAGS", flags))?;
+    let target = root.join("target");
+    let flags = format!("--remap-path-prefix={}=/build/gpumem --remap-path-prefix={home}/.cargo=/build/cargo", src.display());
+    run(cargo()
+        .args(["build", "--release", "--locked", "-p", "gpumem-agent"])
+        .current_dir(&src)
+        .env("CARGO_TARGET_DIR", &target)
+        .env("RUSTFLAGS", flags))?;
     Ok(target.join("release/gpumem"))
 }
 
 pub fn build() -> Result<PathBuf> {
-    let bin = release_binary()?;
+    let build_root = Path::new(BUILD_ROOT);
+    let _lock = BuildLock::take(build_root)?;
+    let bin = release_binary(build_root)?;
     let dir = gpumem_tests::target_dir().join("image");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
@@ -132,6 +185,9 @@ pub fn build() -> Result<PathBuf> {
         "0:0",
         "--config.workingdir",
         "/",
+        // The chart's `command: ["gpumem"]` and `kubectl exec … -- gpumem` resolve through it.
+        "--config.env",
+        "PATH=/usr/bin",
         "--config.label",
         &format!("org.opencontainers.image.version={}", env!("CARGO_PKG_VERSION")),
         "--config.label",
