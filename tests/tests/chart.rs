@@ -94,6 +94,28 @@ fn the_chart_lints_renders_and_validates_for_kubernetes_1_30_to_1_34() {
     assert!(ok, "gpumem {args:?}: {out}");
 }
 
+/// Uninstall mode (`--set cleanupNodes=true`) renders a valid DaemonSet
+/// whose pods clean the node and wait, mounting what the cleanup removes
+/// even with continuity off (tests/tests/image.rs runs it from the image).
+#[test]
+fn the_uninstall_mode_renders_and_validates() {
+    let rendered = helm(&["template", "gpumem", "deploy/helm/gpumem", "--set", "cleanupNodes=true,continuity.enabled=false"]);
+    let ds = documents(&rendered).into_iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<&str> = c["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert_eq!(args, ["serve", "--cleanup", "--then-wait", "--pin-dir=/sys/fs/bpf/gpumem", "--state-dir=/var/lib/gpumem"]);
+    let mounts: Vec<&str> = c["volumeMounts"].as_sequence().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert_eq!(mounts, ["tracefs", "bpffs", "state", "run"]);
+    let (ok, out) = output(Command::new(gpumem_bin()).args(&args).arg("--help"));
+    assert!(ok, "gpumem {args:?}: {out}");
+    let file = target_dir().join("chart-uninstall.yaml");
+    std::fs::write(&file, serde_yaml_ng::to_string(&ds).unwrap()).unwrap();
+    let (ok, out) = output(Command::new(kubernetes_validate()).args(["--strict", "-k", "1.34.0"]).arg(&file));
+    assert!(ok, "{out}");
+    let notes = helm(&["install", "gpumem", "deploy/helm/gpumem", "--dry-run=client", "--set", "cleanupNodes=true"]);
+    assert!(notes.contains("rollout status ds/gpumem"), "{notes}");
+}
+
 #[test]
 fn the_plain_manifest_is_the_chart_rendered() {
     let rendered = helm(PLAIN_MANIFEST_HELM_ARGS);

@@ -24,6 +24,11 @@ pub struct ContinuityArgs {
     /// gpumem is uninstalled from a node.
     #[arg(long)]
     pub cleanup: bool,
+    /// After --cleanup, stay (doing nothing) until SIGTERM or SIGINT: the
+    /// chart's uninstall mode runs this as its DaemonSet's pods, so `kubectl
+    /// rollout status` says when every node is clean.
+    #[arg(long, requires = "cleanup")]
+    pub then_wait: bool,
 }
 
 impl ContinuityArgs {

@@ -355,9 +355,12 @@ struct StoredStack {
     frames: Vec<Frame>,
 }
 
+/// The file under --state-dir where symbolized stacks are kept by id.
+pub const STACK_FILE: &str = "stacks.jsonl";
+
 impl StackFile {
     fn at(dir: &Path) -> Self {
-        StackFile { path: dir.join("stacks.jsonl"), persisted: HashSet::new(), pending: HashSet::new(), error: None }
+        StackFile { path: dir.join(STACK_FILE), persisted: HashSet::new(), pending: HashSet::new(), error: None }
     }
 
     /// The stored stacks among `wanted`; the file is rewritten with only them.

@@ -304,7 +304,11 @@ impl Output for Serve {
 
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
     if args.continuity.cleanup {
-        return cleanup(&args.continuity.pin_dir);
+        let done = cleanup(&args.continuity.pin_dir, &args.continuity.state_dir)?;
+        if args.continuity.then_wait {
+            wait_for_stop();
+        }
+        return Ok(done);
     }
     // Bind first: a taken port is the most likely mistake, said before loading anything.
     let listener = std::net::TcpListener::bind(args.listen)
@@ -368,9 +372,16 @@ fn node_name() -> String {
         .unwrap_or_default()
 }
 
-/// `serve --cleanup`: every pinned link and map under the directory removed.
-fn cleanup(root: &std::path::Path) -> Result<ExitCode> {
+/// `serve --cleanup`: every pinned link and map under the directory
+/// removed, and the stacks kept for the next agent.
+fn cleanup(root: &std::path::Path, state_dir: &std::path::Path) -> Result<ExitCode> {
     crate::runtime::require_privileges()?;
+    let stacks = state_dir.join(crate::runtime::continuity::STACK_FILE);
+    match std::fs::remove_file(&stacks) {
+        Ok(()) => eprintln!("gpumem: removed {}", stacks.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => eprintln!("gpumem: cannot remove {}: {e}", stacks.display()),
+    }
     if !root.exists() {
         eprintln!("gpumem: nothing pinned in {}", root.display());
         return Ok(ExitCode::SUCCESS);
@@ -378,6 +389,21 @@ fn cleanup(root: &std::path::Path) -> Result<ExitCode> {
     let (links, maps) = crate::probes::pin::remove_all(root);
     eprintln!("gpumem: removed the pinned state in {}: {links} links detached, {maps} maps unpinned", root.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// Blocks until SIGTERM or SIGINT arrives (nothing else runs: a plain sigwait).
+fn wait_for_stop() {
+    eprintln!("gpumem: cleaned up; waiting for SIGTERM");
+    // SAFETY: a signal set on the stack, the mask changed for this (only) thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        let mut sig = 0;
+        libc::sigwait(&set, &mut sig);
+    }
 }
 
 fn router(requests: mpsc::Sender<Request>) -> Router {
