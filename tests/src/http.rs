@@ -1,4 +1,4 @@
-//! Plain HTTP on loopback, for scraping the agent and querying Prometheus.
+//! Plain HTTP (on loopback, or to a pod's address), for scraping the agent and querying Prometheus.
 /// A free TCP port on loopback (bound and released: another process could
 /// take it in between, which on a test machine does not happen).
 pub fn free_port() -> u16 {
@@ -17,11 +17,21 @@ pub fn url_encode(s: &str) -> String {
 
 /// A plain HTTP/1.1 GET on loopback: (status, content type, body).
 pub fn http_get(port: u16, path_and_query: &str, accept: Option<&str>) -> std::io::Result<(u16, String, String)> {
+    http_get_from(std::net::Ipv4Addr::LOCALHOST, port, path_and_query, accept)
+}
+
+/// A plain HTTP/1.1 GET to `ip:port`: (status, content type, body).
+pub fn http_get_from(
+    ip: std::net::Ipv4Addr,
+    port: u16,
+    path_and_query: &str,
+    accept: Option<&str>,
+) -> std::io::Result<(u16, String, String)> {
     use std::io::{Read as _, Write as _};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    let mut s = std::net::TcpStream::connect((ip, port))?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
     let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
-    write!(s, "GET {path_and_query} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{accept}Connection: close\r\n\r\n")?;
+    write!(s, "GET {path_and_query} HTTP/1.1\r\nHost: {ip}:{port}\r\n{accept}Connection: close\r\n\r\n")?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;
     let text = String::from_utf8_lossy(&raw).into_owned();

@@ -59,3 +59,49 @@ pub fn workload_bundle(name: &str, cgroups_path: &str, scenario: &str, envs: &[(
     std::fs::write(&path, c.to_string()).unwrap();
     dir
 }
+
+/// A pod's network as a CNI plugin makes one: a network namespace
+/// (`ip netns`) with one end of a veth pair, the other end on the host, a
+/// /30 between them. Removed (namespace and pair) when dropped.
+pub struct PodNetwork {
+    pub name: String,
+    pub host_ip: std::net::Ipv4Addr,
+    pub pod_ip: std::net::Ipv4Addr,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("iproute2's ip (cargo xtask setup installs it)");
+    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+impl PodNetwork {
+    pub fn create() -> PodNetwork {
+        let n = std::process::id() % 64;
+        let name = format!("gpumem-pod-{}", std::process::id());
+        let (host_ip, pod_ip) = (std::net::Ipv4Addr::new(10, 213, n as u8, 1), std::net::Ipv4Addr::new(10, 213, n as u8, 2));
+        let (host_end, pod_end) = (format!("gpmh{n}"), format!("gpmp{n}"));
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        let _ = Command::new("ip").args(["link", "del", &host_end]).output();
+        ip(&["netns", "add", &name]);
+        ip(&["link", "add", &host_end, "type", "veth", "peer", "name", &pod_end]);
+        ip(&["link", "set", &pod_end, "netns", &name]);
+        ip(&["addr", "add", &format!("{host_ip}/30"), "dev", &host_end]);
+        ip(&["link", "set", &host_end, "up"]);
+        ip(&["-n", &name, "addr", "add", &format!("{pod_ip}/30"), "dev", &pod_end]);
+        ip(&["-n", &name, "link", "set", &pod_end, "up"]);
+        ip(&["-n", &name, "link", "set", "lo", "up"]);
+        PodNetwork { name, host_ip, pod_ip }
+    }
+
+    /// The namespace's path, for a runtime spec's `linux.namespaces`.
+    pub fn path(&self) -> PathBuf {
+        Path::new("/var/run/netns").join(&self.name)
+    }
+}
+
+impl Drop for PodNetwork {
+    /// Deleting the namespace deletes the veth pair with it.
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+    }
+}

@@ -5,7 +5,9 @@
 //! its probes with exactly the DaemonSet's capabilities, host pid namespace
 //! and read-only root and tracefs; `gpumem serve` in it traces a workload
 //! on the host and one in a container of its own (pod, container, exact
-//! bytes on /metrics). Run as root, one test at a time.
+//! bytes on /metrics, scraped from the host at the address of the agent's
+//! own pod network: a network namespace and veth pair, as a CNI plugin
+//! makes). Run as root, one test at a time.
 use std::{path::Path, process::Command};
 
 use gpumem_tests::*;
@@ -33,24 +35,27 @@ fn unpack(name: &str) -> std::path::PathBuf {
 
 /// Runs `args` in the bundle as the DaemonSet runs the agent; (ok, stdout, stderr).
 fn run_in(bundle: &Path, id: &str, args: &[&str]) -> (bool, String, String) {
-    configure(bundle, args, &[], false);
+    configure(bundle, args, &[], None);
     command_output(Command::new("runc").args(["run", "--bundle"]).arg(bundle).arg(id))
 }
 
 /// The bundle's config as the DaemonSet's pod: `args`, its capabilities,
 /// the host's pid namespace, seccomp unconfined, a read-only root and
-/// tracefs, and `binds` (host path, container path) writable; the host's
-/// network namespace where `host_network` (the pod network is the
-/// runtime's, not gpumem's: the test reaches /metrics on the host this way).
-fn configure(bundle: &Path, args: &[&str], binds: &[(&Path, &str)], host_network: bool) {
+/// tracefs, and `binds` (host path, container path) writable; a network
+/// namespace of its own, or the pod network `pod` made as a CNI plugin
+/// would (no hostNetwork, as the chart runs it).
+fn configure(bundle: &Path, args: &[&str], binds: &[(&Path, &str)], pod: Option<&PodNetwork>) {
     let path = bundle.join("config.json");
     let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     c["process"]["terminal"] = json!(false);
     c["process"]["args"] = json!(args);
     c["process"]["capabilities"] = json!({"bounding": CAPS, "effective": CAPS, "permitted": CAPS});
     // hostPID: the host's pid namespace; seccomp Unconfined; read-only root and tracefs.
-    let shared = |n: &Value| n["type"] == "pid" || (host_network && n["type"] == "network");
-    let namespaces: Vec<Value> = c["linux"]["namespaces"].as_array().unwrap().iter().filter(|n| !shared(n)).cloned().collect();
+    let mut namespaces: Vec<Value> = c["linux"]["namespaces"].as_array().unwrap().iter().filter(|n| n["type"] != "pid").cloned().collect();
+    if let Some(pod) = pod {
+        namespaces.retain(|n| n["type"] != "network");
+        namespaces.push(json!({"type": "network", "path": pod.path()}));
+    }
     c["linux"]["namespaces"] = json!(namespaces);
     c["linux"].as_object_mut().unwrap().remove("seccomp");
     c["root"]["readonly"] = json!(true);
@@ -165,8 +170,10 @@ fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() 
     for d in &dirs {
         std::fs::create_dir_all(d).unwrap();
     }
-    let port = free_port();
-    let listen = format!("--listen=127.0.0.1:{port}");
+    // The pod's own network, its metrics port the chart's, scraped from the host.
+    let network = PodNetwork::create();
+    let port = 9400;
+    let listen = format!("--listen=0.0.0.0:{port}");
     let pin = format!("--pin-dir={}", state.pin_dir.display());
     // The synthetic libcuda, seen through the host's root (hostPID): attached
     // at start, as the node's driver library is, so the first calls are traced.
@@ -183,7 +190,7 @@ fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() 
         "--socket=/run/gpumem/gpumem.sock",
     ];
     let binds = [(Path::new("/sys/fs/bpf"), "/sys/fs/bpf"), (dirs[0].as_path(), "/var/lib/gpumem"), (dirs[1].as_path(), "/run/gpumem")];
-    configure(&bundle, &args, &binds, true);
+    configure(&bundle, &args, &binds, Some(&network));
     mount_tracefs();
     wait_for_detach();
     let id = format!("gpumem-image-serve-{}", std::process::id());
@@ -195,11 +202,11 @@ fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() 
     // A workload on the host, its process found through the host's /proc (hostPID).
     let mut w = spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", "8000")]);
     let pid = w.id();
-    let metrics = || http_get(port, "/metrics", None).map(|r| r.2).unwrap_or_default();
+    let metrics = || http_get_from(network.pod_ip, port, "/metrics", None).map(|r| r.2).unwrap_or_default();
     let bytes = |text: &str| pid_series(text, "gpumem_process_memory_bytes", pid);
     poll(
         20,
-        "the workload's exact bytes on the host's /metrics",
+        "the workload's exact bytes on /metrics, scraped at the pod's address",
         || (bytes(&metrics()) == Some((9 * MIB) as f64)).then_some(()),
         || format!(":\n{}\n{}", metrics(), said()),
     );
@@ -234,5 +241,46 @@ fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() 
     }
     drop(workload);
     drop(container);
+    assert!(state.pin_dir.exists() && !gpumem_programs().is_empty(), "SIGTERM leaves the probes pinned");
+    let stacks = dirs[0].join("stacks.jsonl");
+    assert!(stacks.exists(), "the agent kept its symbolized stacks for the next one");
+    uninstall_mode_cleans_the_node(&bundle, &state, &binds, &network);
+    assert!(!stacks.exists(), "the kept stacks removed");
     state.remove();
+}
+
+/// The chart's uninstall mode (`--set cleanupNodes=true`), its container's
+/// command and args as `helm template` renders them, run from the image on
+/// this node: every pinned link and map goes, the pod then waits (so
+/// `kubectl rollout status` says when all nodes are clean) and stops at SIGTERM.
+fn uninstall_mode_cleans_the_node(bundle: &Path, state: &ServeState, binds: &[(&Path, &str)], network: &PodNetwork) {
+    let values = format!("cleanupNodes=true,continuity.pinDir={},continuity.stateDir=/var/lib/gpumem", state.pin_dir.display());
+    let (ok, rendered, err) =
+        command_output(Command::new(helm()).args(["template", "gpumem", "deploy/helm/gpumem", "--set", &values]).current_dir(workspace()));
+    assert!(ok, "helm template: {err}");
+    let ds = serde_yaml_ng::Deserializer::from_str(&rendered)
+        .map(|d| <serde_yaml_ng::Value as serde::Deserialize>::deserialize(d).unwrap())
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("a DaemonSet");
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    assert!(c["livenessProbe"].is_null() && c["readinessProbe"].is_null(), "nothing listens in uninstall mode: {c:?}");
+    let words = |v: &serde_yaml_ng::Value| v.as_sequence().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect::<Vec<_>>();
+    let argv: Vec<String> = words(&c["command"]).into_iter().chain(words(&c["args"])).collect();
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    configure(bundle, &argv, binds, Some(network));
+    let log = bundle.parent().unwrap().join("cleanup.log");
+    let id = format!("gpumem-image-cleanup-{}", std::process::id());
+    let cleaner = Container::start(bundle, &id, std::process::Stdio::null(), std::fs::File::create(&log).unwrap().into());
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    poll(30, "uninstall mode to clean up and wait", || said().contains("waiting for SIGTERM").then_some(()), || format!(": {}", said()));
+    assert!(said().contains("links detached"), "{}", said());
+    assert!(!state.pin_dir.exists(), "nothing pinned is left: {}", said());
+    poll(10, "every probe detached", || gpumem_programs().is_empty().then_some(()), || format!(": {:?}", gpumem_programs()));
+    let (_, st, _) = command_output(Command::new("runc").args(["state", &id]));
+    assert!(st.contains("\"running\""), "the pod stays up after cleaning: {st}");
+    let (ok, _, err) = command_output(Command::new("runc").args(["kill", &id, "TERM"]));
+    assert!(ok, "runc kill: {err}");
+    let stopped = || command_output(Command::new("runc").args(["state", &id])).1.contains("\"stopped\"");
+    poll(10, "uninstall mode to stop at SIGTERM", || stopped().then_some(()), String::new);
+    drop(cleaner);
 }

@@ -15,7 +15,7 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Python frame tests; systemtap-sdt-dev (sys/sdt.h) for the USDT tests;
 /// golang-go for `go tool pprof`, the real reader of the pprof export;
 /// umoci to build the OCI image, runc to run it and the containers of the
-/// container tests.
+/// container tests, iproute2 for the agent's pod network in the image test.
 const APT_PACKAGES: &[&str] = &[
     "python3.11",
     "debootstrap",
@@ -36,6 +36,7 @@ const APT_PACKAGES: &[&str] = &[
     "curl",
     "umoci",
     "runc",
+    "iproute2",
 ];
 
 fn installed(pkg: &str) -> bool {
