@@ -6,6 +6,7 @@
 /// `gpumem --version`: the release and the git revision it was built from.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("GPUMEM_GIT_REVISION"), ")");
 
+pub mod actions;
 pub mod analysis;
 pub mod cli;
 pub mod clock;
@@ -15,6 +16,7 @@ pub mod events;
 pub mod export;
 #[cfg(test)]
 mod fuzz;
+pub mod http_post;
 pub mod names;
 pub mod nvml;
 pub mod pipeline;

@@ -11,4 +11,5 @@ pub mod profile;
 pub mod reconcile;
 pub mod snapshot;
 pub mod timeline;
+pub mod triggers;
 pub mod view;

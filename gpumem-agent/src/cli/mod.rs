@@ -3,6 +3,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub mod actions;
 pub mod continuity;
 pub mod export;
 
@@ -347,6 +348,8 @@ pub struct ServeArgs {
     /// How often to push OTLP.
     #[arg(long, value_name = "SECONDS", default_value_t = 15.0, value_parser = parse_duration, allow_negative_numbers = true)]
     pub otlp_interval: f64,
+    #[command(flatten)]
+    pub actions: actions::ActionArgs,
     /// The local API's socket (root only), through which top, leaks and
     /// status use this daemon.
     #[arg(long, value_name = "PATH", default_value = crate::daemon::DEFAULT_SOCKET)]

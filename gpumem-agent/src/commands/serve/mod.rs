@@ -5,6 +5,7 @@
 //! The runtime's task owns all state; the HTTP handlers ask it for a
 //! rendering over a channel (an input of this output), so a scrape never
 //! races an event and nothing is locked.
+mod act;
 mod api;
 mod otlp;
 
@@ -29,7 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::{
     analysis::view::ViewOptions,
     cli::ServeArgs,
-    clock::monotonic_ns,
+    clock::{monotonic_ns, unix_ns},
     daemon::LeaksQuery,
     export::prometheus::{self, Scrape},
     nvml,
@@ -102,6 +103,8 @@ pub struct Serve {
     otlp_task: Option<tokio::task::JoinHandle<()>>,
     /// OTLP's `host.name`, read once.
     node: String,
+    /// `--action` and `--webhook`.
+    acting: act::Acting,
 }
 
 impl Serve {
@@ -155,6 +158,7 @@ impl Serve {
         let view = p.view(&ViewOptions { now_ns: monotonic_ns(), leak_age_ns: self.leak_age_ns, exited: true, ..Default::default() });
         let mut scrape = Scrape::of(p, &view, ctx.agent, self.max_process_series);
         scrape.otlp_pushes = self.otlp.is_some().then(|| self.pushes.counts());
+        scrape.actions = self.acting.actions().map(|a| a.counts.snapshot());
         f(&scrape)
     }
 
@@ -205,9 +209,10 @@ impl Output for Serve {
             eprintln!("gpumem: local API on {} (top, leaks, status and export use it)", path.display());
         }
         if let Some((endpoint, every)) = self.otlp.clone() {
-            eprintln!("gpumem: pushing OTLP metrics to http://{}{} every {} s", endpoint.authority, endpoint.path, every.as_secs_f64());
+            eprintln!("gpumem: pushing OTLP metrics to {} every {} s", endpoint.0.url(), every.as_secs_f64());
             self.otlp_task = Some(otlp::spawn(endpoint, every, self.tx.clone(), self.pushes.clone()));
         }
+        self.acting.start();
         eprintln!(
             "gpumem: serving http://{}/metrics ({} probes attached); SIGTERM or Ctrl-C to stop",
             self.listen, ctx.agent.probes_attached
@@ -215,7 +220,23 @@ impl Output for Serve {
         Ok(())
     }
 
-    fn nvml(&mut self, _: &mut Ctx<'_>, m: &nvml::Message, _: f64) -> Result<()> {
+    fn event(&mut self, ctx: &mut Ctx<'_>, o: &crate::pipeline::Outcome) -> Result<Flow> {
+        self.acting.outcome(ctx, o);
+        Ok(Flow::Continue)
+    }
+
+    fn sampled(&mut self, ctx: &mut Ctx<'_>, _: f64) -> Result<()> {
+        self.acting.sampled(ctx);
+        Ok(())
+    }
+
+    fn tick(&mut self, ctx: &mut Ctx<'_>) -> Result<Flow> {
+        self.acting.tick(ctx);
+        Ok(Flow::Continue)
+    }
+
+    fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &nvml::Message, _: f64) -> Result<()> {
+        self.acting.nvml(ctx, m);
         if !std::mem::replace(&mut self.nvml_said, true) {
             match m {
                 nvml::Message::Reading { gpus, .. } => eprintln!("gpumem: NVML: {} GPU(s)", gpus.len()),
@@ -344,6 +365,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         pushes: Default::default(),
         otlp_task: None,
         node: node_name(),
+        acting: act::Acting::new(args.actions.config(), node_name()),
     };
     let mut s = Session::new(args.probes.probing());
     s.ringbuf_bytes = args.ringbuf_bytes;
@@ -357,10 +379,6 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     s.fail_counter_reads = args.fail_counter_reads;
     s.continuity = args.continuity.options();
     runtime::run(s, &mut serve)
-}
-
-fn unix_ns() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// The node's name for OTLP's `host.name`: the DaemonSet's NODE_NAME, else the host name.

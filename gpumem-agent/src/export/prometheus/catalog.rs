@@ -71,6 +71,8 @@ catalog! {
     AGENT_ERRORS, Counter, "gpumem_agent_errors", "Operations of the agent that failed and were retried later, by operation (the figures they feed are from the last success)";
     AGENT_CPU, Counter, "gpumem_agent_cpu_seconds", "CPU time the agent has used (user + system)";
     AGENT_RSS, Gauge, "gpumem_agent_resident_memory_bytes", "The agent's resident memory, BPF ring buffer mapping included";
+    ACTIONS, Counter, "gpumem_actions", "Events handed to serve --action commands, by event and outcome (ok, failed, timeout, rate_limited, queue_full, dry_run)";
+    WEBHOOKS, Counter, "gpumem_webhooks", "Events POSTed to serve --webhook receivers, by event and outcome (ok after retries, failed after retries, rate_limited, queue_full, dry_run)";
     OTLP_PUSHES, Counter, "gpumem_otlp_pushes", "OTLP pushes of these metrics (serve --otlp-endpoint), by outcome";
     KERNEL_TABLE_ENTRIES, Gauge, "gpumem_kernel_table_entries", "Live allocations, VMM handles, mappings and contexts the kernel keeps for a restarted agent (serve's pinned table)";
     KERNEL_TABLE_CAPACITY, Gauge, "gpumem_kernel_table_capacity_entries", "Entries the kernel's table holds at most (serve --kernel-table-entries); beyond it gpumem_table_overflow_total{table=\"kernel_live_entries\"} counts";

@@ -17,10 +17,12 @@ use gpumem_common::DEVICE_UNKNOWN;
 
 use crate::names::{api_name, result_name};
 use crate::{
+    actions::{Outcome as ActionOutcome, Target},
     analysis::{
         counters::{EventCounts, KillSource, OomCount},
         distributions::Distributions,
         health::{self, GpuWatch},
+        triggers::TriggerKind,
         view::{View, Workload},
     },
     nvml::GpuSample,
@@ -30,6 +32,9 @@ use crate::{
     state::{process::DeviceTotals, State},
 };
 use catalog as m;
+
+/// `serve --action`/`--webhook` outcomes by (target, event, outcome).
+pub type ActionCounts = BTreeMap<(Target, TriggerKind, ActionOutcome), u64>;
 use families::{Families, Labels, Value};
 pub use text::to_text_format;
 
@@ -47,6 +52,8 @@ pub struct Scrape<'a> {
     pub agent: &'a AgentStatus,
     /// OTLP pushes done and failed, where serve pushes.
     pub otlp_pushes: Option<(u64, u64)>,
+    /// `serve --action`/`--webhook` outcomes, where something acts.
+    pub actions: Option<ActionCounts>,
 }
 
 impl<'a> Scrape<'a> {
@@ -63,6 +70,7 @@ impl<'a> Scrape<'a> {
             stacks: &p.stacks.stats,
             agent,
             otlp_pushes: None,
+            actions: None,
         }
     }
 }
@@ -308,6 +316,16 @@ fn self_families(fams: &mut Families, s: &Scrape<'_>) {
     if let Some((ok, failed)) = s.otlp_pushes {
         let outcomes = [("ok", ok), ("failed", failed)];
         fams.add(m::OTLP_PUSHES).extend(outcomes.iter().map(|&(o, n)| (vec![("outcome", o.to_string())], Value::Count(n))));
+    }
+    if let Some(counts) = &s.actions {
+        for (&(target, kind, outcome), &n) in counts {
+            let family = match target {
+                Target::Command => m::ACTIONS,
+                Target::Webhook => m::WEBHOOKS,
+            };
+            let labels = vec![("event", kind.name().to_string()), ("outcome", outcome.name().to_string())];
+            fams.add(family).push((labels, Value::Count(n)));
+        }
     }
     fams.add(m::STALE_CALLS_REMOVED).push((vec![], Value::Count(a.stale_calls_removed)));
     fams.add(m::EVENTS_PROCESSED).push((vec![], Value::Count(s.state.events)));

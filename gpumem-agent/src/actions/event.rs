@@ -1,0 +1,96 @@
+//! The JSON object an action gets on stdin and a webhook in its body: one
+//! trigger with who it concerns (process, container, pod, GPU) and the
+//! process's top stacks where there are some.
+use serde::Serialize;
+
+use crate::{
+    analysis::{leaks, triggers::Trigger, view::Workload},
+    clock,
+    pipeline::Pipeline,
+};
+
+/// Top stacks an event carries.
+const TOP_STACKS: usize = 3;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Gpu {
+    pub index: i32,
+    #[serde(rename = "UUID", skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Stack {
+    pub bytes: u64,
+    pub allocations: u64,
+    /// Unbiased estimates (the stack was sampled), not exact counts.
+    pub estimated: bool,
+    /// Innermost first: `function+0x1c (file.c:42) [module]`.
+    pub frames: Vec<String>,
+}
+
+/// What an action is told.
+#[derive(Clone, Debug, Serialize)]
+pub struct ActionEvent {
+    pub event: &'static str,
+    /// RFC 3339, UTC.
+    pub time: String,
+    pub time_unix_ns: u64,
+    pub node: String,
+    pub summary: String,
+    pub gpu: Option<Gpu>,
+    pub pid: Option<u32>,
+    pub comm: Option<String>,
+    pub container: Option<String>,
+    pub pod: Option<String>,
+    pub namespace: Option<String>,
+    pub bytes: Option<u64>,
+    pub details: serde_json::Value,
+    pub stacks: Vec<Stack>,
+    /// The flight recorder's recording of the moments before, where one was written.
+    pub recording: Option<String>,
+}
+
+impl ActionEvent {
+    /// The trigger with what the pipeline knows of its process and GPU.
+    pub fn of(t: &Trigger, p: &mut Pipeline, node: &str) -> ActionEvent {
+        let unix = clock::unix_ns_of(t.ts_ns);
+        let gpu = t.device.map(|index| {
+            let nvml = p.gpus.latest.iter().find(|g| g.index as i32 == index);
+            Gpu { index, uuid: nvml.map(|g| g.uuid.clone()), pci_bus_id: nvml.map(|g| g.pci_bus_id.clone()) }
+        });
+        let process = t.pid.and_then(|pid| p.state.processes.get(&pid));
+        let workload = Workload::of(process.and_then(|p| p.container.as_ref()));
+        let stacks = match (process, t.device) {
+            (Some(proc), Some(device)) => leaks::top_stacks(proc, device, &mut p.stacks, TOP_STACKS, t.ts_ns)
+                .into_iter()
+                .map(|g| Stack {
+                    bytes: g.bytes,
+                    allocations: g.count,
+                    estimated: g.estimated,
+                    frames: g.frames.iter().map(|f| f.display()).collect(),
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        ActionEvent {
+            event: t.kind.name(),
+            time: clock::rfc3339(unix),
+            time_unix_ns: unix,
+            node: node.to_string(),
+            summary: t.summary.clone(),
+            gpu,
+            pid: t.pid,
+            comm: process.map(|p| p.comm.clone()),
+            container: workload.container,
+            pod: workload.pod,
+            namespace: workload.namespace,
+            bytes: t.bytes,
+            details: t.details.clone(),
+            stacks,
+            recording: None,
+        }
+    }
+}

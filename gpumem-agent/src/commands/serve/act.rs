@@ -1,0 +1,99 @@
+//! serve's side of `--action` and `--webhook`: the triggers found in what
+//! the runtime hands serve (applied events, growth samples, XIDs, health
+//! after each tick) turned into events for the dispatcher (crate::actions).
+use crate::{
+    actions::{ActionEvent, Actions, Config},
+    analysis::{
+        triggers::{self, Edges, Trigger, TriggerKind},
+        view::ViewOptions,
+    },
+    clock::monotonic_ns,
+    nvml,
+    pipeline::Outcome,
+    runtime::Ctx,
+};
+
+pub struct Acting {
+    config: Option<Config>,
+    actions: Option<Actions>,
+    edges: Edges,
+    /// The event JSON's `node`.
+    node: String,
+}
+
+impl Acting {
+    pub fn new(config: Option<Config>, node: String) -> Acting {
+        Acting { config, actions: None, edges: Edges::default(), node }
+    }
+
+    /// Starts the dispatcher's workers (on the runtime), saying what acts.
+    pub fn start(&mut self) {
+        let Some(config) = self.config.take() else { return };
+        let actions = Actions::start(config);
+        let (kinds, webhooks) = actions.subscribed();
+        let kinds: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+        let webhooks = if webhooks { "; webhooks get every event" } else { "" };
+        eprintln!("gpumem: acting on {}{webhooks}", if kinds.is_empty() { "no event by command".into() } else { kinds.join(", ") });
+        self.actions = Some(actions);
+    }
+
+    pub fn actions(&self) -> Option<&Actions> {
+        self.actions.as_ref()
+    }
+
+    fn act(&mut self, ctx: &mut Ctx<'_>, t: Trigger) {
+        let Some(actions) = self.actions.as_mut() else { return };
+        if actions.admit(t.kind) {
+            let event = ActionEvent::of(&t, ctx.pipeline, &self.node);
+            actions.fire(&event, t.kind);
+        }
+    }
+
+    fn wants(&self, kinds: &[TriggerKind]) -> bool {
+        self.actions.as_ref().is_some_and(|a| {
+            let (hooked, webhooks) = a.subscribed();
+            webhooks || kinds.iter().any(|k| hooked.contains(k))
+        })
+    }
+
+    /// A CUDA OOM or host OOM kill among the applied events.
+    pub fn outcome(&mut self, ctx: &mut Ctx<'_>, o: &Outcome) {
+        if self.actions.is_some() {
+            if let Some(t) = triggers::of_outcome(o) {
+                self.act(ctx, t);
+            }
+        }
+    }
+
+    /// Growth verdicts turning on, after each sample.
+    pub fn sampled(&mut self, ctx: &mut Ctx<'_>) {
+        if !self.wants(&[TriggerKind::Leak, TriggerKind::CacheGrowth]) {
+            return;
+        }
+        let now = monotonic_ns();
+        let view = ctx.pipeline.view(&ViewOptions { now_ns: now, ..Default::default() });
+        for t in self.edges.growth(&view.rows, now) {
+            self.act(ctx, t);
+        }
+    }
+
+    /// A critical XID from NVML.
+    pub fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &nvml::Message) {
+        if let nvml::Message::Xid(x) = m {
+            if let Some(t) = triggers::of_xid(x) {
+                self.act(ctx, t);
+            }
+        }
+    }
+
+    /// ECC rules and health levels after the readings the pipeline took.
+    pub fn tick(&mut self, ctx: &mut Ctx<'_>) {
+        if !self.wants(&[TriggerKind::Ecc, TriggerKind::Health]) {
+            return;
+        }
+        let health = ctx.pipeline.gpus.health.clone();
+        for t in self.edges.health(&health, monotonic_ns()) {
+            self.act(ctx, t);
+        }
+    }
+}
