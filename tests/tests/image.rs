@@ -115,6 +115,14 @@ fn the_image_holds_the_binary_and_its_libraries_only_and_runs_status_with_the_da
         assert!(out.contains(line), "{line}: {out}");
     }
     assert!(out.contains("hooked"), "the host's processes are seen (hostPID): a loader is hooked: {out}");
+    // No ld.so.cache in the image: said once, plainly; discovery goes through the processes.
+    assert!(
+        out.contains(
+            "note: cannot read /etc/ld.so.cache: No such file or directory (os error 2); libcuda is found in the processes that map it"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("note: note:"), "{out}");
 }
 
 /// The host's tracefs, which the pod mounts read-only (a fresh machine may not have it mounted).
