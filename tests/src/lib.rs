@@ -16,6 +16,7 @@ mod browser;
 mod fake_device;
 mod http;
 mod prometheus;
+mod receiver;
 pub mod runc;
 pub mod soak;
 mod tools;
@@ -24,6 +25,7 @@ pub use browser::*;
 pub use fake_device::*;
 pub use http::*;
 pub use prometheus::*;
+pub use receiver::*;
 pub use runc::*;
 pub use tools::*;
 

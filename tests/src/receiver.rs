@@ -1,0 +1,82 @@
+//! A local HTTP server that keeps what it is sent: the webhook receiver of
+//! the action tests, and the stand-in for the Kubernetes API server that
+//! checks the requests the isolation actions make. It answers 503 to the
+//! first `fail_first` requests (to see retries), then `status`.
+use std::{
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::TcpListener,
+    sync::{Arc, Mutex},
+};
+
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub method: String,
+    pub path: String,
+    /// Header names lower-cased.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// What it was answered.
+    pub status: u16,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+pub struct Receiver {
+    pub port: u16,
+    pub received: Arc<Mutex<Vec<Received>>>,
+}
+
+impl Receiver {
+    pub fn start(fail_first: usize, status: u16) -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let keep = received.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let mut r = BufReader::new(stream);
+                let mut line = String::new();
+                if r.read_line(&mut line).is_err() {
+                    continue;
+                }
+                let mut parts = line.split_whitespace();
+                let (method, path) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
+                let mut headers = Vec::new();
+                loop {
+                    let mut h = String::new();
+                    if r.read_line(&mut h).is_err() || h.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = h.split_once(':') {
+                        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+                    }
+                }
+                let len = headers.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+                let mut body = vec![0; len];
+                let _ = r.read_exact(&mut body);
+                let mut all = keep.lock().unwrap();
+                let answer = if all.len() < fail_first { 503 } else { status };
+                all.push(Received { method, path, headers, body, status: answer });
+                drop(all);
+                let _ = write!(r.get_mut(), "HTTP/1.1 {answer} X\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}");
+            }
+        });
+        Receiver { port, received }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub fn all(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+}

@@ -1,0 +1,173 @@
+//! `gpumem serve --action EVENT=COMMAND` and `--webhook URL` against real
+//! workloads on the synthetic driver: a CUDA OOM runs the hook with the
+//! event's JSON on stdin and reaches a local webhook (after a failed try);
+//! a hook that hangs is killed at its timeout, its process group with it;
+//! a burst of 1000 OOMs is acted on within the rate limit while every
+//! event is handled at once and none is lost. Run as root, one at a time.
+use std::path::Path;
+
+use gpumem_tests::*;
+use serde_json::Value;
+
+fn counter(metrics: &str, family: &str, event: &str, outcome: &str) -> f64 {
+    sample(metrics, &format!("{family}{{event=\"{event}\",outcome=\"{outcome}\"}}")).unwrap_or(0.0)
+}
+
+fn dir(name: &str) -> std::path::PathBuf {
+    let d = target_dir().join("actions").join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn read_json(path: &Path) -> Option<Value> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+#[test]
+fn a_cuda_oom_runs_the_hook_with_its_json_on_stdin_and_reaches_the_webhook() {
+    require_root();
+    let f = fixtures();
+    let d = dir("oom");
+    let receiver = Receiver::start(1, 200);
+    let hook = format!("cuda_oom=cat > {0}/event.json; echo \"$GPUMEM_EVENT\" > {0}/kind", d.display());
+    let webhook = receiver.url("/hooks/gpumem");
+    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml", "--action", &hook, "--webhook", &webhook], &[]);
+    let mut w = spawn_workload("oom", &[("GPUMEM_FAKE_CAPACITY", "67108864"), ("GPUMEM_WORKLOAD_HOLD_MS", "3000")]);
+    let pid = w.id();
+    let event = poll(20, "the hook's event.json", || read_json(&d.join("event.json")), || serve.metrics());
+    assert_eq!(std::fs::read_to_string(d.join("kind")).unwrap().trim(), "cuda_oom");
+    assert_eq!(event["event"], "cuda_oom");
+    assert_eq!(event["pid"], pid);
+    assert_eq!(event["comm"], "workload");
+    assert_eq!(event["bytes"], 32 * MIB, "the request that failed: {event:#}");
+    assert_eq!(event["gpu"]["index"], 0);
+    assert_eq!(event["details"]["holders"][0]["bytes"], 48 * MIB, "{event:#}");
+    assert!(!event["node"].as_str().unwrap().is_empty());
+    assert!(event["time"].as_str().unwrap().ends_with('Z') && event["time_unix_ns"].as_u64().unwrap() > 0);
+    assert!(event["summary"].as_str().unwrap().contains("CUDA out of memory"), "{event:#}");
+    // The process's own largest stack on that GPU: the 48 MiB it held,
+    // symbolized to the workload's source (oom() is inlined into main).
+    let stack = &event["stacks"][0];
+    assert_eq!(stack["bytes"], 48 * MIB, "{event:#}");
+    assert!(stack["frames"].as_array().unwrap().iter().any(|f| f.as_str().unwrap().contains("(workload.c:")), "{stack:#}");
+
+    // The webhook: refused once (503), delivered on the retry, the same event.
+    let posts = poll(20, "the webhook's delivery", || (receiver.all().len() >= 2).then(|| receiver.all()), || serve.metrics());
+    assert_eq!(posts.len(), 2, "one retry: {posts:?}");
+    for p in &posts {
+        assert_eq!((p.method.as_str(), p.path.as_str()), ("POST", "/hooks/gpumem"));
+        assert_eq!(p.header("content-type"), Some("application/json"));
+        assert_eq!(p.json(), event, "the webhook gets what the hook got");
+    }
+    let m = poll(
+        10,
+        "both outcomes counted",
+        || {
+            let m = serve.metrics();
+            (counter(&m, "gpumem_actions_total", "cuda_oom", "ok") == 1.0 && counter(&m, "gpumem_webhooks_total", "cuda_oom", "ok") == 1.0)
+                .then_some(m)
+        },
+        || serve.metrics(),
+    );
+    assert_eq!(counter(&m, "gpumem_webhooks_total", "cuda_oom", "failed"), 0.0, "the retry succeeded");
+    w.wait().unwrap();
+    serve.stop();
+}
+
+#[test]
+fn a_hook_that_hangs_is_killed_at_its_timeout_with_its_children_and_counted() {
+    require_root();
+    let f = fixtures();
+    let d = dir("hang");
+    let hook = format!("cuda_oom=sleep 600 & echo $! > {}/sleep.pid; wait", d.display());
+    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml", "--action", &hook, "--action-timeout", "1"], &[]);
+    let mut w = spawn_workload("oom", &[("GPUMEM_FAKE_CAPACITY", "67108864")]);
+    w.wait().unwrap();
+    let m = poll(
+        15,
+        "the timeout counted",
+        || {
+            let m = serve.metrics();
+            (counter(&m, "gpumem_actions_total", "cuda_oom", "timeout") == 1.0).then_some(m)
+        },
+        || serve.metrics(),
+    );
+    assert_eq!(counter(&m, "gpumem_actions_total", "cuda_oom", "ok"), 0.0);
+    let sleep: u32 = std::fs::read_to_string(d.join("sleep.pid")).unwrap().trim().parse().unwrap();
+    poll(5, "the hook's child killed with it", || (!Path::new(&format!("/proc/{sleep}")).exists()).then_some(()), String::new);
+    let (_, said) = serve.stop();
+    assert!(said.contains("timeout: killed after 1 s"), "{said}");
+}
+
+#[test]
+fn a_burst_of_1000_ooms_is_acted_on_within_the_rate_limit_without_delaying_or_losing_events() {
+    require_root();
+    let f = fixtures();
+    let d = dir("burst");
+    let receiver = Receiver::start(0, 200);
+    // Each run takes 3 s: the 1000 events are all handled long before the first ends.
+    let hook = format!("cuda_oom=cat > /dev/null; sleep 3; echo done >> {}/runs", d.display());
+    let webhook = receiver.url("/");
+    let serve = Serve::start(
+        &["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml", "--action", &hook, "--webhook", &webhook, "--action-rate-limit", "5"],
+        &[],
+    );
+    let started = std::time::Instant::now();
+    let mut w = spawn_workload("oom_burst", &[("GPUMEM_FAKE_CAPACITY", "67108864")]);
+    w.wait().unwrap();
+    let ooms = |m: &str| {
+        m.lines().filter(|l| l.starts_with("gpumem_cuda_oom_total{")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>()
+    };
+    let m = poll(10, "1000 CUDA OOMs handled", || Some(serve.metrics()).filter(|m| ooms(m) == 1000.0), || serve.metrics());
+    let handled_s = started.elapsed().as_secs_f64();
+    assert!(
+        !d.join("runs").exists() && counter(&m, "gpumem_actions_total", "cuda_oom", "ok") == 0.0,
+        "every event was handled while the first hooks still ran ({handled_s:.1} s)"
+    );
+    assert_eq!(counter(&m, "gpumem_actions_total", "cuda_oom", "rate_limited"), 995.0, "{m}");
+    assert_eq!(counter(&m, "gpumem_webhooks_total", "cuda_oom", "rate_limited"), 995.0);
+    assert_eq!(counter(&m, "gpumem_actions_total", "cuda_oom", "queue_full"), 0.0);
+    for l in m.lines().filter(|l| l.starts_with("gpumem_lost_events_total")) {
+        assert!(l.ends_with(" 0"), "nothing lost: {l}");
+    }
+    let m = poll(
+        20,
+        "the 5 admitted runs to finish",
+        || Some(serve.metrics()).filter(|m| counter(m, "gpumem_actions_total", "cuda_oom", "ok") == 5.0),
+        || serve.metrics(),
+    );
+    assert_eq!(std::fs::read_to_string(d.join("runs")).unwrap().lines().count(), 5);
+    assert_eq!(counter(&m, "gpumem_webhooks_total", "cuda_oom", "ok"), 5.0);
+    assert_eq!(receiver.all().len(), 5);
+    serve.stop();
+}
+
+#[test]
+fn dry_run_says_what_would_run_and_runs_nothing() {
+    require_root();
+    let f = fixtures();
+    let d = dir("dry");
+    let hook = format!("cuda_oom=touch {}/ran", d.display());
+    let serve = Serve::start(
+        &["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml", "--action", &hook, "--action-dry-run", "--webhook", "http://127.0.0.1:9/"],
+        &[],
+    );
+    let mut w = spawn_workload("oom", &[("GPUMEM_FAKE_CAPACITY", "67108864")]);
+    w.wait().unwrap();
+    poll(
+        10,
+        "the dry runs counted",
+        || {
+            let m = serve.metrics();
+            (counter(&m, "gpumem_actions_total", "cuda_oom", "dry_run") == 1.0
+                && counter(&m, "gpumem_webhooks_total", "cuda_oom", "dry_run") == 1.0)
+                .then_some(())
+        },
+        || serve.metrics(),
+    );
+    assert!(!d.join("ran").exists());
+    let (_, said) = serve.stop();
+    assert!(said.contains("action (dry run) cuda_oom: would run") && said.contains("\"event\":\"cuda_oom\""), "{said}");
+    assert!(said.contains("webhook (dry run) cuda_oom: would POST to http://127.0.0.1:9/"), "{said}");
+}
