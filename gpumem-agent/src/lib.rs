@@ -12,6 +12,7 @@ pub mod cli;
 pub mod clock;
 pub mod commands;
 pub mod daemon;
+pub mod driver;
 pub mod events;
 pub mod export;
 #[cfg(test)]

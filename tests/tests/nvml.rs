@@ -178,3 +178,47 @@ fn xid_events_are_attributed_to_the_processes_on_that_gpu() {
         .collect();
     assert_eq!(rules, [("critical", 20), ("warning", 10)]);
 }
+
+/// The loaded kernel module's version (a synthetic /proc/driver/nvidia/version)
+/// against the real user-space libraries' (Debian's 535.261.03): the classic
+/// "driver/library version mismatch" named in status and health, and not
+/// when they agree.
+#[test]
+fn a_driver_library_version_mismatch_is_named_in_status_and_health() {
+    require_root();
+    let dir = target_dir().join("driver-version");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (newer, same) = (dir.join("newer"), dir.join("same"));
+    std::fs::write(&newer, "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.14  Release Build  (dvs-builder@U16)  Thu Feb 22 2024\nGCC version:  gcc version 12.2.0\n").unwrap();
+    std::fs::write(&same, "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.261.03  Wed Jun  4 13:49:15 UTC 2025\n").unwrap();
+    let (libcuda, nvml) = (real_libcuda(), real_nvml());
+    let status = |file: &std::path::Path| {
+        let out = run_gpumem(
+            &[
+                "status",
+                "--no-discover",
+                "--libcuda",
+                libcuda.to_str().unwrap(),
+                "--nvml",
+                nvml.to_str().unwrap(),
+                "--driver-version-file",
+                file.to_str().unwrap(),
+            ],
+            &[],
+        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = status(&newer);
+    assert!(out.contains("driver: kernel module 550.54.14; libcuda 535.261.03, NVML 535.261.03"), "{out}");
+    assert!(out.contains("driver/library version mismatch: the loaded kernel module is 550.54.14, but libcuda 535.261.03 ("), "{out}");
+    assert!(out.contains("reload the nvidia modules"), "{out}");
+    let out = status(&same);
+    assert!(out.contains("driver: kernel module 535.261.03; libcuda 535.261.03, NVML 535.261.03"), "{out}");
+    assert!(!out.contains("mismatch"), "{out}");
+    let out = health(&["--nvml", nvml.to_str().unwrap(), "--driver-version-file", newer.to_str().unwrap()], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("driver/library version mismatch: the loaded kernel module is 550.54.14, but NVML 535.261.03"), "{err}");
+    let out = health(&["--nvml", nvml.to_str().unwrap(), "--driver-version-file", dir.join("absent").to_str().unwrap()], &[]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("mismatch"), "no module loaded here: nothing to compare");
+}

@@ -285,6 +285,10 @@ pub struct HealthArgs {
     /// NVML library to load (default: libnvidia-ml.so.1 from the library path).
     #[arg(long, value_name = "PATH")]
     pub nvml: Option<PathBuf>,
+    /// Where the loaded NVIDIA kernel module says its version (compared
+    /// with NVML's; another path for tests).
+    #[arg(long, value_name = "PATH", default_value = crate::driver::VERSION_FILE)]
+    pub driver_version_file: PathBuf,
     /// Corrected ECC errors per hour above which a card warns.
     #[arg(long, value_name = "N", default_value_t = 10.0)]
     pub ecc_warn_per_hour: f64,
@@ -366,6 +370,10 @@ pub struct ServeArgs {
 pub struct StatusArgs {
     #[command(flatten)]
     pub probes: ProbeArgs,
+    /// Where the loaded NVIDIA kernel module says its version (compared
+    /// with the user-space libraries'; another path for tests).
+    #[arg(long, value_name = "PATH", default_value = crate::driver::VERSION_FILE)]
+    pub driver_version_file: PathBuf,
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,

@@ -19,7 +19,14 @@ fn now_s() -> f64 {
 }
 
 pub fn run(args: HealthArgs) -> Result<ExitCode> {
-    let mut sampler = match Sampler::open(args.nvml.as_deref().map(|p| p.as_os_str())) {
+    // A driver upgraded under a loaded module fails NVML: say so first, by name.
+    let lib = args.nvml.as_deref().map(|p| p.as_os_str());
+    let nvml_lib = crate::driver::nvml_path(lib).map(|p| ("NVML", p));
+    let driver = crate::driver::Versions::read(&args.driver_version_file, nvml_lib.into_iter().collect());
+    if let Some(m) = driver.mismatch_message() {
+        eprintln!("gpumem: {m}");
+    }
+    let mut sampler = match Sampler::open(lib) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("gpumem: {e}; GPU health needs NVML (the NVIDIA driver). Tracing works without it.");

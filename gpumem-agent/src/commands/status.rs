@@ -35,6 +35,12 @@ pub fn run(args: StatusArgs) -> Result<()> {
             Err(e) => format!("{e}; `gpumem health` needs it, tracing does not"),
         },
     };
+    let mut libraries: Vec<(&'static str, std::path::PathBuf)> =
+        agent.libraries.iter().map(|l| ("libcuda", std::path::PathBuf::from(&l.path))).collect();
+    if let Some(path) = probing.nvml.as_ref().and_then(|l| crate::driver::nvml_path(l.path())) {
+        libraries.push(("NVML", path));
+    }
+    let driver = crate::driver::Versions::read(&args.driver_version_file, libraries);
     let mut out = std::io::stdout().lock();
     if args.json {
         let report = json!({
@@ -44,6 +50,8 @@ pub fn run(args: StatusArgs) -> Result<()> {
             "uprobe_links": agent.uprobe_links,
             "discovery": runtime::discovery::report(&agent),
             "nvml": nvml,
+            "driver": driver,
+            "driver_mismatch": driver.mismatch_message(),
             "libraries": agent.libraries,
             "pytorch": agent.torch,
             "notes": notes,
@@ -57,6 +65,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
         return Ok(());
     }
     crate::export::status::write_human(&mut out, &features, &agent, &runtime::discovery::report(&agent), &nvml, &notes)?;
+    crate::export::status::write_driver(&mut out, &driver)?;
     crate::export::status::write_continuity(&mut out, daemon.as_ref(), &pinned)?;
     out.flush()?;
     agent.detach_in_background();

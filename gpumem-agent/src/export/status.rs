@@ -85,6 +85,15 @@ pub fn write_human(
     Ok(())
 }
 
+/// The driver's versions, and the mismatch named where there is one.
+pub fn write_driver(out: &mut impl Write, v: &crate::driver::Versions) -> std::io::Result<()> {
+    writeln!(out, "driver: {}", v.describe())?;
+    if let Some(m) = v.mismatch_message() {
+        writeln!(out, "  {m}")?;
+    }
+    Ok(())
+}
+
 /// Each PyTorch library found and its allocator probe sites.
 fn write_torch(out: &mut impl Write, agent: &Agent) -> std::io::Result<()> {
     for t in &agent.torch {
