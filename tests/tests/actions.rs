@@ -171,3 +171,69 @@ fn dry_run_says_what_would_run_and_runs_nothing() {
     assert!(said.contains("action (dry run) cuda_oom: would run") && said.contains("\"event\":\"cuda_oom\""), "{said}");
     assert!(said.contains("webhook (dry run) cuda_oom: would POST to http://127.0.0.1:9/"), "{said}");
 }
+
+/// Where NVML has no XID events, XIDs come from the kernel log (a file fed
+/// with `NVRM: Xid` lines here, /dev/kmsg on a node), mapped to the GPU by
+/// its PCI id from NVML's reading; a critical one runs the xid action,
+/// and the GPU's health turning critical runs the health action.
+#[test]
+fn xids_from_the_kernel_log_reach_the_xid_and_health_actions() {
+    require_root();
+    let f = fixtures();
+    let d = dir("kmsg");
+    let kmsg = d.join("kmsg");
+    std::fs::write(&kmsg, "[    1.000000] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.261.03\n").unwrap();
+    let xid_hook = format!("xid=cat > {}/xid.json", d.display());
+    let health_hook = format!("health=cat >> {0}/health.jsonl; echo >> {0}/health.jsonl", d.display());
+    let serve = Serve::start(
+        &[
+            "--libcuda",
+            f.libcuda.to_str().unwrap(),
+            "--nvml",
+            f.nvml.to_str().unwrap(),
+            "--nvml-interval",
+            "1",
+            "--kmsg",
+            kmsg.to_str().unwrap(),
+            "--action",
+            &xid_hook,
+            "--action",
+            &health_hook,
+        ],
+        &[("GPUMEM_FAKE_NVML_NO_EVENTS", "1")],
+    );
+    // The driver logs an XID for GPU 0 (PCI 0000:10:00, healthy until then) after the agent started.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let mut log = std::fs::OpenOptions::new().append(true).open(&kmsg).unwrap();
+    std::io::Write::write_all(
+        &mut log,
+        b"[  812.345678] NVRM: Xid (PCI:0000:10:00): 79, pid=4242, name=python3, GPU has fallen off the bus.\n",
+    )
+    .unwrap();
+    let event = poll(15, "the xid action's event", || read_json(&d.join("xid.json")), || serve.metrics());
+    assert_eq!(event["event"], "xid");
+    assert_eq!(event["gpu"]["index"], 0, "{event:#}");
+    assert_eq!(event["gpu"]["pci_bus_id"], "00000000:10:00.0");
+    assert_eq!(event["details"]["xid"], 79);
+    assert_eq!(event["details"]["meaning"], "GPU has fallen off the bus");
+    assert_eq!(event["details"]["processes"], serde_json::json!([[4242, 0]]));
+    // GPU 1 was critical from the start (a retirement pending); GPU 0 turns critical with the XID.
+    let health_of = |gpu: u64| {
+        let text = std::fs::read_to_string(d.join("health.jsonl")).unwrap_or_default();
+        text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|e| e["gpu"]["index"] == gpu)
+    };
+    let health = poll(15, "GPU 0's health action", || health_of(0), || serve.metrics());
+    assert!(health["summary"].as_str().unwrap().contains("XID 79"), "{health:#}");
+    let one = health_of(1).expect("GPU 1's health action");
+    assert!(one["summary"].as_str().unwrap().contains("page retirement pending"), "{one:#}");
+    assert_eq!(health_of(2), None, "GPU 2 is not critical");
+    let m = serve.metrics();
+    let xid79 = |gpu: u32| {
+        m.lines()
+            .find(|l| l.starts_with("gpumem_gpu_xid_errors_total{") && l.contains(&format!("gpu=\"{gpu}\"")) && l.contains("xid=\"79\""))
+            .unwrap_or_else(|| panic!("no XID 79 series for GPU {gpu}: {m}"))
+    };
+    assert!(xid79(0).ends_with(" 1") && xid79(1).ends_with(" 0"), "counted on GPU 0 only: {} / {}", xid79(0), xid79(1));
+    let (_, said) = serve.stop();
+    assert!(said.contains("XIDs: NVML's XID events are not available"), "{said}");
+}

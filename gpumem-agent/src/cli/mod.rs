@@ -352,6 +352,11 @@ pub struct ServeArgs {
     /// How often to push OTLP.
     #[arg(long, value_name = "SECONDS", default_value_t = 15.0, value_parser = parse_duration, allow_negative_numbers = true)]
     pub otlp_interval: f64,
+    /// Where NVML's XID events are not available (no NVML, or a driver or
+    /// device without them), read XIDs from this kernel log (`NVRM: Xid`
+    /// lines; needs CAP_SYSLOG where dmesg is restricted); "none": do not.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kmsg")]
+    pub kmsg: PathBuf,
     #[command(flatten)]
     pub actions: actions::ActionArgs,
     /// The local API's socket (root only), through which top, leaks and

@@ -8,6 +8,7 @@ use std::{
     ffi::OsStr,
 };
 
+pub mod kmsg;
 pub mod worker;
 pub mod xid;
 

@@ -14,7 +14,11 @@ use std::{
 
 use tokio::sync::mpsc;
 
-use super::{xid::XidWatcher, GpuSample, Sampler, XidEvent};
+use super::{
+    kmsg::{GpuIds, KmsgWatcher},
+    xid::XidWatcher,
+    GpuSample, Sampler, XidEvent,
+};
 
 /// What the NVML thread reports.
 #[derive(Clone, Debug)]
@@ -61,13 +65,15 @@ pub struct Worker {
 
 impl Worker {
     /// Reads NVML now and then every `every`, sending what it finds to `tx`.
-    pub fn start(lib: Library, every: Duration, tx: mpsc::Sender<Message>) -> std::io::Result<Worker> {
+    /// `kmsg`: the kernel log to read XIDs from where NVML's events are
+    /// not available (None: not read).
+    pub fn start(lib: Library, every: Duration, tx: mpsc::Sender<Message>, kmsg: Option<std::path::PathBuf>) -> std::io::Result<Worker> {
         let stop = Arc::new(AtomicBool::new(false));
         let (wake, woken) = std_mpsc::channel();
         let (done_tx, done) = std_mpsc::channel::<()>();
         let stopping = stop.clone();
         let thread = std::thread::Builder::new().name("gpumem-nvml".into()).spawn(move || {
-            run(lib, every, tx, woken, stopping);
+            run(lib, every, tx, woken, stopping, kmsg);
             drop(done_tx);
         })?;
         Ok(Worker { stop, wake, done, thread: Some(thread) })
@@ -93,12 +99,44 @@ impl Drop for Worker {
     }
 }
 
-fn run(lib: Library, every: Duration, tx: mpsc::Sender<Message>, woken: std_mpsc::Receiver<()>, stop: Arc<AtomicBool>) {
+/// XIDs from the kernel log, started once NVML's events are known not to
+/// be there; what happened is said once.
+struct KernelLog {
+    path: Option<std::path::PathBuf>,
+    ids: Arc<GpuIds>,
+    watcher: Option<KmsgWatcher>,
+    tried: bool,
+}
+
+impl KernelLog {
+    fn start(&mut self, why: &str, tx: &mpsc::Sender<Message>) {
+        let Some(path) = self.path.as_ref().filter(|_| !std::mem::replace(&mut self.tried, true)) else { return };
+        let sink = tx.clone();
+        match KmsgWatcher::start(path, self.ids.clone(), crate::clock::monotonic_ns, move |x| sink.blocking_send(Message::Xid(x)).is_ok()) {
+            Ok(w) => {
+                eprintln!("gpumem: XIDs: {why}; reading them from {}", path.display());
+                self.watcher = Some(w);
+            }
+            Err(e) => eprintln!("gpumem: XIDs: {why}, and {} cannot be read ({e}): XIDs are not seen", path.display()),
+        }
+    }
+}
+
+fn run(
+    lib: Library,
+    every: Duration,
+    tx: mpsc::Sender<Message>,
+    woken: std_mpsc::Receiver<()>,
+    stop: Arc<AtomicBool>,
+    kmsg: Option<std::path::PathBuf>,
+) {
     let mut sampler: Option<Sampler> = None;
     let mut xids: Option<XidWatcher> = None;
     // XIDs are watched once per (re)opening of NVML: a device that cannot
     // report them is not asked again at every reading.
     let mut xids_tried = false;
+    let mut log = KernelLog { path: kmsg, ids: Arc::default(), watcher: None, tried: false };
+    let mut log_after_reading: Option<String> = None;
     while !stop.load(Ordering::Relaxed) {
         if sampler.is_none() {
             match Sampler::open(lib.path()) {
@@ -107,6 +145,7 @@ fn run(lib: Library, every: Duration, tx: mpsc::Sender<Message>, woken: std_mpsc
                     xids_tried = false;
                 }
                 Err(e) => {
+                    log.start("NVML is not available", &tx);
                     if tx.blocking_send(Message::Unavailable(e.to_string())).is_err() {
                         return;
                     }
@@ -120,11 +159,21 @@ fn run(lib: Library, every: Duration, tx: mpsc::Sender<Message>, woken: std_mpsc
                 let watch = XidWatcher::start(lib.path().map(OsString::from), crate::clock::monotonic_ns, move |x| {
                     sink.blocking_send(Message::Xid(x)).is_ok()
                 });
-                xids = watch.ok();
+                match watch {
+                    Ok(w) => xids = Some(w),
+                    // Read once a reading has named the GPUs' PCI ids.
+                    Err(e) => log_after_reading = Some(format!("NVML's XID events are not available ({e})")),
+                }
             }
             let at_s = crate::clock::monotonic_ns() as f64 / 1e9;
             let message = match s.sample(at_s) {
-                Ok(gpus) => Message::Reading { gpus, at_s },
+                Ok(gpus) => {
+                    log.ids.update(&gpus);
+                    if let Some(why) = log_after_reading.take() {
+                        log.start(&why, &tx);
+                    }
+                    Message::Reading { gpus, at_s }
+                }
                 Err(e) => {
                     sampler = None;
                     Message::Unavailable(e.to_string())

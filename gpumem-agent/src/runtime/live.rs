@@ -127,7 +127,7 @@ impl<'o, O: Output> Live<'o, O> {
         let (nvml, nvml_rx) = match &s.probing.nvml {
             Some(lib) => {
                 let (tx, rx) = mpsc::channel(64);
-                (Some(Worker::start(lib.clone(), s.nvml_every, tx).context("starting the NVML thread")?), Some(rx))
+                (Some(Worker::start(lib.clone(), s.nvml_every, tx, s.kmsg.clone()).context("starting the NVML thread")?), Some(rx))
             }
             None => {
                 pipeline.gpus.failed("NVML not used (--no-nvml)".into());

@@ -81,6 +81,9 @@ pub struct Session {
     /// Live bytes sampled for the growth detector this often; None: not sampled.
     pub growth_every: Option<Duration>,
     pub nvml_every: Duration,
+    /// The kernel log XIDs are read from where NVML's events are not
+    /// available (serve's --kmsg); None: not read.
+    pub kmsg: Option<std::path::PathBuf>,
     /// A fresh NVML reading at the end (the footer's reconciliation).
     pub reconcile_at_end: bool,
     /// Say what is attached as it is found (not while a full-screen UI runs).
@@ -109,6 +112,7 @@ impl Session {
             forget_after: None,
             growth_every: None,
             nvml_every: Duration::from_secs(1),
+            kmsg: None,
             reconcile_at_end: false,
             announce: true,
             detach: Detach::Background,

@@ -374,6 +374,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     s.pipeline.history = Some(HISTORY_ENTRIES);
     s.growth_every = Some(Duration::from_secs_f64(args.growth_interval));
     s.nvml_every = Duration::from_secs_f64(args.nvml_interval);
+    s.kmsg = Some(args.kmsg.clone()).filter(|p| p.as_os_str() != "none");
     s.forget_after = Some(Duration::from_secs_f64(args.exited_grace));
     s.detach = Detach::Now;
     s.fail_counter_reads = args.fail_counter_reads;
