@@ -105,3 +105,39 @@ impl Drop for PodNetwork {
         let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
     }
 }
+
+/// A container run detached from a bundle; killed and deleted on drop.
+pub struct Container {
+    pub id: String,
+}
+
+impl Container {
+    /// `runc run --detach`, the container's stdout and stderr to these.
+    pub fn start(bundle: &Path, id: &str, stdout: std::process::Stdio, stderr: std::process::Stdio) -> Container {
+        let (ok, _, err) = crate::command_output(
+            Command::new("runc")
+                .args(["run", "--detach", "--bundle"])
+                .arg(bundle)
+                .arg(id)
+                .stdin(std::process::Stdio::null())
+                .stdout(stdout)
+                .stderr(stderr),
+        );
+        assert!(ok, "runc run: {err}");
+        Container { id: id.to_string() }
+    }
+
+    /// Its process's host pid.
+    pub fn pid(&self) -> u32 {
+        let (_, state, _) = crate::command_output(Command::new("runc").args(["state", &self.id]));
+        serde_json::from_str::<Value>(&state).unwrap()["pid"].as_u64().unwrap() as u32
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = Command::new("runc").args(["kill", &self.id, "TERM"]).output();
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let _ = Command::new("runc").args(["delete", "--force", &self.id]).output();
+    }
+}

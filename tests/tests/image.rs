@@ -133,42 +133,6 @@ fn mount_tracefs() {
     }
 }
 
-/// A container run detached from a bundle; killed and deleted on drop.
-struct Container {
-    id: String,
-}
-
-impl Container {
-    /// `runc run --detach`, the container's stdout and stderr to these.
-    fn start(bundle: &Path, id: &str, stdout: std::process::Stdio, stderr: std::process::Stdio) -> Container {
-        let (ok, _, err) = command_output(
-            Command::new("runc")
-                .args(["run", "--detach", "--bundle"])
-                .arg(bundle)
-                .arg(id)
-                .stdin(std::process::Stdio::null())
-                .stdout(stdout)
-                .stderr(stderr),
-        );
-        assert!(ok, "runc run: {err}");
-        Container { id: id.to_string() }
-    }
-
-    /// Its process's host pid.
-    fn pid(&self) -> u32 {
-        let (_, state, _) = command_output(Command::new("runc").args(["state", &self.id]));
-        serde_json::from_str::<Value>(&state).unwrap()["pid"].as_u64().unwrap() as u32
-    }
-}
-
-impl Drop for Container {
-    fn drop(&mut self) {
-        let _ = Command::new("runc").args(["kill", &self.id, "TERM"]).output();
-        std::thread::sleep(std::time::Duration::from_secs(1));
-        let _ = Command::new("runc").args(["delete", "--force", &self.id]).output();
-    }
-}
-
 #[test]
 fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() {
     require_root();
