@@ -115,6 +115,9 @@ pub struct Status {
     pub cap_eff: Option<u64>,
     /// The pid in each nested pid namespace, outermost first.
     pub ns_pids: Vec<u32>,
+    /// Resident and swapped-out memory (VmRSS, VmSwap), bytes.
+    pub resident_bytes: Option<u64>,
+    pub swap_bytes: Option<u64>,
 }
 
 impl Status {
@@ -139,10 +142,30 @@ pub fn parse_status(text: &str) -> Status {
             "State" => s.state = value.chars().next(),
             "CapEff" => s.cap_eff = u64::from_str_radix(value, 16).ok(),
             "NSpid" => s.ns_pids = value.split_whitespace().filter_map(|p| p.parse().ok()).collect(),
+            "VmRSS" => s.resident_bytes = kib(value),
+            "VmSwap" => s.swap_bytes = kib(value),
             _ => {}
         }
     }
     s
+}
+
+/// `123 kB` in bytes.
+fn kib(value: &str) -> Option<u64> {
+    value.strip_suffix("kB")?.trim().parse::<u64>().ok().map(|k| k * 1024)
+}
+
+/// Pages swapped in and out since boot (`/proc/vmstat` pswpin, pswpout), in bytes.
+pub fn swap_bytes_since_boot() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/vmstat").ok()?;
+    let page = page_size();
+    let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<u64>().ok());
+    Some((field("pswpin")? * page, field("pswpout")? * page))
+}
+
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as u64
 }
 
 /// `pid`: a number, or `self`.

@@ -49,9 +49,7 @@ pub fn cpu_seconds() -> f64 {
 
 /// Resident bytes of this process now (/proc/self/statm); 0 if unreadable.
 pub fn resident_bytes() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
-    crate::procfs::own_resident_pages().map_or(0, |pages| pages * page)
+    crate::procfs::own_resident_pages().map_or(0, |pages| pages * crate::procfs::page_size())
 }
 
 /// Resident bytes of this process's mappings of BPF maps (/proc/self/smaps):

@@ -52,6 +52,11 @@ fn host_oom_kill_in_a_memory_cgroup_names_victim_and_gpu_holdings() {
     assert_eq!(k["memcg"], true);
     assert_eq!(k["memcg_path"], "/gpumem-oom-test");
     assert!(k["anon_rss_bytes"].as_u64().unwrap() > 32 * MIB, "{k}");
+    // Its host holdings beside the GPU ones: resident and swap as /proc had
+    // them when it was chosen (null when it was already gone), pinned memory.
+    assert_eq!(k["pinned_host_bytes"], 0, "{k}");
+    assert!(k["host_resident_bytes"].is_null() || k["host_resident_bytes"].as_u64().unwrap() > 32 * MIB, "{k}");
+    assert!(k.as_object().unwrap().contains_key("host_swap_bytes"), "{k}");
     // Then the kill's exit releases the GPU memory.
     assert_eq!(t.released_at_exit(pid), [(0, 100 * MIB, 1)]);
     assert_eq!(t.summary["oom"]["host_oom_kills"], 1);

@@ -101,7 +101,13 @@ pub fn of_outcome(o: &Outcome) -> Option<Trigger> {
         device: kill.holdings.iter().max_by_key(|h| h.bytes).map(|h| h.device),
         bytes: Some(gpu_bytes),
         summary: format!("host OOM killer chose pid {} holding {gpu_bytes} bytes of GPU memory", e.pid),
-        details: json!({"memory_cgroup": kill.memcg, "gpu_holdings": holdings}),
+        details: json!({
+            "memory_cgroup": kill.memcg,
+            "gpu_holdings": holdings,
+            "host_resident_bytes": kill.host.map(|h| h.resident_bytes),
+            "host_swap_bytes": kill.host.map(|h| h.swap_bytes),
+            "pinned_host_bytes": kill.pinned_host_bytes,
+        }),
     })
 }
 

@@ -200,6 +200,9 @@ fn oom_fields(obj: &mut Object, k: &OomKill, applied: &Applied) {
         obj.insert("memcg_path".into(), json!(kill.memcg));
         obj.insert("gpu_holdings".into(), releases_json(&kill.holdings));
         obj.insert("size".into(), json!(kill.holdings.iter().map(|r| r.bytes).sum::<u64>()));
+        obj.insert("host_resident_bytes".into(), json!(kill.host.map(|h| h.resident_bytes)));
+        obj.insert("host_swap_bytes".into(), json!(kill.host.map(|h| h.swap_bytes)));
+        obj.insert("pinned_host_bytes".into(), json!(kill.pinned_host_bytes));
     }
 }
 
@@ -312,8 +315,10 @@ fn extra_text(kind: &Kind, applied: &Applied) -> String {
     }
     if let (Some(kill), Kind::OomKill(k)) = (&applied.oom_kill, kind) {
         let held = held_text(&kill.holdings);
+        let swap = kill.host.map_or(String::new(), |h| format!(", swap {}", bytes(h.swap_bytes)));
+        let pinned = if kill.pinned_host_bytes > 0 { format!(", pinned {}", bytes(kill.pinned_host_bytes)) } else { String::new() };
         extra = format!(
-            " HOST OOM KILL, triggered by pid {}, anon rss {}, {}; GPU memory held: {}",
+            " HOST OOM KILL, triggered by pid {}, anon rss {}{swap}{pinned}, {}; GPU memory held: {}",
             k.trigger_tid,
             k.anon_rss_bytes.map_or("?".to_string(), bytes),
             kill.memcg.as_deref().map_or("host-wide".to_string(), |p| format!("memory cgroup {}", printable(p))),

@@ -3,6 +3,7 @@
 //! log when recording), from the recording when replaying.
 use rustc_hash::FxHashMap as HashMap;
 
+use super::host::{self, ProcessHost};
 use crate::{
     procfs,
     record::Lookup,
@@ -11,7 +12,7 @@ use crate::{
 
 pub enum Lookups {
     Live { log: Option<Vec<Lookup>> },
-    Recorded { containers: HashMap<u32, ContainerInfo>, memcg: HashMap<u32, String> },
+    Recorded { containers: HashMap<u32, ContainerInfo>, memcg: HashMap<u32, String>, hosts: HashMap<u32, ProcessHost> },
 }
 
 impl Lookups {
@@ -21,7 +22,7 @@ impl Lookups {
     }
 
     pub fn recorded() -> Self {
-        Lookups::Recorded { containers: HashMap::default(), memcg: HashMap::default() }
+        Lookups::Recorded { containers: HashMap::default(), memcg: HashMap::default(), hosts: HashMap::default() }
     }
 
     /// Looking at live processes (not a recording).
@@ -34,7 +35,7 @@ impl Lookups {
             Lookups::Live { log } => {
                 let c = lookup(pid);
                 if let (Some(log), Some(c)) = (log, &c) {
-                    log.push(Lookup { pid, container: Some(c.clone()), memcg: None });
+                    log.push(Lookup { pid, container: Some(c.clone()), memcg: None, host: None });
                 }
                 c
             }
@@ -62,7 +63,7 @@ impl Lookups {
             Lookups::Live { log } => {
                 let m = limited_memory_cgroup(pid).or_else(|| limited_memory_cgroup(tid)).or_else(|| known.and_then(limited));
                 if let (Some(log), Some(m)) = (log, &m) {
-                    log.push(Lookup { pid, container: None, memcg: Some(m.clone()) });
+                    log.push(Lookup { pid, container: None, memcg: Some(m.clone()), host: None });
                 }
                 m
             }
@@ -70,9 +71,27 @@ impl Lookups {
         }
     }
 
+    /// An OOM kill's victim's host memory (`last`: what the last refresh
+    /// read, for a victim already gone).
+    pub fn victim_host(&mut self, pid: u32, last: Option<ProcessHost>) -> Option<ProcessHost> {
+        match self {
+            Lookups::Live { log } => {
+                let h = host::of_process(pid).or(last);
+                if let (Some(log), Some(h)) = (log, h) {
+                    log.push(Lookup { pid, container: None, memcg: None, host: Some(h) });
+                }
+                h
+            }
+            Lookups::Recorded { hosts, .. } => hosts.remove(&pid),
+        }
+    }
+
     /// A recorded lookup, for the events that follow it.
     pub fn add(&mut self, l: Lookup) {
-        if let Lookups::Recorded { containers, memcg } = self {
+        if let Lookups::Recorded { containers, memcg, hosts } = self {
+            if let Some(h) = l.host {
+                hosts.insert(l.pid, h);
+            }
             if let Some(c) = l.container {
                 containers.insert(l.pid, c);
             }

@@ -2,6 +2,7 @@
 //! property tests alike: decode → lookups → stacks → state → analyses.
 //! `Pipeline::apply` is it; the rest feeds the analyses that are not per
 //! event (growth samples, NVML readings, forgetting).
+pub mod host;
 pub mod lookups;
 
 use gpumem_common::{Event, StackEvent};
@@ -30,6 +31,7 @@ pub use lookups::Lookups;
 struct Looked {
     container: Option<ContainerInfo>,
     memcg: Option<String>,
+    host: Option<host::ProcessHost>,
 }
 
 /// Untraced processes NVML lists that are named at once, at most.
@@ -115,6 +117,9 @@ pub struct Pipeline {
     pub untraced: FxHashMap<u32, (String, Option<ContainerInfo>)>,
     /// Which of those a session shows: all (None, system-wide) or these pids.
     pub untraced_scope: Option<Vec<u32>>,
+    /// The traced processes' host memory, the node's swap and their memory
+    /// cgroups, as last refreshed (`refresh_host`).
+    pub host: host::HostMemory,
 }
 
 impl Pipeline {
@@ -134,6 +139,7 @@ impl Pipeline {
             kept: Kept::default(),
             untraced: FxHashMap::default(),
             untraced_scope: None,
+            host: host::HostMemory::default(),
         }
     }
 
@@ -197,20 +203,23 @@ impl Pipeline {
             // An exited process's pid may be reused by this event's process.
             Some(p) => *kind != Kind::Exit && (p.container.is_none() || p.exited),
         };
-        let memcg = match kind {
+        let (memcg, host) = match kind {
             Kind::OomKill(_) => {
                 // The victim may already be gone; the triggering task shares its cgroup in a memcg OOM.
                 let limit_file = known.and_then(|p| p.container.as_ref()).and_then(|c| c.memory_limit_file.clone());
-                self.lookups.memcg(ev.pid, ev.tid, limit_file.as_ref())
+                let memcg = self.lookups.memcg(ev.pid, ev.tid, limit_file.as_ref());
+                (memcg, self.lookups.victim_host(ev.pid, self.host.processes.get(&ev.pid).copied()))
             }
-            _ => None,
+            _ => (None, None),
         };
-        Looked { container: if wants_container { self.lookups.container(ev.pid) } else { None }, memcg }
+        Looked { container: if wants_container { self.lookups.container(ev.pid) } else { None }, memcg, host }
     }
 
     fn looked_up(&mut self, ev: &Event, looked: Looked, applied: &mut Applied) {
         if let Some(kill) = applied.oom_kill.as_mut() {
             kill.memcg = looked.memcg;
+            kill.host = looked.host;
+            kill.pinned_host_bytes = self.state.processes.get(&ev.pid).map_or(0, |p| p.held.pinned.bytes);
         }
         if let (Some(c), Some(p)) = (looked.container, self.state.processes.get_mut(&ev.pid)) {
             if p.container.is_none() {
@@ -335,6 +344,13 @@ impl Pipeline {
     }
 
     /// Where things stand now.
+    /// Reads the host memory of the live traced processes again (live only).
+    pub fn refresh_host(&mut self) {
+        if self.lookups.is_live() {
+            self.host.refresh(&self.state);
+        }
+    }
+
     pub fn view(&mut self, o: &ViewOptions) -> View {
         let mut v = View::build(&self.state, &mut self.growth, &self.gpus, o);
         v.untraced = view::untraced(&self.state, &v.reconciliation, &self.untraced, self.untraced_scope.as_deref());

@@ -67,6 +67,9 @@ pub struct Lookup {
     pub container: Option<ContainerInfo>,
     /// The limited memory cgroup of an OOM kill's victim (or trigger).
     pub memcg: Option<String>,
+    /// An OOM kill's victim's host memory when it was chosen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<crate::pipeline::host::ProcessHost>,
 }
 
 /// One NVML reading of one GPU, at `t_s` seconds into the session.

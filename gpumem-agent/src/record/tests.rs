@@ -15,7 +15,13 @@ fn sample() -> Vec<u8> {
         stack_sample_bytes: 0,
     })
     .unwrap();
-    w.lookup(&Lookup { pid: 100, container: Some(ContainerInfo { qos: Some("burstable"), ..Default::default() }), memcg: None }).unwrap();
+    w.lookup(&Lookup {
+        pid: 100,
+        container: Some(ContainerInfo { qos: Some("burstable"), ..Default::default() }),
+        memcg: None,
+        host: None,
+    })
+    .unwrap();
     for i in 0..3 {
         w.event(&Event { addr: i, size: 4096, ..ev(api::CU_MEM_ALLOC_V2) }, (i == 1).then_some(77)).unwrap();
     }

@@ -89,6 +89,9 @@ pub struct OomKill {
     /// The limited memory cgroup the kill happened in (filled by the
     /// pipeline's lookups); None for a host-wide kill or when unknown.
     pub memcg: Option<String>,
+    /// The victim's host memory when chosen (resident, swap) and the pinned host memory it held.
+    pub host: Option<crate::pipeline::host::ProcessHost>,
+    pub pinned_host_bytes: u64,
 }
 
 /// Out-of-memory counts kept for the summary and the exporter.
@@ -346,7 +349,7 @@ impl State {
     fn oom_kill(&mut self, victim: u32) -> Applied {
         self.oom.host_oom_kills += 1;
         let holdings = self.processes.get(&victim).map(Process::holdings).unwrap_or_default();
-        Applied { device: DEVICE_UNKNOWN, oom_kill: Some(Box::new(OomKill { holdings, memcg: None })), ..Default::default() }
+        Applied { device: DEVICE_UNKNOWN, oom_kill: Some(Box::new(OomKill { holdings, ..Default::default() })), ..Default::default() }
     }
 
     /// A process whose calls run in a context the agent never saw created

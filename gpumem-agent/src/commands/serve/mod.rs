@@ -41,6 +41,8 @@ use crate::{
 const GROWTH_SAMPLES: usize = 600;
 /// Memory actions the daemon keeps for exports' traces (about 64 bytes each).
 const HISTORY_ENTRIES: usize = 1 << 16;
+/// How often the traced processes' host memory, swap and cgroups are read.
+const HOST_INTERVAL: Duration = Duration::from_secs(5);
 /// A scrape or health check that the runtime has not answered by then fails.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -105,6 +107,8 @@ pub struct Serve {
     node: String,
     /// `--action` and `--webhook`.
     acting: act::Acting,
+    /// When host memory was last read.
+    host_read: Option<Instant>,
 }
 
 impl Serve {
@@ -231,6 +235,10 @@ impl Output for Serve {
     }
 
     fn tick(&mut self, ctx: &mut Ctx<'_>) -> Result<Flow> {
+        if self.host_read.is_none_or(|t| t.elapsed() >= HOST_INTERVAL) {
+            ctx.pipeline.refresh_host();
+            self.host_read = Some(Instant::now());
+        }
         self.acting.tick(ctx);
         Ok(Flow::Continue)
     }
@@ -366,6 +374,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         otlp_task: None,
         node: node_name(),
         acting: act::Acting::new(args.actions.config(), node_name()),
+        host_read: None,
     };
     let mut s = Session::new(args.probes.probing());
     s.ringbuf_bytes = args.ringbuf_bytes;

@@ -34,6 +34,12 @@ catalog! {
     PROCESS_RESERVED_UNUSED, Gauge, "gpumem_process_reserved_unused_bytes", "Bytes of PyTorch's reserved segments no live tensor uses (its cache)";
     PROCESS_LARGEST_FREE_BLOCK, Gauge, "gpumem_process_largest_free_block_bytes", "Largest contiguous free block in PyTorch's reserved segments: far below reserved-unused means fragmentation";
     PROCESS_CACHE_GROWTH, Gauge, "gpumem_process_cache_growth", "1 while reserved grows and allocated stays flat (the caching allocator's cache or fragmentation, not a leak)";
+    PROCESS_HOST_RESIDENT, Gauge, "gpumem_process_host_resident_bytes", "Host memory the traced process has resident (VmRSS), read every few seconds";
+    PROCESS_HOST_SWAP, Gauge, "gpumem_process_host_swap_bytes", "Host memory of the traced process swapped out (VmSwap)";
+    HOST_SWAP_IN, Counter, "gpumem_host_swap_in_bytes", "Bytes the node swapped in since boot (/proc/vmstat pswpin times the page size)";
+    HOST_SWAP_OUT, Counter, "gpumem_host_swap_out_bytes", "Bytes the node swapped out since boot (/proc/vmstat pswpout times the page size)";
+    CONTAINER_MEMORY_USAGE, Gauge, "gpumem_container_memory_usage_bytes", "Host memory the memory cgroup of a traced process's container uses";
+    CONTAINER_MEMORY_LIMIT, Gauge, "gpumem_container_memory_limit_bytes", "The memory limit of that cgroup (absent: none)";
     PROCESS_HOST_PINNED, Gauge, "gpumem_process_host_pinned_bytes", "Page-locked host memory the process holds (cuMemHostAlloc/cuMemAllocHost)";
     PROCESS_EVENTS_LOST, Counter, "gpumem_process_events_lost", "Events of the process lost in the kernel (ring buffer or call table full): its other series may be wrong";
     PROCESS_UNTRACKED, Gauge, "gpumem_process_untracked_bytes", "GPU memory NVML reports for the process minus what gpumem traced (context overhead, memory allocated before the agent started, untraced paths)";

@@ -50,6 +50,8 @@ pub struct Scrape<'a> {
     pub gpus: &'a GpuWatch,
     pub stacks: &'a StackStats,
     pub agent: &'a AgentStatus,
+    /// The host side: traced processes' host memory, swap, memory cgroups.
+    pub host: &'a crate::pipeline::host::HostMemory,
     /// OTLP pushes done and failed, where serve pushes.
     pub otlp_pushes: Option<(u64, u64)>,
     /// `serve --action`/`--webhook` outcomes, where something acts.
@@ -69,6 +71,7 @@ impl<'a> Scrape<'a> {
             gpus: &p.gpus,
             stacks: &p.stacks.stats,
             agent,
+            host: &p.host,
             otlp_pushes: None,
             actions: None,
         }
@@ -108,6 +111,44 @@ fn gpu_labels(g: &GpuSample) -> Labels {
 }
 
 /// A process's labels; None: the long tail summed as comm="other".
+/// The traced processes' host memory (largest resident first, capped as the
+/// process series are), the node's swap traffic, their containers' memory
+/// cgroups: what to read beside VRAM when a GPU job spills to the host.
+fn host_memory(fams: &mut Families, s: &Scrape<'_>) {
+    let h = s.host;
+    if !h.refreshed {
+        return;
+    }
+    let mut procs: Vec<_> = h.processes.iter().filter_map(|(pid, m)| Some((s.state.processes.get(pid)?, m))).collect();
+    procs.sort_by(|a, b| b.1.resident_bytes.cmp(&a.1.resident_bytes).then(a.0.pid.cmp(&b.0.pid)));
+    procs.truncate(s.max_process_series);
+    let labels = |p: &crate::state::process::Process| workload_labels(Some((p.pid, &p.comm, &Workload::of(p.container.as_ref()))));
+    fams.add(m::PROCESS_HOST_RESIDENT).extend(procs.iter().map(|(p, m)| (labels(p), Value::int(m.resident_bytes))));
+    fams.add(m::PROCESS_HOST_SWAP).extend(procs.iter().map(|(p, m)| (labels(p), Value::int(m.swap_bytes))));
+    if let (Some(i), Some(o)) = (h.swap_in_bytes, h.swap_out_bytes) {
+        fams.add(m::HOST_SWAP_IN).push((vec![], Value::Count(i)));
+        fams.add(m::HOST_SWAP_OUT).push((vec![], Value::Count(o)));
+    }
+    for (cgroup, mem) in &h.cgroups {
+        let owner = s
+            .state
+            .processes
+            .values()
+            .find(|p| p.container.as_ref().and_then(|c| c.memory_limit_file.as_ref()).is_some_and(|(c, _)| c == cgroup));
+        let w = Workload::of(owner.and_then(|p| p.container.as_ref()));
+        let labels = vec![
+            ("container", w.container.unwrap_or_default()),
+            ("pod", w.pod.unwrap_or_default()),
+            ("namespace", w.namespace.unwrap_or_default()),
+            ("cgroup", cgroup.clone()),
+        ];
+        fams.add(m::CONTAINER_MEMORY_USAGE).push((labels.clone(), Value::int(mem.usage_bytes)));
+        if let Some(limit) = mem.limit_bytes {
+            fams.add(m::CONTAINER_MEMORY_LIMIT).push((labels, Value::int(limit)));
+        }
+    }
+}
+
 fn workload_labels(process: Option<(u32, &str, &Workload)>) -> Labels {
     let (pid, comm, w) = match process {
         Some((pid, comm, w)) => (pid.to_string(), comm.to_string(), w.clone()),
@@ -190,6 +231,7 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
     let pinned = fams.add(m::PROCESS_HOST_PINNED);
     pinned.extend(capped.pinned.iter().map(|p| (workload_labels(Some((p.pid, &p.comm, &p.workload))), Value::int(p.bytes))));
     pinned.extend(capped.pinned_other.map(|bytes| (workload_labels(None), Value::int(bytes))));
+    host_memory(fams, s);
     // Only processes that lost events: their other series are uncertain.
     let lost = fams.add(m::PROCESS_EVENTS_LOST);
     for p in s.state.processes.values().filter(|p| p.events_lost > 0).take(cap) {

@@ -35,8 +35,23 @@ impl Fixture {
         // As `serve` runs: the kernel's table of live entries kept.
         let kernel_table = Some(crate::probes::live::KernelTable { entries: 3, max_entries: 262_144, bytes: 456 });
         let agent = AgentStatus { probes_attached: 30, kernel_table, ..Default::default() };
-        // And pushing OTLP.
-        let scrape = Scrape { otlp_pushes: Some((7, 1)), ..Scrape::of(p, &view, &agent, self.max_process_series) };
+        // And pushing OTLP, acting on events, reading host memory.
+        use crate::{
+            actions::{Outcome, Target},
+            analysis::triggers::TriggerKind,
+            pipeline::host::{CgroupMemory, HostMemory, ProcessHost},
+        };
+        let actions =
+            [((Target::Command, TriggerKind::CudaOom, Outcome::Ok), 2), ((Target::Webhook, TriggerKind::CudaOom, Outcome::RateLimited), 3)];
+        let mut host = HostMemory { swap_in_bytes: Some(8192), swap_out_bytes: Some(12288), refreshed: true, ..Default::default() };
+        host.processes.insert(100, ProcessHost { resident_bytes: 5 * MIB, swap_bytes: 4096 });
+        host.cgroups.insert("/kubepods/pod1".into(), CgroupMemory { usage_bytes: 7 * MIB, limit_bytes: Some(64 * MIB) });
+        let scrape = Scrape {
+            otlp_pushes: Some((7, 1)),
+            actions: Some(actions.into_iter().collect()),
+            host: &host,
+            ..Scrape::of(p, &view, &agent, self.max_process_series)
+        };
         render(&scrape).unwrap()
     }
 }
@@ -135,6 +150,13 @@ fn every_catalogued_metric_is_in_the_exposition() {
         ("gpumem_kernel_table_entries ", "3"),
         ("gpumem_kernel_table_capacity_entries ", "262144"),
         ("gpumem_kernel_table_bytes ", "456"),
+        ("gpumem_actions_total{event=\"cuda_oom\",outcome=\"ok\"} ", "2"),
+        ("gpumem_webhooks_total{event=\"cuda_oom\",outcome=\"rate_limited\"} ", "3"),
+        ("gpumem_process_host_resident_bytes{pid=\"100\",comm=\"python\",container=\"\",pod=\"\",namespace=\"\"} ", "5242880"),
+        ("gpumem_process_host_swap_bytes{pid=\"100\",comm=\"python\",container=\"\",pod=\"\",namespace=\"\"} ", "4096"),
+        ("gpumem_host_swap_in_bytes_total ", "8192"),
+        ("gpumem_host_swap_out_bytes_total ", "12288"),
+        ("gpumem_container_memory_limit_bytes{container=\"\",pod=\"\",namespace=\"\",cgroup=\"/kubepods/pod1\"} ", "67108864"),
     ] {
         assert!(text.lines().any(|l| l.strip_prefix(series) == Some(value)), "{series}{value} is not in:\n{text}");
     }

@@ -1,0 +1,86 @@
+//! The host side of traced processes, from `gpumem serve`'s /metrics: a
+//! process's resident and swapped-out host memory against its
+//! /proc/PID/status, the node's swap counters against /proc/vmstat, and a
+//! runc container's memory cgroup (usage and limit) against cgroupfs. Run
+//! as root, one test at a time.
+use gpumem_tests::*;
+
+fn status_bytes(pid: u32, key: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status.lines().find_map(|l| l.strip_prefix(key)).unwrap().trim().trim_end_matches("kB").trim().parse().unwrap();
+    kib * 1024
+}
+
+#[test]
+fn host_resident_and_swap_bytes_of_a_traced_process_match_proc_within_a_page() {
+    require_root();
+    let f = fixtures();
+    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"], &[]);
+    let mut w = spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", "12000")]);
+    let pid = w.id();
+    // Its allocations are done and it sleeps: its resident memory stays put.
+    poll(
+        10,
+        "the workload's 9 MiB",
+        || (pid_series(&serve.metrics(), "gpumem_process_memory_bytes", pid) == Some((9 * MIB) as f64)).then_some(()),
+        || serve.metrics(),
+    );
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    let m = serve.metrics();
+    let resident = pid_series(&m, "gpumem_process_host_resident_bytes", pid).unwrap_or_else(|| panic!("no host series: {m}")) as u64;
+    let swap = pid_series(&m, "gpumem_process_host_swap_bytes", pid).unwrap() as u64;
+    let page = 4096;
+    assert!(resident.abs_diff(status_bytes(pid, "VmRSS:")) <= page, "resident {resident} vs /proc {}", status_bytes(pid, "VmRSS:"));
+    assert!(swap.abs_diff(status_bytes(pid, "VmSwap:")) <= page, "swap {swap} vs /proc {}", status_bytes(pid, "VmSwap:"));
+    assert!(resident > MIB, "{resident}");
+    // The node's swap traffic, as /proc/vmstat counts it (read after: never less).
+    let vmstat = std::fs::read_to_string("/proc/vmstat").unwrap();
+    let pages = |k: &str| vmstat.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix(' ')?.parse::<u64>().ok()).unwrap();
+    let swap_in = sample(&m, "gpumem_host_swap_in_bytes_total").unwrap() as u64;
+    let swap_out = sample(&m, "gpumem_host_swap_out_bytes_total").unwrap() as u64;
+    assert!(swap_in <= pages("pswpin") * page && swap_out <= pages("pswpout") * page, "{swap_in} {swap_out}");
+    assert_eq!(swap_in % page, 0);
+    w.kill().unwrap();
+    w.wait().unwrap();
+    serve.stop();
+}
+
+#[test]
+fn a_containers_memory_cgroup_usage_and_limit_are_exported_with_its_pod() {
+    require_root();
+    let f = fixtures();
+    let cid = container_id(0x4c);
+    let cgroup = format!("/kubepods/burstable/pod{POD_UID}/{cid}");
+    let bundle = workload_bundle("memory-limit", &cgroup, "late_load", &[("GPUMEM_WORKLOAD_HOLD_MS", "12000")]);
+    // A 256 MiB limit, as the kubelet sets a container's resources.limits.memory.
+    let config = bundle.join("config.json");
+    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    c["linux"]["resources"] = serde_json::json!({"memory": {"limit": 256 * MIB}});
+    std::fs::write(&config, c.to_string()).unwrap();
+    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"], &[]);
+    let id = format!("gpumem-host-{}", std::process::id());
+    let container = Container::start(&bundle, &id, std::process::Stdio::null(), std::process::Stdio::null());
+    let line = |m: &str, family: &str| {
+        m.lines().find(|l| l.starts_with(family) && l.contains(&format!("container=\"{cid}\""))).map(str::to_string)
+    };
+    let m = poll(
+        20,
+        "the container's memory cgroup on /metrics",
+        || Some(serve.metrics()).filter(|m| line(m, "gpumem_container_memory_limit_bytes{").is_some()),
+        || serve.metrics(),
+    );
+    let limit = line(&m, "gpumem_container_memory_limit_bytes{").unwrap();
+    assert!(limit.ends_with(&format!(" {}", 256 * MIB)), "{limit}");
+    for label in [format!("pod=\"{POD_NAME}\""), format!("namespace=\"{NAMESPACE}\""), format!("cgroup=\"{cgroup}\"")] {
+        assert!(limit.contains(&label), "{label}: {limit}");
+    }
+    let usage: u64 = line(&m, "gpumem_container_memory_usage_bytes{").unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    let on_disk: u64 =
+        std::fs::read_to_string(format!("/sys/fs/cgroup/memory{cgroup}/memory.usage_in_bytes")).unwrap().trim().parse().unwrap();
+    assert!(usage > 0 && usage.abs_diff(on_disk) < 4 * MIB, "usage {usage} vs cgroupfs {on_disk}");
+    // The containerised process's own host series carries its pod.
+    let pid = container.pid();
+    assert!(pid_series(&m, "gpumem_process_host_resident_bytes", pid).is_some_and(|r| r > 0.0), "{m}");
+    drop(container);
+    serve.stop();
+}
