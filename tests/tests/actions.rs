@@ -237,3 +237,83 @@ fn xids_from_the_kernel_log_reach_the_xid_and_health_actions() {
     let (_, said) = serve.stop();
     assert!(said.contains("XIDs: NVML's XID events are not available"), "{said}");
 }
+
+/// The leaks report's figures that do not depend on when it is asked: per
+/// process and device, outstanding bytes and allocations, and each stack's
+/// bytes, count and frames (ages and growth verdicts are the asker's).
+/// (bytes, count, function names innermost first) of one stack.
+type StackFigures = (u64, u64, Vec<String>);
+
+fn leak_figures(report: &Value, pid: u32) -> Vec<(Value, u64, u64, Vec<StackFigures>)> {
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["pid"] == pid)
+        .map(|p| {
+            let stacks = p["stacks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| {
+                    let frames =
+                        s["frames"].as_array().unwrap().iter().map(|f| f["function"].as_str().unwrap_or("?").to_string()).collect();
+                    (s["bytes"].as_u64().unwrap(), s["count"].as_u64().unwrap(), frames)
+                })
+                .collect();
+            (p["device"].clone(), p["outstanding_bytes"].as_u64().unwrap(), p["outstanding_allocs"].as_u64().unwrap(), stacks)
+        })
+        .collect()
+}
+
+/// `--flight-recorder 2`: a CUDA OOM fires the action, and the recording of
+/// the last 2 s (with the allocations made before them) replays with
+/// `leaks --from` to the same report the live daemon gives.
+#[test]
+fn a_flight_recorder_snapshot_replays_to_the_same_leak_report_as_the_live_daemon() {
+    require_root();
+    let f = fixtures();
+    let d = dir("flight");
+    let hook = format!("cuda_oom=cat > {}/event.json", d.display());
+    let flight_dir = d.join("flight");
+    let serve = Serve::start(
+        &[
+            "--libcuda",
+            f.libcuda.to_str().unwrap(),
+            "--no-nvml",
+            "--action",
+            &hook,
+            "--flight-recorder",
+            "2",
+            "--flight-dir",
+            flight_dir.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let mut w = spawn_workload("flight", &[("GPUMEM_WORKLOAD_HOLD_MS", "20000")]);
+    let pid = w.id();
+    let event = poll(20, "the OOM's action", || read_json(&d.join("event.json")), || serve.metrics());
+    let recording = std::path::PathBuf::from(event["recording"].as_str().unwrap_or_else(|| panic!("no recording: {event:#}")));
+    assert!(recording.starts_with(&flight_dir) && recording.exists(), "{recording:?}");
+    let socket = serve.state.as_ref().unwrap().socket.clone();
+    // Asked while the daemon runs (no run_gpumem: it waits for every gpumem to stop).
+    let gpumem = |args: &[&str]| {
+        let (ok, out, err) = command_output(std::process::Command::new(gpumem_bin()).args(args));
+        assert!(ok, "gpumem {args:?}: {err}");
+        serde_json::from_str::<Value>(&out).unwrap()
+    };
+    let live = gpumem(&["leaks", "--json", "--socket", socket.to_str().unwrap(), "-p", &pid.to_string(), "--older-than", "0"]);
+    let replayed = gpumem(&["leaks", "--json", "--from", recording.to_str().unwrap(), "--older-than", "0"]);
+    let figures = leak_figures(&live, pid);
+    // The 64 MiB of weights (made 4 s before the window) and the nine buffers still held.
+    let device0 = figures.iter().find(|f| f.0 == 0).unwrap_or_else(|| panic!("{live:#}"));
+    assert_eq!((device0.1, device0.2), (73 * MIB, 10), "{live:#}");
+    assert!(device0.3.iter().any(|s| s.0 == 64 * MIB && s.2.iter().any(|f| f == "hold_weights")), "{:?}", device0.3);
+    assert!(device0.3.iter().any(|s| s.0 == 9 * MIB && s.1 == 9 && s.2.iter().any(|f| f == "leak_buffers")), "{:?}", device0.3);
+    assert_eq!(leak_figures(&replayed, pid), figures, "the snapshot's replay gives the daemon's report:\n{replayed:#}");
+    assert_eq!(replayed["oom_events"].as_array().unwrap().len(), 1, "the OOM itself is in the window");
+    w.kill().unwrap();
+    w.wait().unwrap();
+    let (_, said) = serve.stop();
+    assert!(said.contains("flight recorder:") && said.contains("written for cuda_oom"), "{said}");
+}

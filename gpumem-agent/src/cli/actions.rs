@@ -42,6 +42,14 @@ pub struct ActionArgs {
     /// Say what would run and be posted, and run nothing.
     #[arg(long)]
     pub action_dry_run: bool,
+    /// Keep the last SECONDS of events in memory and, when an action fires,
+    /// write them (with the allocations live before them) as a recording
+    /// under --flight-dir, named in the event's `recording`.
+    #[arg(long, value_name = "SECONDS", value_parser = super::parse_duration)]
+    pub flight_recorder: Option<f64>,
+    /// Where the flight recorder writes.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/gpumem/flight")]
+    pub flight_dir: std::path::PathBuf,
 }
 
 impl ActionArgs {

@@ -1,6 +1,7 @@
 //! serve's side of `--action` and `--webhook`: the triggers found in what
 //! the runtime hands serve (applied events, growth samples, XIDs, health
 //! after each tick) turned into events for the dispatcher (crate::actions).
+use super::flight::FlightRecorder;
 use crate::{
     actions::{ActionEvent, Actions, Config},
     analysis::{
@@ -19,15 +20,20 @@ pub struct Acting {
     edges: Edges,
     /// The event JSON's `node`.
     node: String,
+    /// `--flight-recorder`: the window written when an action fires.
+    flight: Option<FlightRecorder>,
 }
 
 impl Acting {
-    pub fn new(config: Option<Config>, node: String) -> Acting {
-        Acting { config, actions: None, edges: Edges::default(), node }
+    pub fn new(config: Option<Config>, node: String, flight: Option<FlightRecorder>) -> Acting {
+        Acting { config, actions: None, edges: Edges::default(), node, flight }
     }
 
     /// Starts the dispatcher's workers (on the runtime), saying what acts.
-    pub fn start(&mut self) {
+    pub fn start(&mut self, elapsed_s: f64) {
+        if let Some(f) = self.flight.as_mut() {
+            f.started(elapsed_s);
+        }
         let Some(config) = self.config.take() else { return };
         let actions = Actions::start(config);
         let (kinds, webhooks) = actions.subscribed();
@@ -43,10 +49,20 @@ impl Acting {
 
     fn act(&mut self, ctx: &mut Ctx<'_>, t: Trigger) {
         let Some(actions) = self.actions.as_mut() else { return };
-        if actions.admit(t.kind) {
-            let event = ActionEvent::of(&t, ctx.pipeline, &self.node);
-            actions.fire(&event, t.kind);
+        if !actions.admit(t.kind) {
+            return;
         }
+        let mut event = ActionEvent::of(&t, ctx.pipeline, &self.node);
+        if let Some(f) = self.flight.as_mut() {
+            match f.snapshot(ctx.pipeline, t.kind.name(), ctx.agent.kernel.lost.clone()) {
+                Ok(path) => {
+                    eprintln!("gpumem: flight recorder: {} written for {}", path.display(), t.kind.name());
+                    event.recording = Some(path.display().to_string());
+                }
+                Err(e) => eprintln!("gpumem: flight recorder: {e:#}"),
+            }
+        }
+        actions.fire(&event, t.kind);
     }
 
     fn wants(&self, kinds: &[TriggerKind]) -> bool {
@@ -56,8 +72,12 @@ impl Acting {
         })
     }
 
-    /// A CUDA OOM or host OOM kill among the applied events.
+    /// A CUDA OOM or host OOM kill among the applied events (each event
+    /// kept first by the flight recorder: the one that fires is in its window).
     pub fn outcome(&mut self, ctx: &mut Ctx<'_>, o: &Outcome) {
+        if let Some(f) = self.flight.as_mut() {
+            f.event(ctx.pipeline, o);
+        }
         if self.actions.is_some() {
             if let Some(t) = triggers::of_outcome(o) {
                 self.act(ctx, t);
@@ -66,7 +86,10 @@ impl Acting {
     }
 
     /// Growth verdicts turning on, after each sample.
-    pub fn sampled(&mut self, ctx: &mut Ctx<'_>) {
+    pub fn sampled(&mut self, ctx: &mut Ctx<'_>, t_s: f64) {
+        if let Some(f) = self.flight.as_mut() {
+            f.tick(t_s);
+        }
         if !self.wants(&[TriggerKind::Leak, TriggerKind::CacheGrowth]) {
             return;
         }
@@ -78,7 +101,10 @@ impl Acting {
     }
 
     /// A critical XID from NVML.
-    pub fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &nvml::Message) {
+    pub fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &nvml::Message, t_s: f64) {
+        if let Some(f) = self.flight.as_mut() {
+            f.nvml(m, t_s);
+        }
         if let nvml::Message::Xid(x) = m {
             if let Some(t) = triggers::of_xid(x) {
                 self.act(ctx, t);

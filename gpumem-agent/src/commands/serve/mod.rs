@@ -7,6 +7,8 @@
 //! races an event and nothing is locked.
 mod act;
 mod api;
+mod cleanup;
+mod flight;
 mod otlp;
 
 pub use otlp::Endpoint as OtlpEndpoint;
@@ -216,7 +218,7 @@ impl Output for Serve {
             eprintln!("gpumem: pushing OTLP metrics to {} every {} s", endpoint.0.url(), every.as_secs_f64());
             self.otlp_task = Some(otlp::spawn(endpoint, every, self.tx.clone(), self.pushes.clone()));
         }
-        self.acting.start();
+        self.acting.start(ctx.elapsed_s);
         eprintln!(
             "gpumem: serving http://{}/metrics ({} probes attached); SIGTERM or Ctrl-C to stop",
             self.listen, ctx.agent.probes_attached
@@ -229,8 +231,8 @@ impl Output for Serve {
         Ok(Flow::Continue)
     }
 
-    fn sampled(&mut self, ctx: &mut Ctx<'_>, _: f64) -> Result<()> {
-        self.acting.sampled(ctx);
+    fn sampled(&mut self, ctx: &mut Ctx<'_>, t_s: f64) -> Result<()> {
+        self.acting.sampled(ctx, t_s);
         Ok(())
     }
 
@@ -243,8 +245,8 @@ impl Output for Serve {
         Ok(Flow::Continue)
     }
 
-    fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &nvml::Message, _: f64) -> Result<()> {
-        self.acting.nvml(ctx, m);
+    fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &nvml::Message, t_s: f64) -> Result<()> {
+        self.acting.nvml(ctx, m, t_s);
         if !std::mem::replace(&mut self.nvml_said, true) {
             match m {
                 nvml::Message::Reading { gpus, .. } => eprintln!("gpumem: NVML: {} GPU(s)", gpus.len()),
@@ -333,9 +335,9 @@ impl Output for Serve {
 
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
     if args.continuity.cleanup {
-        let done = cleanup(&args.continuity.pin_dir, &args.continuity.state_dir)?;
+        let done = cleanup::run(&args.continuity.pin_dir, &args.continuity.state_dir)?;
         if args.continuity.then_wait {
-            wait_for_stop();
+            cleanup::wait_for_stop();
         }
         return Ok(done);
     }
@@ -352,6 +354,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         }
         None => (None, None),
     };
+    let flight = flight_recorder(&args)?;
     let (tx, rx) = mpsc::channel(16);
     let mut serve = Serve {
         listener: Some(listener),
@@ -373,7 +376,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         pushes: Default::default(),
         otlp_task: None,
         node: node_name(),
-        acting: act::Acting::new(args.actions.config(), node_name()),
+        acting: act::Acting::new(args.actions.config(), node_name(), flight),
         host_read: None,
     };
     let mut s = Session::new(args.probes.probing());
@@ -384,6 +387,8 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     s.growth_every = Some(Duration::from_secs_f64(args.growth_interval));
     s.nvml_every = Duration::from_secs_f64(args.nvml_interval);
     s.kmsg = Some(args.kmsg.clone()).filter(|p| p.as_os_str() != "none");
+    // The flight recorder keeps the lookups its recordings need.
+    s.record_lookups = args.actions.flight_recorder.is_some();
     s.forget_after = Some(Duration::from_secs_f64(args.exited_grace));
     s.detach = Detach::Now;
     s.fail_counter_reads = args.fail_counter_reads;
@@ -400,38 +405,14 @@ fn node_name() -> String {
         .unwrap_or_default()
 }
 
-/// `serve --cleanup`: every pinned link and map under the directory
-/// removed, and the stacks kept for the next agent.
-fn cleanup(root: &std::path::Path, state_dir: &std::path::Path) -> Result<ExitCode> {
-    crate::runtime::require_privileges()?;
-    let stacks = state_dir.join(crate::runtime::continuity::STACK_FILE);
-    match std::fs::remove_file(&stacks) {
-        Ok(()) => eprintln!("gpumem: removed {}", stacks.display()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => eprintln!("gpumem: cannot remove {}: {e}", stacks.display()),
+/// `--flight-recorder`, which only writes when something acts.
+fn flight_recorder(args: &ServeArgs) -> Result<Option<flight::FlightRecorder>> {
+    let Some(window_s) = args.actions.flight_recorder else { return Ok(None) };
+    if args.actions.config().is_none() {
+        anyhow::bail!("--flight-recorder writes its window when an action fires: add --action EVENT=COMMAND or --webhook URL");
     }
-    if !root.exists() {
-        eprintln!("gpumem: nothing pinned in {}", root.display());
-        return Ok(ExitCode::SUCCESS);
-    }
-    let (links, maps) = crate::probes::pin::remove_all(root);
-    eprintln!("gpumem: removed the pinned state in {}: {links} links detached, {maps} maps unpinned", root.display());
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Blocks until SIGTERM or SIGINT arrives (nothing else runs: a plain sigwait).
-fn wait_for_stop() {
-    eprintln!("gpumem: cleaned up; waiting for SIGTERM");
-    // SAFETY: a signal set on the stack, the mask changed for this (only) thread.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        let mut sig = 0;
-        libc::sigwait(&set, &mut sig);
-    }
+    let sample_bytes = args.probes.probing().stacks.effective_sample_bytes();
+    Ok(Some(flight::FlightRecorder::new(window_s, args.actions.flight_dir.clone(), sample_bytes)))
 }
 
 fn router(requests: mpsc::Sender<Request>) -> Router {
