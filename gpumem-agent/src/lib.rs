@@ -18,6 +18,7 @@ pub mod export;
 #[cfg(test)]
 mod fuzz;
 pub mod http_post;
+pub mod kube;
 pub mod names;
 pub mod nvml;
 pub mod pipeline;

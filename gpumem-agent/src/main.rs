@@ -20,6 +20,7 @@ fn main() -> ExitCode {
         Command::Health(args) => commands::health::run(args),
         Command::Serve(args) => commands::serve::run(args),
         Command::Status(args) => commands::status::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Kube(args) => commands::kube::run(args),
         Command::Bench(args) => commands::bench::run(args),
     };
     match result {

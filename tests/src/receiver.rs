@@ -1,7 +1,8 @@
 //! A local HTTP server that keeps what it is sent: the webhook receiver of
 //! the action tests, and the stand-in for the Kubernetes API server that
 //! checks the requests the isolation actions make. It answers 503 to the
-//! first `fail_first` requests (to see retries), then `status`.
+//! first `fail_first` requests (to see retries), then `status`, or as it is
+//! told (`answering`).
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::TcpListener,
@@ -34,8 +35,16 @@ pub struct Receiver {
     pub received: Arc<Mutex<Vec<Received>>>,
 }
 
+/// What to answer a request (the requests before it counted): status and body.
+pub type Answer = Box<dyn Fn(&Received, usize) -> (u16, String) + Send>;
+
 impl Receiver {
     pub fn start(fail_first: usize, status: u16) -> Receiver {
+        Self::answering(Box::new(move |_, before| (if before < fail_first { 503 } else { status }, "{}".to_string())))
+    }
+
+    /// Answers each request as `answer` says.
+    pub fn answering(answer: Answer) -> Receiver {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let received = Arc::new(Mutex::new(Vec::new()));
@@ -63,10 +72,16 @@ impl Receiver {
                 let mut body = vec![0; len];
                 let _ = r.read_exact(&mut body);
                 let mut all = keep.lock().unwrap();
-                let answer = if all.len() < fail_first { 503 } else { status };
-                all.push(Received { method, path, headers, body, status: answer });
+                let mut got = Received { method, path, headers, body, status: 0 };
+                let (status, reply) = answer(&got, all.len());
+                got.status = status;
+                all.push(got);
                 drop(all);
-                let _ = write!(r.get_mut(), "HTTP/1.1 {answer} X\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}");
+                let _ = write!(
+                    r.get_mut(),
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
+                    reply.len()
+                );
             }
         });
         Receiver { port, received }

@@ -24,7 +24,7 @@ fn helm(args: &[&str]) -> String {
 
 /// Every option on: what the validation sees.
 const ALL_ON: &str = "createNamespace=true,serviceMonitor.enabled=true,prometheusRule.enabled=true,grafanaDashboard.enabled=true,\
-    serve.otlpEndpoint=http://otel-collector.monitoring:4318/v1/metrics";
+    serve.otlpEndpoint=http://otel-collector.monitoring:4318/v1/metrics,isolation.enabled=true,isolation.cordon=true,isolation.deleteLeakingPods=true";
 
 fn documents(yaml: &str) -> Vec<serde_yaml_ng::Value> {
     serde_yaml_ng::Deserializer::from_str(yaml)
@@ -40,7 +40,21 @@ fn the_chart_lints_renders_and_validates_for_kubernetes_1_30_to_1_34() {
     let rendered = helm(&["template", "gpumem", "deploy/helm/gpumem", "--namespace", "monitoring", "--set", ALL_ON]);
     let docs = documents(&rendered);
     let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["Namespace", "ConfigMap", "Service", "DaemonSet", "PrometheusRule", "ServiceMonitor"], "{rendered}");
+    assert_eq!(
+        kinds,
+        [
+            "Namespace",
+            "ServiceAccount",
+            "ConfigMap",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Service",
+            "DaemonSet",
+            "PrometheusRule",
+            "ServiceMonitor"
+        ],
+        "{rendered}"
+    );
     let dir = target_dir().join("chart");
     std::fs::create_dir_all(&dir).unwrap();
     let core = dir.join("core.yaml");
@@ -54,7 +68,7 @@ fn the_chart_lints_renders_and_validates_for_kubernetes_1_30_to_1_34() {
         let version = format!("1.{minor}.0");
         let (ok, out) = output(Command::new(kubernetes_validate()).args(["--strict", "-k", &version]).arg(&core));
         assert!(ok, "Kubernetes {version}:\n{out}");
-        assert_eq!(out.matches("passed for resource").count(), 4, "{version}: {out}");
+        assert_eq!(out.matches("passed for resource").count(), 7, "{version}: {out}");
     }
     // The validator does refuse what is wrong: an unknown field in the pod spec.
     let broken = dir.join("broken.yaml");
@@ -90,6 +104,24 @@ fn the_chart_lints_renders_and_validates_for_kubernetes_1_30_to_1_34() {
     let args: Vec<&str> =
         ds["spec"]["template"]["spec"]["containers"][0]["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
     assert!(args.iter().any(|a| a.starts_with("--otlp-endpoint=http://")), "{args:?}");
+    // Isolation: the agent's own service account, bound to exactly the verbs turned on.
+    assert!(args.contains(&"--action=health=gpumem kube taint") && args.contains(&"--action=leak=gpumem kube delete-pod"), "{args:?}");
+    assert_eq!(ds["spec"]["template"]["spec"]["serviceAccountName"], "gpumem");
+    let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+    let rules: Vec<(String, Vec<String>)> = role["rules"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let words =
+                |v: &serde_yaml_ng::Value| v.as_sequence().unwrap().iter().map(|x| x.as_str().unwrap().to_string()).collect::<Vec<_>>();
+            (words(&r["resources"]).join(","), words(&r["verbs"]))
+        })
+        .collect();
+    assert_eq!(
+        rules,
+        [("nodes".to_string(), vec!["get".to_string(), "patch".to_string()]), ("pods".to_string(), vec!["delete".to_string()])]
+    );
     let (ok, out) = output(Command::new(gpumem_bin()).args(&args).arg("--help"));
     assert!(ok, "gpumem {args:?}: {out}");
 }

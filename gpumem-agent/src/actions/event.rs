@@ -44,7 +44,10 @@ pub struct ActionEvent {
     pub pid: Option<u32>,
     pub comm: Option<String>,
     pub container: Option<String>,
+    /// The pod's name where its container shows it, else its UID.
     pub pod: Option<String>,
+    pub pod_name: Option<String>,
+    pub pod_uid: Option<String>,
     pub namespace: Option<String>,
     pub bytes: Option<u64>,
     pub details: serde_json::Value,
@@ -62,7 +65,8 @@ impl ActionEvent {
             Gpu { index, uuid: nvml.map(|g| g.uuid.clone()), pci_bus_id: nvml.map(|g| g.pci_bus_id.clone()) }
         });
         let process = t.pid.and_then(|pid| p.state.processes.get(&pid));
-        let workload = Workload::of(process.and_then(|p| p.container.as_ref()));
+        let container = process.and_then(|p| p.container.as_ref());
+        let workload = Workload::of(container);
         let stacks = match (process, t.device) {
             (Some(proc), Some(device)) => leaks::top_stacks(proc, device, &mut p.stacks, TOP_STACKS, t.ts_ns)
                 .into_iter()
@@ -86,6 +90,8 @@ impl ActionEvent {
             comm: process.map(|p| p.comm.clone()),
             container: workload.container,
             pod: workload.pod,
+            pod_name: container.and_then(|c| c.pod_name.clone()),
+            pod_uid: container.and_then(|c| c.pod_uid.clone()),
             namespace: workload.namespace,
             bytes: t.bytes,
             details: t.details.clone(),

@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 pub mod actions;
 pub mod continuity;
 pub mod export;
+pub mod kube;
 
 use crate::probes::{ioctl::IoctlMode, links::UprobeLinks, ProbeSet};
 
@@ -53,6 +54,10 @@ pub enum Command {
     /// Run as a daemon: trace every process on the host and serve Prometheus
     /// metrics on /metrics (and /healthz) until SIGTERM or SIGINT.
     Serve(ServeArgs),
+    /// Isolation actions for `serve --action`: cordon or taint this node,
+    /// or delete the pod the event names, through the Kubernetes API with
+    /// the pod's service account (the event's JSON on stdin).
+    Kube(kube::KubeArgs),
     /// Attach probes and wait, for overhead measurements (see `cargo xtask bench`).
     #[command(hide = true)]
     Bench(BenchArgs),

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod export;
 pub mod health;
+pub mod kube;
 pub mod leaks;
 pub mod record;
 pub mod replay;
