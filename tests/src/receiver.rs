@@ -31,6 +31,7 @@ impl Received {
 }
 
 pub struct Receiver {
+    pub ip: std::net::Ipv4Addr,
     pub port: u16,
     pub received: Arc<Mutex<Vec<Received>>>,
 }
@@ -45,7 +46,12 @@ impl Receiver {
 
     /// Answers each request as `answer` says.
     pub fn answering(answer: Answer) -> Receiver {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::answering_on(std::net::Ipv4Addr::LOCALHOST, answer)
+    }
+
+    /// Listening on `ip` (a pod network's host end, say).
+    pub fn answering_on(ip: std::net::Ipv4Addr, answer: Answer) -> Receiver {
+        let listener = TcpListener::bind((ip, 0)).unwrap();
         let port = listener.local_addr().unwrap().port();
         let received = Arc::new(Mutex::new(Vec::new()));
         let keep = received.clone();
@@ -84,11 +90,11 @@ impl Receiver {
                 );
             }
         });
-        Receiver { port, received }
+        Receiver { ip, port, received }
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
+        format!("http://{}:{}{path}", self.ip, self.port)
     }
 
     pub fn all(&self) -> Vec<Received> {

@@ -49,6 +49,8 @@ fn configure(bundle: &Path, args: &[&str], binds: &[(&Path, &str)], pod: Option<
     let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     c["process"]["terminal"] = json!(false);
     c["process"]["args"] = json!(args);
+    // The DaemonSet's downward-API NODE_NAME.
+    c["process"]["env"].as_array_mut().unwrap().push(json!("NODE_NAME=image-node"));
     c["process"]["capabilities"] = json!({"bounding": CAPS, "effective": CAPS, "permitted": CAPS});
     // hostPID: the host's pid namespace; seccomp Unconfined; read-only root and tracefs.
     let mut namespaces: Vec<Value> = c["linux"]["namespaces"].as_array().unwrap().iter().filter(|n| n["type"] != "pid").cloned().collect();
@@ -151,6 +153,11 @@ fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() 
     // at start, as the node's driver library is, so the first calls are traced.
     let f = fixtures();
     let libcuda = format!("--libcuda=/proc/{}/root{}", std::process::id(), f.libcuda.display());
+    // An isolation action as the chart renders one, run without a shell
+    // (the image has none) against an API server on the pod network's host end.
+    let api = Receiver::answering_on(network.host_ip, Box::new(|_, _| (200, "{}".into())));
+    std::fs::write(dirs[0].join("kube-token"), "image-token").unwrap();
+    let cordon = format!("--action=cuda_oom=gpumem kube cordon --api-server {} --token-file /var/lib/gpumem/kube-token", api.url(""));
     let args = [
         "/usr/bin/gpumem",
         "serve",
@@ -160,6 +167,7 @@ fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() 
         &pin,
         "--state-dir=/var/lib/gpumem",
         "--socket=/run/gpumem/gpumem.sock",
+        &cordon,
     ];
     let binds = [(Path::new("/sys/fs/bpf"), "/sys/fs/bpf"), (dirs[0].as_path(), "/var/lib/gpumem"), (dirs[1].as_path(), "/run/gpumem")];
     configure(&bundle, &args, &binds, Some(&network));
@@ -184,6 +192,13 @@ fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() 
     );
     w.kill().unwrap();
     w.wait().unwrap();
+    // A CUDA OOM on the host: the node is cordoned through the API.
+    let mut oom = spawn_workload("oom", &[("GPUMEM_FAKE_CAPACITY", "67108864")]);
+    oom.wait().unwrap();
+    let patch = poll(20, "the cordon's PATCH from the image", || api.all().into_iter().next(), || said());
+    assert_eq!((patch.method.as_str(), patch.path.as_str()), ("PATCH", "/api/v1/nodes/image-node"), "{patch:?}");
+    assert_eq!(patch.header("authorization"), Some("Bearer image-token"));
+    assert_eq!(patch.json()["spec"]["unschedulable"], true);
 
     // A workload in a container of its own (a pod's, with its driver library
     // at a path only it sees), found by the agent in its container.
