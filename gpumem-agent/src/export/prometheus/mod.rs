@@ -116,19 +116,16 @@ fn gpu_labels(g: &GpuSample) -> Labels {
 /// cgroups: what to read beside VRAM when a GPU job spills to the host.
 fn host_memory(fams: &mut Families, s: &Scrape<'_>) {
     let h = s.host;
-    if !h.refreshed {
-        return;
-    }
     let mut procs: Vec<_> = h.processes.iter().filter_map(|(pid, m)| Some((s.state.processes.get(pid)?, m))).collect();
     procs.sort_by(|a, b| b.1.resident_bytes.cmp(&a.1.resident_bytes).then(a.0.pid.cmp(&b.0.pid)));
     procs.truncate(s.max_process_series);
     let labels = |p: &crate::state::process::Process| workload_labels(Some((p.pid, &p.comm, &Workload::of(p.container.as_ref()))));
     fams.add(m::PROCESS_HOST_RESIDENT).extend(procs.iter().map(|(p, m)| (labels(p), Value::int(m.resident_bytes))));
     fams.add(m::PROCESS_HOST_SWAP).extend(procs.iter().map(|(p, m)| (labels(p), Value::int(m.swap_bytes))));
-    if let (Some(i), Some(o)) = (h.swap_in_bytes, h.swap_out_bytes) {
-        fams.add(m::HOST_SWAP_IN).push((vec![], Value::Count(i)));
-        fams.add(m::HOST_SWAP_OUT).push((vec![], Value::Count(o)));
-    }
+    let swap = h.swap_in_bytes.zip(h.swap_out_bytes);
+    fams.add(m::HOST_SWAP_IN).extend(swap.map(|(i, _)| (vec![], Value::Count(i))));
+    fams.add(m::HOST_SWAP_OUT).extend(swap.map(|(_, o)| (vec![], Value::Count(o))));
+    let (mut usage, mut limits) = (Vec::new(), Vec::new());
     for (cgroup, mem) in &h.cgroups {
         let owner = s
             .state
@@ -142,11 +139,13 @@ fn host_memory(fams: &mut Families, s: &Scrape<'_>) {
             ("namespace", w.namespace.unwrap_or_default()),
             ("cgroup", cgroup.clone()),
         ];
-        fams.add(m::CONTAINER_MEMORY_USAGE).push((labels.clone(), Value::int(mem.usage_bytes)));
+        usage.push((labels.clone(), Value::int(mem.usage_bytes)));
         if let Some(limit) = mem.limit_bytes {
-            fams.add(m::CONTAINER_MEMORY_LIMIT).push((labels, Value::int(limit)));
+            limits.push((labels, Value::int(limit)));
         }
     }
+    fams.add(m::CONTAINER_MEMORY_USAGE).extend(usage);
+    fams.add(m::CONTAINER_MEMORY_LIMIT).extend(limits);
 }
 
 fn workload_labels(process: Option<(u32, &str, &Workload)>) -> Labels {
@@ -360,13 +359,11 @@ fn self_families(fams: &mut Families, s: &Scrape<'_>) {
         fams.add(m::OTLP_PUSHES).extend(outcomes.iter().map(|&(o, n)| (vec![("outcome", o.to_string())], Value::Count(n))));
     }
     if let Some(counts) = &s.actions {
-        for (&(target, kind, outcome), &n) in counts {
-            let family = match target {
-                Target::Command => m::ACTIONS,
-                Target::Webhook => m::WEBHOOKS,
-            };
-            let labels = vec![("event", kind.name().to_string()), ("outcome", outcome.name().to_string())];
-            fams.add(family).push((labels, Value::Count(n)));
+        for (family, of) in [(m::ACTIONS, Target::Command), (m::WEBHOOKS, Target::Webhook)] {
+            let series = counts.iter().filter(|((target, ..), _)| *target == of).map(|(&(_, kind, outcome), &n)| {
+                (vec![("event", kind.name().to_string()), ("outcome", outcome.name().to_string())], Value::Count(n))
+            });
+            fams.add(family).extend(series);
         }
     }
     fams.add(m::STALE_CALLS_REMOVED).push((vec![], Value::Count(a.stale_calls_removed)));

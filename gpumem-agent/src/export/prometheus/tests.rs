@@ -46,6 +46,7 @@ impl Fixture {
         let mut host = HostMemory { swap_in_bytes: Some(8192), swap_out_bytes: Some(12288), refreshed: true, ..Default::default() };
         host.processes.insert(100, ProcessHost { resident_bytes: 5 * MIB, swap_bytes: 4096 });
         host.cgroups.insert("/kubepods/pod1".into(), CgroupMemory { usage_bytes: 7 * MIB, limit_bytes: Some(64 * MIB) });
+        host.cgroups.insert("/kubepods/pod2".into(), CgroupMemory { usage_bytes: 9 * MIB, limit_bytes: None });
         let scrape = Scrape {
             otlp_pushes: Some((7, 1)),
             actions: Some(actions.into_iter().collect()),
@@ -143,7 +144,8 @@ fn every_catalogued_metric_is_in_the_exposition() {
     f.holder(100, 1);
     let text = f.render();
     for metric in catalog::ALL {
-        assert!(text.contains(&format!("# TYPE {} ", metric.name)), "{} is not rendered", metric.name);
+        let declared = text.matches(&format!("# TYPE {} ", metric.name)).count();
+        assert_eq!(declared, 1, "{} is declared {declared} times", metric.name);
     }
     for (series, value) in [
         ("gpumem_otlp_pushes_total{outcome=\"ok\"} ", "7"),
