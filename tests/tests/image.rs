@@ -195,7 +195,7 @@ fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() 
     // A CUDA OOM on the host: the node is cordoned through the API.
     let mut oom = spawn_workload("oom", &[("GPUMEM_FAKE_CAPACITY", "67108864")]);
     oom.wait().unwrap();
-    let patch = poll(20, "the cordon's PATCH from the image", || api.all().into_iter().next(), &said);
+    let patch = poll(20, "the cordon's PATCH from the image", || api.all().into_iter().next(), said);
     assert_eq!((patch.method.as_str(), patch.path.as_str()), ("PATCH", "/api/v1/nodes/image-node"), "{patch:?}");
     assert_eq!(patch.header("authorization"), Some("Bearer image-token"));
     assert_eq!(patch.json()["spec"]["unschedulable"], true);
