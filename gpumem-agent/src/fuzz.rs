@@ -111,7 +111,7 @@ fn render_all(p: &mut Pipeline, end: &End) {
     let agent = AgentStatus::default();
     let text = prometheus::render(&Scrape::of(p, &view, &agent, 16)).unwrap();
     assert!(text.ends_with("# EOF\n"));
-    top::build(&view, p.state.events, 0, Default::default()).write_text(&mut Vec::new()).unwrap();
+    top::build(&view, &p.host, p.state.events, 0, Default::default()).write_text(&mut Vec::new()).unwrap();
     let data = ReportData { timeline: p.timeline.take().unwrap_or_default(), footer: end.footer.clone(), ..Default::default() };
     data.html().unwrap();
 }

@@ -45,6 +45,11 @@ fn top_once_shows_the_running_workload_per_gpu() {
     assert!(text.contains("GPU 2 Fake GPU Old: 1.0 GiB / 144.0 GiB used, traced 0 B"), "{text}");
     let rows = rows_for(&text, hold.id());
     assert_eq!(rows, [("0".into(), "9.0 MiB".into(), "2".into()), ("1".into(), "2.0 MiB".into(), "1".into())], "{text}");
+    // Its host memory beside its VRAM: resident bytes (TENSORS is "-", then HOST, SWAP).
+    assert!(text.contains(" HOST ") && text.contains(" SWAP "), "{text}");
+    let row = text.lines().find(|l| l.split_whitespace().next() == Some(&hold.id().to_string())).unwrap();
+    let w: Vec<&str> = row.split_whitespace().collect();
+    assert!(w[8].parse::<f64>().is_ok_and(|v| v > 0.0) && w[9].ends_with('B'), "host resident bytes: {row}");
 }
 
 /// A tmux session running one command, read with capture-pane and driven with send-keys.

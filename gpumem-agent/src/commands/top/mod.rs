@@ -116,8 +116,9 @@ impl Top {
 
     fn snapshot(&mut self, ctx: &mut Ctx<'_>) {
         ctx.pipeline.note_kept();
+        ctx.pipeline.refresh_host();
         let view = ctx.pipeline.view(&ViewOptions { now_ns: monotonic_ns(), trend: model::TREND_LEN, ..Default::default() });
-        self.snap = top::build(&view, ctx.pipeline.state.events, ctx.agent.kernel.lost.total(), ctx.pipeline.kept);
+        self.snap = top::build(&view, &ctx.pipeline.host, ctx.pipeline.state.events, ctx.agent.kernel.lost.total(), ctx.pipeline.kept);
         self.snap.sort(self.screen.sort);
     }
 
@@ -240,7 +241,7 @@ impl Output for Top {
 pub fn snapshot(p: &mut crate::pipeline::Pipeline, lost_events: u64) -> Snapshot {
     p.note_kept();
     let view = p.view(&ViewOptions { now_ns: monotonic_ns(), trend: model::TREND_LEN, ..Default::default() });
-    let mut snap = top::build(&view, p.state.events, lost_events, p.kept);
+    let mut snap = top::build(&view, &p.host, p.state.events, lost_events, p.kept);
     snap.sort(Screen::default().sort);
     snap
 }

@@ -46,6 +46,11 @@ pub struct Row {
     /// A process NVML lists whose calls were never traced: `live_bytes` is
     /// NVML's figure, held since before tracing began.
     pub before_tracing: bool,
+    /// Its host memory: resident and swapped out (None: not read).
+    #[serde(default)]
+    pub host_resident_bytes: Option<u64>,
+    #[serde(default)]
+    pub host_swap_bytes: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -96,7 +101,9 @@ pub fn sparkline(values: &[u64]) -> String {
 }
 
 /// The snapshot of a view (live processes only).
-pub fn build(view: &View, events: u64, lost: u64, kept: Kept) -> Snapshot {
+pub fn build(view: &View, host: &crate::pipeline::host::HostMemory, events: u64, lost: u64, kept: Kept) -> Snapshot {
+    let resident = |pid: u32| host.processes.get(&pid).map(|h| h.resident_bytes);
+    let swap = |pid: u32| host.processes.get(&pid).map(|h| h.swap_bytes);
     let rows = view
         .rows
         .iter()
@@ -123,6 +130,8 @@ pub fn build(view: &View, events: u64, lost: u64, kept: Kept) -> Snapshot {
                 format!("{} {result}", api_name(f.api))
             }),
             before_tracing: false,
+            host_resident_bytes: resident(r.pid),
+            host_swap_bytes: swap(r.pid),
         })
         .chain(view.untraced.iter().map(|u| Row {
             pid: u.pid,
@@ -138,6 +147,8 @@ pub fn build(view: &View, events: u64, lost: u64, kept: Kept) -> Snapshot {
             leaking: false,
             last_failure: None,
             before_tracing: true,
+            host_resident_bytes: resident(u.pid),
+            host_swap_bytes: swap(u.pid),
         }))
         .collect();
     let gpus = view
@@ -222,8 +233,8 @@ pub fn gpu_line(g: &GpuHeader) -> String {
 
 pub fn header_line() -> String {
     format!(
-        "{:>7} {:<24} {:<15} {:>3} {:>11} {:>7} {:>11} {:>11} {:<20} {:<16} {}",
-        "PID", "POD/CONTAINER", "COMM", "GPU", "LIVE", "ALLOCS", "TENSORS", "GROWTH", "TREND", "VERDICT", "LAST FAILURE"
+        "{:>7} {:<24} {:<15} {:>3} {:>11} {:>7} {:>11} {:>11} {:>11} {:>11} {:<20} {:<16} {}",
+        "PID", "POD/CONTAINER", "COMM", "GPU", "LIVE", "ALLOCS", "TENSORS", "HOST", "SWAP", "GROWTH", "TREND", "VERDICT", "LAST FAILURE"
     )
 }
 
@@ -234,6 +245,11 @@ pub fn allocs(r: &Row) -> String {
     } else {
         r.allocs.to_string()
     }
+}
+
+/// A host memory column: bytes, or "-" where it was not read.
+pub fn host_bytes(b: Option<u64>) -> String {
+    b.map_or("-".to_string(), bytes)
 }
 
 /// The TENSORS column: live tensor bytes, or "-" where PyTorch's probes did not fire.
@@ -250,7 +266,7 @@ pub fn row_line(r: &Row) -> String {
     let workload: String = r.workload.chars().take(24).collect();
     let comm: String = r.comm.chars().take(15).collect();
     format!(
-        "{:>7} {:<24} {:<15} {:>3} {:>11} {:>7} {:>11} {:>11} {:<20} {:<16} {}",
+        "{:>7} {:<24} {:<15} {:>3} {:>11} {:>7} {:>11} {:>11} {:>11} {:>11} {:<20} {:<16} {}",
         r.pid,
         workload,
         comm,
@@ -258,6 +274,8 @@ pub fn row_line(r: &Row) -> String {
         bytes(r.live_bytes),
         allocs(r),
         allocated(r),
+        host_bytes(r.host_resident_bytes),
+        host_bytes(r.host_swap_bytes),
         growth(r.growth_bytes_per_s),
         sparkline(&r.trend),
         r.verdict,
@@ -287,7 +305,7 @@ mod tests {
         s.apply(&Event { pid: 10, tid: 10, result: 2, size: 1 << 30, ..ev(api::CU_MEM_ALLOC_V2) });
         let mut g = GrowthTracker::default();
         let view = View::build(&s, &mut g, &GpuWatch::default(), &ViewOptions::default());
-        let mut snap = build(&view, s.events, 0, Kept::default());
+        let mut snap = build(&view, &Default::default(), s.events, 0, Kept::default());
         assert_eq!(
             snap.rows.iter().map(|r| (r.pid, r.device, r.live_bytes >> 20)).collect::<Vec<_>>(),
             [(11, 1, 9), (10, 0, 5), (11, 0, 1)]

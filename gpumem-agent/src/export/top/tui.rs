@@ -10,7 +10,7 @@ use ratatui::{
     Frame,
 };
 
-use super::model::{allocated, allocs, device_name, gpu_line, growth, sparkline, Row, Snapshot, SortKey};
+use super::model::{allocated, allocs, device_name, gpu_line, growth, host_bytes, sparkline, Row, Snapshot, SortKey};
 use crate::{
     analysis::leaks::LeakGroup,
     names::{bytes, printable},
@@ -122,13 +122,15 @@ pub fn stack_lines(groups: Option<&[LeakGroup]>) -> Vec<String> {
     lines
 }
 
-const WIDTHS: [Constraint; 11] = [
+const WIDTHS: [Constraint; 13] = [
     Constraint::Length(8),
     Constraint::Length(24),
     Constraint::Length(16),
     Constraint::Length(4),
     Constraint::Length(11),
     Constraint::Length(7),
+    Constraint::Length(11),
+    Constraint::Length(11),
     Constraint::Length(11),
     Constraint::Length(12),
     Constraint::Length(21),
@@ -172,9 +174,22 @@ pub fn draw(f: &mut Frame, snap: &Snapshot, screen: &mut Screen, probes: usize) 
     };
     f.render_widget(Paragraph::new(gpus).block(Block::default().borders(Borders::ALL).title(title.bold())), head);
 
-    let header =
-        TableRow::new(["PID", "POD/CONTAINER", "COMM", "GPU", "LIVE", "ALLOCS", "TENSORS", "GROWTH", "TREND", "VERDICT", "LAST FAILURE"])
-            .style(Style::default().add_modifier(Modifier::BOLD | Modifier::REVERSED));
+    let header = TableRow::new([
+        "PID",
+        "POD/CONTAINER",
+        "COMM",
+        "GPU",
+        "LIVE",
+        "ALLOCS",
+        "TENSORS",
+        "HOST",
+        "SWAP",
+        "GROWTH",
+        "TREND",
+        "VERDICT",
+        "LAST FAILURE",
+    ])
+    .style(Style::default().add_modifier(Modifier::BOLD | Modifier::REVERSED));
     let rows = screen.visible(snap).into_iter().map(table_row);
     if screen.table.selected().is_none() {
         screen.table.select(Some(0));
@@ -209,6 +224,8 @@ fn table_row(r: &Row) -> TableRow<'static> {
         Cell::from(bytes(r.live_bytes)),
         Cell::from(allocs(r)),
         Cell::from(allocated(r)),
+        Cell::from(host_bytes(r.host_resident_bytes)),
+        Cell::from(host_bytes(r.host_swap_bytes)),
         Cell::from(growth(r.growth_bytes_per_s)),
         Cell::from(sparkline(&r.trend)),
         Cell::from(r.verdict.clone()),
