@@ -15,7 +15,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Python frame tests; systemtap-sdt-dev (sys/sdt.h) for the USDT tests;
 /// golang-go for `go tool pprof`, the real reader of the pprof export;
 /// umoci to build the OCI image, runc to run it and the containers of the
-/// container tests, iproute2 for the agent's pod network in the image test.
+/// container tests, iproute2 for the agent's pod network in the image test,
+/// openssl to make the test CA and API server certificate of the kube tests.
 const APT_PACKAGES: &[&str] = &[
     "python3.11",
     "debootstrap",
@@ -37,6 +38,7 @@ const APT_PACKAGES: &[&str] = &[
     "umoci",
     "runc",
     "iproute2",
+    "openssl",
 ];
 
 fn installed(pkg: &str) -> bool {
