@@ -219,3 +219,74 @@ impl Edges {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::{
+        growth::{Finding, Verdict},
+        health::Reason,
+    };
+
+    fn row(pid: u32, finding: Finding) -> Row {
+        let growth = Verdict {
+            leaking: finding == Finding::Leak,
+            verdict: finding,
+            confidence: 1.0,
+            rate_bytes_per_s: 1e6,
+            growth_bytes: 1 << 20,
+            reason: "growing",
+        };
+        Row {
+            pid,
+            comm: "python3".into(),
+            workload: Default::default(),
+            device: 0,
+            exited: false,
+            totals: Default::default(),
+            growth: Some(growth),
+            leak_suspect_bytes: 0,
+            trend: Vec::new(),
+            last_failure: None,
+            events_lost: 0,
+            layout: None,
+            free_blocks: None,
+        }
+    }
+
+    #[test]
+    fn a_growth_verdict_fires_when_it_turns_on_and_again_only_after_it_turned_off() {
+        let mut e = Edges::default();
+        let kinds = |t: Vec<Trigger>| t.into_iter().map(|t| (t.kind, t.pid)).collect::<Vec<_>>();
+        assert_eq!(
+            kinds(e.growth(&[row(1, Finding::Leak), row(2, Finding::CacheGrowth)], 0)),
+            [(TriggerKind::Leak, Some(1)), (TriggerKind::CacheGrowth, Some(2))]
+        );
+        assert_eq!(kinds(e.growth(&[row(1, Finding::Leak), row(2, Finding::CacheGrowth)], 1)), [], "still on: nothing new");
+        assert_eq!(kinds(e.growth(&[row(1, Finding::None)], 2)), []);
+        assert_eq!(kinds(e.growth(&[row(1, Finding::Leak)], 3)), [(TriggerKind::Leak, Some(1))], "on again after off");
+        let mut gone = row(1, Finding::Leak);
+        gone.exited = true;
+        assert_eq!(kinds(e.growth(&[gone], 4)), [], "an exited process does not fire");
+    }
+
+    fn health(level: Level, reasons: &[(&'static str, Level)]) -> Health {
+        let reasons = reasons.iter().map(|&(rule, level)| Reason { rule, level, points: 10, detail: format!("{rule} detail") }).collect();
+        Health { score: 50, level, ecc_corrected_per_hour: Some(60.0), reasons }
+    }
+
+    #[test]
+    fn ecc_rules_and_critical_health_fire_on_their_edges_per_gpu() {
+        let mut e = Edges::default();
+        let kinds = |t: Vec<Trigger>| t.into_iter().map(|t| (t.kind, t.device)).collect::<Vec<_>>();
+        let warn = BTreeMap::from([(1, health(Level::Warning, &[("ecc_corrected_rate", Level::Warning), ("xid", Level::Warning)]))]);
+        assert_eq!(kinds(e.health(&warn, 0)), [(TriggerKind::Ecc, Some(1))], "an ECC rule fires; other rules do not");
+        assert_eq!(kinds(e.health(&warn, 1)), []);
+        // The rate rule rising to critical is a new ECC event, and the GPU turns critical.
+        let crit = BTreeMap::from([(1, health(Level::Critical, &[("ecc_corrected_rate", Level::Critical)]))]);
+        assert_eq!(kinds(e.health(&crit, 2)), [(TriggerKind::Ecc, Some(1)), (TriggerKind::Health, Some(1))]);
+        assert_eq!(kinds(e.health(&crit, 3)), []);
+        let two = BTreeMap::from([(0, health(Level::Critical, &[("ecc_uncorrectable", Level::Critical)])), (1, crit[&1].clone())]);
+        assert_eq!(kinds(e.health(&two, 4)), [(TriggerKind::Ecc, Some(0)), (TriggerKind::Health, Some(0))], "each GPU on its own");
+    }
+}
