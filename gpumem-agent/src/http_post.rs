@@ -3,7 +3,7 @@
 //! terminating TLS.
 use anyhow::{bail, Context as _, Result};
 use http_body_util::{BodyExt as _, Full};
-use hyper::{body::Bytes, Request as HttpRequest};
+use hyper::{body::Bytes, Request as HttpRequest, Request};
 
 /// Where to POST: `http://host[:port][/path]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,21 +41,30 @@ impl Endpoint {
     }
 }
 
+/// Sends one request over `io`, a connected stream (plain or TLS): the
+/// answer's status and body.
+pub async fn exchange<S>(io: S, req: Request<Full<Bytes>>) -> Result<(u16, Bytes)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await?;
+    tokio::spawn(conn);
+    let resp = sender.send_request(req).await?;
+    let status = resp.status().as_u16();
+    Ok((status, resp.into_body().collect().await?.to_bytes()))
+}
+
 /// POSTs one body; the receiver's status when it is a success, else why not.
 pub async fn post(e: &Endpoint, content_type: &str, body: Vec<u8>) -> Result<u16> {
     let stream =
         tokio::net::TcpStream::connect((e.host.as_str(), e.port)).await.with_context(|| format!("connecting to {}", e.authority))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
     let req = HttpRequest::post(e.path.as_str())
         .header(hyper::header::HOST, e.authority.as_str())
         .header(hyper::header::CONTENT_TYPE, content_type)
         .header(hyper::header::USER_AGENT, concat!("gpumem/", env!("CARGO_PKG_VERSION")))
         .body(Full::new(Bytes::from(body)))?;
-    let resp = sender.send_request(req).await?;
-    let status = resp.status().as_u16();
-    if !resp.status().is_success() {
-        let body = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let (status, body) = exchange(stream, req).await?;
+    if !(200..300).contains(&status) {
         bail!("{} answered {status}: {}", e.authority, String::from_utf8_lossy(&body).trim());
     }
     Ok(status)

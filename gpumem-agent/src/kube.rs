@@ -6,8 +6,10 @@
 use std::{path::Path, sync::Arc, time::Duration};
 
 use anyhow::{bail, Context as _, Result};
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::Full;
 use hyper::{body::Bytes, Method, Request};
+
+use crate::http_post;
 
 /// Where a pod's service account credentials are mounted.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -15,10 +17,10 @@ pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceacc
 const TIMEOUT: Duration = Duration::from_secs(15);
 
 pub struct Client {
-    https: bool,
     host: String,
     port: u16,
     token: Option<String>,
+    /// https: the TLS to speak (None: plain http).
     tls: Option<Arc<rustls::ClientConfig>>,
 }
 
@@ -66,7 +68,7 @@ impl Client {
             Err(e) => bail!("cannot read the token {}: {e}", token_path.display()),
         };
         let tls = if https { Some(Arc::new(tls_config(&ca_file.map_or_else(|| sa.join("ca.crt"), Path::to_path_buf))?)) } else { None };
-        Ok(Client { https, host, port, token, tls })
+        Ok(Client { host, port, token, tls })
     }
 
     /// One request; the answer whatever its status.
@@ -93,25 +95,18 @@ impl Client {
             req = req.header(hyper::header::CONTENT_TYPE, c);
         }
         let req = req.body(Full::new(Bytes::from(body)))?;
-        let resp = match (&self.tls, self.https) {
-            (Some(tls), true) => {
+        let (status, body) = match &self.tls {
+            Some(tls) => {
                 let name = rustls::pki_types::ServerName::try_from(self.host.clone()).context("the API server's host name")?;
                 let stream = tokio_rustls::TlsConnector::from(tls.clone())
                     .connect(name, tcp)
                     .await
                     .with_context(|| format!("TLS with the API server {}", self.host))?;
-                let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-                tokio::spawn(conn);
-                sender.send_request(req).await?
+                http_post::exchange(stream, req).await?
             }
-            _ => {
-                let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
-                tokio::spawn(conn);
-                sender.send_request(req).await?
-            }
+            None => http_post::exchange(tcp, req).await?,
         };
-        let status = resp.status().as_u16();
-        let body = resp.into_body().collect().await?.to_bytes().to_vec();
+        let body = body.to_vec();
         Ok(Answer { status, body })
     }
 }
