@@ -354,7 +354,10 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         }
         None => (None, None),
     };
-    let flight = flight_recorder(&args)?;
+    let probing = args.probes.probing();
+    let actions = args.actions.config();
+    let flight = flight_recorder(&args, actions.is_some(), probing.stacks.effective_sample_bytes())?;
+    let node = node_name();
     let (tx, rx) = mpsc::channel(16);
     let mut serve = Serve {
         listener: Some(listener),
@@ -375,11 +378,11 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         otlp: args.otlp_endpoint.clone().map(|e| (e, Duration::from_secs_f64(args.otlp_interval))),
         pushes: Default::default(),
         otlp_task: None,
-        node: node_name(),
-        acting: act::Acting::new(args.actions.config(), node_name(), flight),
+        acting: act::Acting::new(actions, node.clone(), flight),
+        node,
         host_read: None,
     };
-    let mut s = Session::new(args.probes.probing());
+    let mut s = Session::new(probing);
     s.ringbuf_bytes = args.ringbuf_bytes;
     s.pipeline.limits.max_entries = args.max_allocations;
     s.pipeline.growth_samples = GROWTH_SAMPLES;
@@ -406,13 +409,12 @@ fn node_name() -> String {
 }
 
 /// `--flight-recorder`, which only writes when something acts.
-fn flight_recorder(args: &ServeArgs) -> Result<Option<flight::FlightRecorder>> {
+fn flight_recorder(args: &ServeArgs, acting: bool, stack_sample_bytes: u64) -> Result<Option<flight::FlightRecorder>> {
     let Some(window_s) = args.actions.flight_recorder else { return Ok(None) };
-    if args.actions.config().is_none() {
+    if !acting {
         anyhow::bail!("--flight-recorder writes its window when an action fires: add --action EVENT=COMMAND or --webhook URL");
     }
-    let sample_bytes = args.probes.probing().stacks.effective_sample_bytes();
-    Ok(Some(flight::FlightRecorder::new(window_s, args.actions.flight_dir.clone(), sample_bytes)))
+    Ok(Some(flight::FlightRecorder::new(window_s, args.actions.flight_dir.clone(), stack_sample_bytes)))
 }
 
 fn router(requests: mpsc::Sender<Request>) -> Router {
