@@ -165,8 +165,7 @@ impl Actions {
     /// counted as rate_limited). Asked before the event is built, so that a
     /// burst costs the event path nothing.
     pub fn admit(&mut self, kind: TriggerKind) -> bool {
-        let hooks = self.config.hooks.iter().any(|h| h.kind == kind);
-        let webhooks = !self.config.webhooks.is_empty();
+        let (hooks, webhooks) = self.targets(kind);
         if !hooks && !webhooks {
             return false;
         }
@@ -188,13 +187,24 @@ impl Actions {
             self.say_dry_run(kind, &json);
             return;
         }
-        let hooks = self.config.hooks.iter().any(|h| h.kind == kind);
+        let (hooks, _) = self.targets(kind);
         for (target, tx) in [(Target::Command, self.commands.as_ref().filter(|_| hooks)), (Target::Webhook, self.webhooks.as_ref())] {
             let Some(tx) = tx else { continue };
             if tx.try_send(Job { kind, json: json.clone() }).is_err() {
                 self.counts.add(target, kind, Outcome::QueueFull);
             }
         }
+    }
+
+    /// Whether commands subscribe to `kind`, and whether webhooks (which get every kind) are there.
+    fn targets(&self, kind: TriggerKind) -> (bool, bool) {
+        (self.config.hooks.iter().any(|h| h.kind == kind), !self.config.webhooks.is_empty())
+    }
+
+    /// Whether anything acts on `kind`.
+    pub fn acts_on(&self, kind: TriggerKind) -> bool {
+        let (hooks, webhooks) = self.targets(kind);
+        hooks || webhooks
     }
 
     /// The kinds commands subscribe to, and whether webhooks get every kind.

@@ -56,7 +56,10 @@ impl Acting {
         if let Some(f) = self.flight.as_mut() {
             match f.snapshot(ctx.pipeline, t.kind.name(), ctx.agent.kernel.lost.clone()) {
                 Ok(path) => {
-                    eprintln!("gpumem: flight recorder: {} written for {}", path.display(), t.kind.name());
+                    // What the full ring let go before its time is said, not lost silently.
+                    let fell_out =
+                        if f.dropped > 0 { format!(" ({} items fell out of the full ring so far)", f.dropped) } else { String::new() };
+                    eprintln!("gpumem: flight recorder: {} written for {}{fell_out}", path.display(), t.kind.name());
                     event.recording = Some(path.display().to_string());
                 }
                 Err(e) => eprintln!("gpumem: flight recorder: {e:#}"),
@@ -66,10 +69,7 @@ impl Acting {
     }
 
     fn wants(&self, kinds: &[TriggerKind]) -> bool {
-        self.actions.as_ref().is_some_and(|a| {
-            let (hooked, webhooks) = a.subscribed();
-            webhooks || kinds.iter().any(|k| hooked.contains(k))
-        })
+        self.actions.as_ref().is_some_and(|a| kinds.iter().any(|&k| a.acts_on(k)))
     }
 
     /// A CUDA OOM or host OOM kill among the applied events (each event
@@ -117,8 +117,7 @@ impl Acting {
         if !self.wants(&[TriggerKind::Ecc, TriggerKind::Health]) {
             return;
         }
-        let health = ctx.pipeline.gpus.health.clone();
-        for t in self.edges.health(&health, monotonic_ns()) {
+        for t in self.edges.health(&ctx.pipeline.gpus.health, monotonic_ns()) {
             self.act(ctx, t);
         }
     }
