@@ -20,6 +20,8 @@ pub struct ProcessHost {
 pub struct CgroupMemory {
     pub usage_bytes: u64,
     pub limit_bytes: Option<u64>,
+    /// A traced process in it (whose container and pod name it).
+    pub pid: u32,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -72,7 +74,7 @@ impl HostMemory {
                     .ok()
                     .filter(|l| crate::state::container::is_limited(l.trim()))
                     .and_then(|l| l.trim().parse().ok());
-                self.cgroups.insert(path.clone(), CgroupMemory { usage_bytes: usage, limit_bytes: limit });
+                self.cgroups.insert(path.clone(), CgroupMemory { usage_bytes: usage, limit_bytes: limit, pid });
             }
         }
         let swap = procfs::swap_bytes_since_boot();

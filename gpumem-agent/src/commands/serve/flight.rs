@@ -41,7 +41,6 @@ pub struct FlightRecorder {
     pub dropped: u64,
     session_start_ns: u64,
     stack_sample_bytes: u64,
-    pub written: u64,
 }
 
 impl FlightRecorder {
@@ -53,7 +52,6 @@ impl FlightRecorder {
             dropped: 0,
             session_start_ns: monotonic_ns(),
             stack_sample_bytes,
-            written: 0,
         }
     }
 
@@ -111,7 +109,6 @@ impl FlightRecorder {
         let tmp = path.with_extension("partial");
         self.write(&tmp, p, since, now, lost).with_context(|| format!("writing {}", tmp.display()))?;
         std::fs::rename(&tmp, &path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-        self.written += 1;
         Ok(path)
     }
 

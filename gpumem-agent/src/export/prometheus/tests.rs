@@ -45,8 +45,8 @@ impl Fixture {
             [((Target::Command, TriggerKind::CudaOom, Outcome::Ok), 2), ((Target::Webhook, TriggerKind::CudaOom, Outcome::RateLimited), 3)];
         let mut host = HostMemory { swap_in_bytes: Some(8192), swap_out_bytes: Some(12288), refreshed: true, ..Default::default() };
         host.processes.insert(100, ProcessHost { resident_bytes: 5 * MIB, swap_bytes: 4096 });
-        host.cgroups.insert("/kubepods/pod1".into(), CgroupMemory { usage_bytes: 7 * MIB, limit_bytes: Some(64 * MIB) });
-        host.cgroups.insert("/kubepods/pod2".into(), CgroupMemory { usage_bytes: 9 * MIB, limit_bytes: None });
+        host.cgroups.insert("/kubepods/pod1".into(), CgroupMemory { usage_bytes: 7 * MIB, limit_bytes: Some(64 * MIB), pid: 100 });
+        host.cgroups.insert("/kubepods/pod2".into(), CgroupMemory { usage_bytes: 9 * MIB, limit_bytes: None, pid: 100 });
         let scrape = Scrape {
             otlp_pushes: Some((7, 1)),
             actions: Some(actions.into_iter().collect()),
