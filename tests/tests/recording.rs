@@ -77,11 +77,11 @@ fn damaged_recordings_give_clear_errors_and_what_was_readable() {
     assert!(stderr.contains("damaged at byte") && stderr.contains("checksum mismatch"), "{stderr}");
     // A newer format, and a file that is not a recording: refused, nothing misread.
     let mut newer = full.clone();
-    newer[8] = 2;
+    newer[8] = 3;
     let (code, stdout, stderr) = replay("newer.gpumemrec", &newer);
     assert_eq!(code, Some(1));
     assert!(stdout.is_empty());
-    assert!(stderr.contains("recording format version 2 is newer than this gpumem reads (1)"), "{stderr}");
+    assert!(stderr.contains("recording format version 3 is newer than this gpumem reads (2)"), "{stderr}");
     let (code, stdout, stderr) = replay("not-a-recording.gpumemrec", b"{\"type\":\"summary\"}\n");
     assert_eq!(code, Some(1));
     assert!(stdout.is_empty());

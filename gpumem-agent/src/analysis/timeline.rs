@@ -1,12 +1,15 @@
 //! A session over time, for reports: each process's live bytes per device
-//! at every change, marks for OOMs and XIDs, NVML readings, and the sizes of
-//! successful allocations. Built event by event by the pipeline.
+//! at every change, marks for OOMs and XIDs, NVML readings, the sizes of
+//! successful allocations, and the host side (resident, swapped-out and
+//! pinned host memory per process, the node's swap, the containers' memory
+//! cgroups) on the same clock. Built event by event by the pipeline.
 use std::collections::BTreeMap;
 
 use gpumem_common::Event;
 
 use super::distributions::{size_bucket, Observation};
 use crate::{
+    pipeline::host::HostMemory,
     record::{NvmlPoint, XidPoint},
     state::{Applied, State},
 };
@@ -41,6 +44,16 @@ pub struct Mark {
     pub kind: MarkKind,
 }
 
+/// A container's memory cgroup over time.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CgroupSeries {
+    /// A traced process in it (whose container names it).
+    pub pid: u32,
+    pub usage: Vec<(f64, u64)>,
+    /// The limit at the last reading (None: unlimited).
+    pub limit: Option<u64>,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Timeline {
     /// (pid, device) → (seconds into the session, live bytes), at each change.
@@ -51,6 +64,15 @@ pub struct Timeline {
     pub marks: Vec<Mark>,
     pub nvml: Vec<NvmlPoint>,
     pub xids: Vec<XidPoint>,
+    /// Pinned host bytes each process held, at each change.
+    pub pinned: BTreeMap<u32, Vec<(f64, u64)>>,
+    /// Host memory readings: each process's resident and swapped-out bytes.
+    pub resident: BTreeMap<u32, Vec<(f64, u64)>>,
+    pub swapped: BTreeMap<u32, Vec<(f64, u64)>>,
+    /// The node's swap counters at each reading: (seconds, bytes in, bytes out since boot).
+    pub node_swap: Vec<(f64, u64, u64)>,
+    /// The traced containers' memory cgroups, by path.
+    pub cgroups: BTreeMap<String, CgroupSeries>,
     /// Successful allocations per size bucket (see `size_bucket`): bound → count.
     pub size_buckets: BTreeMap<u64, u64>,
     pub events: u64,
@@ -66,7 +88,7 @@ impl Timeline {
     }
 
     fn point(&mut self, pid: u32, device: i32, t: f64, bytes: u64) {
-        point(&mut self.series, (pid, device), t, bytes);
+        point(self.series.entry((pid, device)).or_default(), t, bytes);
     }
 
     /// One applied event (`state` as it is after it).
@@ -86,10 +108,13 @@ impl Timeline {
         if !p.comm.is_empty() && self.comm.get(&ev.pid) != Some(&p.comm) {
             self.comm.insert(ev.pid, p.comm.clone());
         }
+        if p.held.pinned.bytes > 0 || self.pinned.contains_key(&ev.pid) {
+            point(self.pinned.entry(ev.pid).or_default(), t, p.held.pinned.bytes);
+        }
         for (&device, totals) in &p.held.devices {
             self.point(ev.pid, device, t, totals.live_bytes);
             if p.tensor_probes {
-                point(&mut self.allocated, (ev.pid, device), t, totals.allocated_bytes);
+                point(self.allocated.entry((ev.pid, device)).or_default(), t, totals.allocated_bytes);
             }
         }
         // A device the process no longer holds memory on (freed, exited) reads 0.
@@ -101,8 +126,8 @@ impl Timeline {
             .collect();
         for device in gone {
             self.point(ev.pid, device, t, 0);
-            if self.allocated.contains_key(&(ev.pid, device)) {
-                point(&mut self.allocated, (ev.pid, device), t, 0);
+            if let Some(s) = self.allocated.get_mut(&(ev.pid, device)) {
+                point(s, t, 0);
             }
         }
     }
@@ -111,16 +136,41 @@ impl Timeline {
         self.nvml.push(p);
     }
 
+    /// A reading of the host memory, `t_s` into the session. A process
+    /// missing from it (it exited) reads 0 from then on.
+    pub fn host(&mut self, t_s: f64, h: &HostMemory) {
+        for (&pid, p) in &h.processes {
+            point(self.resident.entry(pid).or_default(), t_s, p.resident_bytes);
+            point(self.swapped.entry(pid).or_default(), t_s, p.swap_bytes);
+        }
+        for (pid, s) in self.resident.iter_mut().chain(self.swapped.iter_mut()) {
+            if !h.processes.contains_key(pid) {
+                point(s, t_s, 0);
+            }
+        }
+        if let (Some(i), Some(o)) = (h.swap_in_bytes, h.swap_out_bytes) {
+            self.node_swap.push((t_s, i, o));
+            if self.node_swap.len() > MAX_POINTS {
+                self.node_swap = self.node_swap.iter().copied().step_by(2).collect();
+            }
+        }
+        for (path, c) in &h.cgroups {
+            let s = self.cgroups.entry(path.clone()).or_insert_with(|| CgroupSeries { pid: c.pid, ..Default::default() });
+            point(&mut s.usage, t_s, c.usage_bytes);
+            s.limit = c.limit_bytes;
+        }
+    }
+
     pub fn xid(&mut self, x: XidPoint) {
         self.marks.push(Mark { t_s: x.t_s, device: Some(x.gpu as i32), kind: MarkKind::Xid { xid: x.xid } });
         self.xids.push(x);
     }
 
-    /// Puts event times on the session's clock (NVML and XID times count
-    /// from its start), and the marks in time order.
+    /// Puts event times on the session's clock (NVML, XID and host times
+    /// count from its start), and the marks in time order.
     pub fn align(&mut self, started_ns: u64) {
         let offset = self.first_ns.map_or(0.0, |f| f.saturating_sub(started_ns) as f64 / 1e9);
-        for s in self.series.values_mut().chain(self.allocated.values_mut()) {
+        for s in self.series.values_mut().chain(self.allocated.values_mut()).chain(self.pinned.values_mut()) {
             for p in s.iter_mut() {
                 p.0 += offset;
             }
@@ -143,8 +193,7 @@ impl Timeline {
 
 /// A point of a series, kept only where the bytes changed; a long series
 /// is thinned to every other point.
-fn point(series: &mut BTreeMap<(u32, i32), Vec<(f64, u64)>>, key: (u32, i32), t: f64, bytes: u64) {
-    let s = series.entry(key).or_default();
+fn point(s: &mut Vec<(f64, u64)>, t: f64, bytes: u64) {
     if s.last().is_some_and(|&(_, b)| b == bytes) {
         return;
     }
@@ -178,14 +227,39 @@ mod tests {
         feed(Event { ts_ns: 1_000_000_000, handle: 0xc, device: 0, ..ev(api::CU_DEVICE_PRIMARY_CTX_RETAIN) });
         feed(Event { ts_ns: 1_000_000_000, handle: 0xc, ..ev(api::CU_CTX_SET_CURRENT) });
         feed(Event { ts_ns: 1_500_000_000, addr: 1, size: 3 << 20, ..ev(api::CU_MEM_ALLOC_V2) });
+        feed(Event { ts_ns: 1_600_000_000, addr: 0x7f00_0000, size: 1 << 20, ..ev(api::CU_MEM_HOST_ALLOC) });
         feed(Event { ts_ns: 2_000_000_000, result: 2, size: 1 << 30, ..ev(api::CU_MEM_ALLOC_V2) });
         feed(Event { ts_ns: 3_000_000_000, ..ev(api::PROCESS_EXIT) });
         assert_eq!(t.series[&(100, 0)], [(0.5, 3 << 20), (2.0, 0)]);
+        let pinned: Vec<u64> = t.pinned[&100].iter().map(|p| p.1).collect();
+        assert_eq!(pinned, [1 << 20, 0], "pinned host memory, freed at exit");
         assert_eq!(t.size_buckets.get(&(4 << 20)), Some(&1));
         assert_eq!(t.marks.len(), 1);
         t.align(0);
         assert_eq!(t.series[&(100, 0)][0].0, 1.5, "on the session's clock");
+        assert_eq!(t.pinned[&100][0].0, 1.6);
         assert_eq!(t.marks[0].t_s, 2.0);
         assert_eq!(t.devices(), [0]);
+    }
+
+    #[test]
+    fn host_readings_are_series_on_the_session_clock_and_an_exited_process_reads_zero() {
+        use crate::pipeline::host::{CgroupMemory, ProcessHost};
+        let mut t = Timeline::default();
+        let mut h = HostMemory { swap_in_bytes: Some(0), swap_out_bytes: Some(4096), ..Default::default() };
+        h.processes.insert(7, ProcessHost { resident_bytes: 10 << 20, swap_bytes: 0 });
+        h.cgroups.insert("/pod".into(), CgroupMemory { usage_bytes: 1 << 20, limit_bytes: Some(1 << 30), pid: 7 });
+        t.host(1.0, &h);
+        h.processes.insert(7, ProcessHost { resident_bytes: 12 << 20, swap_bytes: 4096 });
+        t.host(2.0, &h);
+        h.processes.clear();
+        t.host(3.0, &h);
+        t.host(4.0, &h);
+        assert_eq!(t.resident[&7], [(1.0, 10 << 20), (2.0, 12 << 20), (3.0, 0)]);
+        assert_eq!(t.swapped[&7], [(1.0, 0), (2.0, 4096), (3.0, 0)]);
+        assert_eq!(t.node_swap.len(), 4);
+        assert_eq!(t.cgroups["/pod"], CgroupSeries { pid: 7, usage: vec![(1.0, 1 << 20)], limit: Some(1 << 30) });
+        t.align(0);
+        assert_eq!(t.resident[&7][0].0, 1.0, "host readings are on the session's clock already");
     }
 }

@@ -1,6 +1,7 @@
 //! `gpumem record`, and `--record` on trace and leaks: the session written
 //! to a file as it happens (events, their stacks symbolized, lookups,
-//! growth samples, NVML readings and XIDs), finished with its footer.
+//! growth samples, NVML readings, XIDs and host-memory readings), finished
+//! with its footer.
 use std::{
     convert::Infallible,
     fs::File,
@@ -18,12 +19,13 @@ use crate::{
     clock::monotonic_ns,
     nvml,
     pipeline::Outcome,
-    record::{Header, NvmlPoint, Writer, XidPoint},
+    record::{Header, HostPoint, NvmlPoint, Writer, XidPoint},
     runtime::{self, Ctx, End, Flow, Output, Session},
 };
 
-/// How often NVML is read while recording.
+/// How often NVML and the host memory are read while recording.
 const NVML_RECORD_INTERVAL: Duration = Duration::from_secs(1);
+const HOST_RECORD_INTERVAL: Duration = Duration::from_secs(1);
 
 pub struct Recorder {
     writer: Option<Writer<File>>,
@@ -33,11 +35,12 @@ pub struct Recorder {
 }
 
 /// What a recorded session needs of the runtime: lookups kept for the file,
-/// growth samples, NVML every second and at the end.
+/// growth samples, NVML and the host memory every second, NVML at the end.
 pub fn prepare(s: &mut Session) {
     s.record_lookups = true;
     s.growth_every = Some(GROWTH_SAMPLE_INTERVAL);
     s.nvml_every = NVML_RECORD_INTERVAL;
+    s.host_every = Some(HOST_RECORD_INTERVAL);
     s.reconcile_at_end = true;
 }
 
@@ -91,6 +94,11 @@ impl Output for Recorder {
 
     fn sampled(&mut self, _: &mut Ctx<'_>, t_s: f64) -> Result<()> {
         self.write(|w| w.tick(t_s))
+    }
+
+    fn host(&mut self, ctx: &mut Ctx<'_>, t_s: f64) -> Result<()> {
+        let point = HostPoint { t_s, host: ctx.pipeline.host.clone() };
+        self.write(|w| w.host(&point))
     }
 
     fn nvml(&mut self, _: &mut Ctx<'_>, m: &nvml::Message, t_s: f64) -> Result<()> {

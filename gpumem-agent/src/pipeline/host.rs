@@ -16,7 +16,7 @@ pub struct ProcessHost {
 }
 
 /// A memory cgroup's usage and limit, bytes (None: no limit).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CgroupMemory {
     pub usage_bytes: u64,
     pub limit_bytes: Option<u64>,
@@ -24,7 +24,8 @@ pub struct CgroupMemory {
     pub pid: u32,
 }
 
-#[derive(Clone, Debug, Default)]
+/// What one refresh read (a recording's host frame holds one).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HostMemory {
     /// Live traced processes, by pid.
     pub processes: BTreeMap<u32, ProcessHost>,
@@ -34,6 +35,7 @@ pub struct HostMemory {
     /// The memory cgroups of traced processes' containers, by cgroup path.
     pub cgroups: BTreeMap<String, CgroupMemory>,
     /// Whether it was ever refreshed (what outputs show before is nothing, not zeros).
+    #[serde(skip)]
     pub refreshed: bool,
 }
 

@@ -21,7 +21,7 @@ use crate::{
     },
     events::Kind,
     nvml,
-    record::{NvmlPoint, XidPoint},
+    record::{HostPoint, NvmlPoint, XidPoint},
     stacks::{StackId, Stacks},
     state::{container::ContainerInfo, Applied, Limits, State},
 };
@@ -343,7 +343,6 @@ impl Pipeline {
         }
     }
 
-    /// Where things stand now.
     /// Reads the host memory of the live traced processes again (live only).
     pub fn refresh_host(&mut self) {
         if self.lookups.is_live() {
@@ -351,6 +350,26 @@ impl Pipeline {
         }
     }
 
+    /// A session's reading of the host memory, `t_s` into it: read now
+    /// (live) and kept on the timeline.
+    pub fn sample_host(&mut self, t_s: f64) {
+        self.refresh_host();
+        if let Some(t) = self.timeline.as_mut() {
+            t.host(t_s, &self.host);
+        }
+    }
+
+    /// A reading of the host memory from a recording: what the outputs show
+    /// as the host's, and a point of the timeline.
+    pub fn recorded_host(&mut self, p: HostPoint) {
+        self.host = p.host;
+        self.host.refreshed = true;
+        if let Some(t) = self.timeline.as_mut() {
+            t.host(p.t_s, &self.host);
+        }
+    }
+
+    /// Where things stand now.
     pub fn view(&mut self, o: &ViewOptions) -> View {
         let mut v = View::build(&self.state, &mut self.growth, &self.gpus, o);
         v.untraced = view::untraced(&self.state, &v.reconciliation, &self.untraced, self.untraced_scope.as_deref());

@@ -5,7 +5,8 @@
 //!
 //! Layout: `GPUMEMRC`, format version (u16 LE), 2 reserved bytes; then
 //! frames `tag u8 | length u32 LE | payload | CRC-32 (u32 LE) of tag, length
-//! and payload`. Events are the kernel ABI's 88 bytes plus a stack id (u64);
+//! and payload`. Version 2 added host-memory frames; version 1 files (which
+//! have none) are read as they are. Events are the kernel ABI's 88 bytes plus a stack id (u64);
 //! everything else is JSON. A reader stops at the first damaged frame and
 //! says where, keeping everything before it.
 mod reader;
@@ -27,8 +28,10 @@ pub use reader::Reader;
 pub use writer::Writer;
 
 pub const MAGIC: &[u8; 8] = b"GPUMEMRC";
-/// Bump on any change of a frame's layout or meaning.
-pub const VERSION: u16 = 1;
+/// Bump on any change of a frame's layout or meaning, or a new kind of frame.
+pub const VERSION: u16 = 2;
+/// The oldest version still read (a subset of this one's frames).
+pub const OLDEST_READ: u16 = 1;
 /// Largest frame payload accepted: a bound against reading garbage lengths.
 const MAX_PAYLOAD: u32 = 64 << 20;
 
@@ -41,6 +44,7 @@ pub(crate) mod tag {
     pub const FOOTER: u8 = 6;
     pub const NVML: u8 = 7;
     pub const XID: u8 = 8;
+    pub const HOST: u8 = 9;
 }
 
 /// What the session was.
@@ -118,6 +122,14 @@ pub struct XidPoint {
     pub xid: u64,
 }
 
+/// The host memory of the traced processes, the node's swap counters and
+/// the containers' memory cgroups, as read `t_s` seconds into the session.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct HostPoint {
+    pub t_s: f64,
+    pub host: crate::pipeline::host::HostMemory,
+}
+
 /// How the session ended: what a report needs besides the events.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Footer {
@@ -165,6 +177,7 @@ pub enum Record {
     Tick(f64),
     Nvml(NvmlPoint),
     Xid(XidPoint),
+    Host(HostPoint),
     Footer(Footer),
 }
 
@@ -182,8 +195,8 @@ pub enum ReadError {
     NotARecording,
     #[error("recording format version {found} is newer than this gpumem reads ({supported}); replay it with the gpumem version that wrote it or a newer one")]
     NewerVersion { found: u16, supported: u16 },
-    #[error("recording format version {found} is no longer read by this gpumem (it reads {supported})")]
-    OlderVersion { found: u16, supported: u16 },
+    #[error("recording format version {found} is no longer read by this gpumem (it reads {oldest} and newer); replay it with the gpumem version that wrote it")]
+    OlderVersion { found: u16, oldest: u16 },
     #[error("recording truncated at byte {offset} (after {events} events): it ends inside a frame; the session was not finished")]
     Truncated { offset: u64, events: u64 },
     #[error("recording damaged at byte {offset} (after {events} events): {why}")]

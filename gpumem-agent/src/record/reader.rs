@@ -8,7 +8,7 @@ use std::{
 use gpumem_common::{Event, EVENT_SIZE};
 use serde::Deserialize;
 
-use super::{tag, FrameError, ReadError, Record, StackJson, MAGIC, MAX_PAYLOAD, VERSION};
+use super::{tag, FrameError, ReadError, Record, StackJson, MAGIC, MAX_PAYLOAD, OLDEST_READ, VERSION};
 
 pub struct Reader<R: Read> {
     input: BufReader<R>,
@@ -53,8 +53,8 @@ impl<R: Read> Reader<R> {
         if found > VERSION {
             return Err(ReadError::NewerVersion { found, supported: VERSION });
         }
-        if found < VERSION {
-            return Err(ReadError::OlderVersion { found, supported: VERSION });
+        if found < OLDEST_READ {
+            return Err(ReadError::OlderVersion { found, oldest: OLDEST_READ });
         }
         Ok(Reader { input, crc: crc32fast::Hasher::new(), payload: Vec::new(), offset: 12, events: 0, done: false })
     }
@@ -149,6 +149,7 @@ fn decode(tag: u8, payload: &[u8]) -> Result<Record, FrameError> {
         tag::FOOTER => Record::Footer(json("footer", payload)?),
         tag::NVML => Record::Nvml(json("NVML", payload)?),
         tag::XID => Record::Xid(json("XID", payload)?),
+        tag::HOST => Record::Host(json("host memory", payload)?),
         other => return Err(FrameError::UnknownTag(other)),
     })
 }

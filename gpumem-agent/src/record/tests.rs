@@ -26,7 +26,18 @@ fn sample() -> Vec<u8> {
         w.event(&Event { addr: i, size: 4096, ..ev(api::CU_MEM_ALLOC_V2) }, (i == 1).then_some(77)).unwrap();
     }
     w.tick(0.1).unwrap();
+    w.host(&host_point()).unwrap();
     w.finish(&Footer { duration_s: 1.5, ..Default::default() }).unwrap()
+}
+
+fn host_point() -> HostPoint {
+    let mut host = crate::pipeline::host::HostMemory { swap_in_bytes: Some(4096), swap_out_bytes: None, ..Default::default() };
+    host.processes.insert(100, crate::pipeline::host::ProcessHost { resident_bytes: 5 << 20, swap_bytes: 8192 });
+    host.cgroups.insert(
+        "/kubepods/pod1".into(),
+        crate::pipeline::host::CgroupMemory { usage_bytes: 3 << 20, limit_bytes: Some(1 << 30), pid: 100 },
+    );
+    HostPoint { t_s: 0.5, host }
 }
 
 fn read_all(bytes: &[u8]) -> (Vec<Record>, Option<ReadError>) {
@@ -48,13 +59,14 @@ fn read_all(bytes: &[u8]) -> (Vec<Record>, Option<ReadError>) {
 fn round_trip() {
     let (recs, err) = read_all(&sample());
     assert!(err.is_none(), "{err:?}");
-    assert_eq!(recs.len(), 7);
+    assert_eq!(recs.len(), 8);
     assert_eq!(recs[2], Record::Event { event: Event { addr: 0, size: 4096, ..ev(api::CU_MEM_ALLOC_V2) }, stack: None });
     assert_eq!(recs[3], Record::Event { event: Event { addr: 1, size: 4096, ..ev(api::CU_MEM_ALLOC_V2) }, stack: Some(77) });
     let Record::Lookup(l) = &recs[1] else { panic!() };
     assert_eq!(l.container.as_ref().unwrap().qos, Some("burstable"));
     assert_eq!(recs[5], Record::Tick(0.1));
-    assert!(matches!(&recs[6], Record::Footer(f) if f.duration_s == 1.5));
+    assert_eq!(recs[6], Record::Host(host_point()), "pids (map keys) survive JSON");
+    assert!(matches!(&recs[7], Record::Footer(f) if f.duration_s == 1.5));
 }
 
 #[test]
@@ -92,7 +104,15 @@ fn other_versions_and_other_files_are_refused_clearly() {
     newer[8] = 9;
     let (_, err) = read_all(&newer);
     let msg = err.unwrap().to_string();
-    assert!(msg.contains("version 9 is newer than this gpumem reads (1)"), "{msg}");
+    assert!(msg.contains("version 9 is newer than this gpumem reads (2)"), "{msg}");
+    // Version 1 (before host frames) is read; nothing older was ever written.
+    let mut v1 = sample();
+    v1[8] = 1;
+    assert!(read_all(&v1).1.is_none());
+    let mut v0 = sample();
+    v0[8] = 0;
+    let msg = read_all(&v0).1.unwrap().to_string();
+    assert!(msg.contains("version 0 is no longer read by this gpumem (it reads 1 and newer)"), "{msg}");
     let (_, err) = read_all(b"{\"type\":\"summary\"}");
     assert!(matches!(err, Some(ReadError::NotARecording)));
     let (_, err) = read_all(b"");

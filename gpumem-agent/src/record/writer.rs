@@ -8,7 +8,7 @@ use std::{
 use gpumem_common::{Event, EVENT_SIZE};
 use serde::Serialize;
 
-use super::{tag, Footer, Header, Lookup, NvmlPoint, StackJson, XidPoint, MAGIC, MAX_PAYLOAD, VERSION};
+use super::{tag, Footer, Header, HostPoint, Lookup, NvmlPoint, StackJson, XidPoint, MAGIC, MAX_PAYLOAD, VERSION};
 use crate::stacks::{Frame, StackId};
 
 pub struct Writer<W: Write> {
@@ -89,6 +89,10 @@ impl<W: Write> Writer<W> {
 
     pub fn xid(&mut self, x: &XidPoint) -> io::Result<()> {
         self.json(tag::XID, x)
+    }
+
+    pub fn host(&mut self, h: &HostPoint) -> io::Result<()> {
+        self.json(tag::HOST, h)
     }
 
     pub fn tick(&mut self, t_s: f64) -> io::Result<()> {

@@ -182,6 +182,8 @@ impl<'o, O: Output> Live<'o, O> {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + maintenance::EVERY, maintenance::EVERY);
         let sampling = self.s.growth_every.is_some();
         let mut growth = tokio::time::interval(self.s.growth_every.unwrap_or(Duration::MAX / 4));
+        let reading_host = self.s.host_every.is_some();
+        let mut host = tokio::time::interval(self.s.host_every.unwrap_or(Duration::MAX / 4));
         let deadline = self.s.duration.map(|d| tokio::time::Instant::now() + d);
         loop {
             let stop = tokio::select! {
@@ -191,6 +193,10 @@ impl<'o, O: Output> Live<'o, O> {
                 }
                 _ = tick.tick() => self.tick()?,
                 _ = growth.tick(), if sampling => self.sample()?.stopped(Ended::ByOutput),
+                _ = host.tick(), if reading_host => {
+                    self.read_host()?;
+                    None
+                }
                 Some(m) = recv(&mut self.nvml_rx) => {
                     self.nvml_message(m)?;
                     None
@@ -288,6 +294,12 @@ impl<'o, O: Output> Live<'o, O> {
         self.pipeline.sample_growth(t);
         self.out.sampled(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s: t }, t)?;
         Ok(Flow::Continue)
+    }
+
+    fn read_host(&mut self) -> Result<()> {
+        let t = self.elapsed_s();
+        self.pipeline.sample_host(t);
+        self.out.host(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s: t }, t)
     }
 
     /// What is in the ring counts for the answer, and so does a fresh status.

@@ -81,6 +81,9 @@ pub struct Session {
     /// Live bytes sampled for the growth detector this often; None: not sampled.
     pub growth_every: Option<Duration>,
     pub nvml_every: Duration,
+    /// The traced processes' host memory (and the node's swap, their
+    /// cgroups') read this often; None: not read by the session.
+    pub host_every: Option<Duration>,
     /// The kernel log XIDs are read from where NVML's events are not
     /// available (serve's --kmsg); None: not read.
     pub kmsg: Option<std::path::PathBuf>,
@@ -112,6 +115,7 @@ impl Session {
             forget_after: None,
             growth_every: None,
             nvml_every: Duration::from_secs(1),
+            host_every: None,
             kmsg: None,
             reconcile_at_end: false,
             announce: true,
@@ -186,6 +190,11 @@ pub trait Output {
         Ok(())
     }
 
+    /// The host memory was read (`ctx.pipeline.host`), `t_s` into the session.
+    fn host(&mut self, _ctx: &mut Ctx<'_>, _t_s: f64) -> Result<()> {
+        Ok(())
+    }
+
     /// The maintenance tick ran.
     fn tick(&mut self, _ctx: &mut Ctx<'_>) -> Result<Flow> {
         Ok(Flow::Continue)
@@ -243,6 +252,11 @@ impl<A: Output, B: Output> Output for (A, B) {
     fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &nvml::Message, t_s: f64) -> Result<()> {
         self.1.nvml(ctx, m, t_s)?;
         self.0.nvml(ctx, m, t_s)
+    }
+
+    fn host(&mut self, ctx: &mut Ctx<'_>, t_s: f64) -> Result<()> {
+        self.1.host(ctx, t_s)?;
+        self.0.host(ctx, t_s)
     }
 
     fn tick(&mut self, ctx: &mut Ctx<'_>) -> Result<Flow> {

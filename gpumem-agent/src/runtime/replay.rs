@@ -1,6 +1,6 @@
 //! A recording fed through the same pipeline and outputs as a live
 //! session: stacks and lookups as recorded, growth samples where they were
-//! taken, NVML readings and XIDs where they came.
+//! taken, NVML readings, XIDs and host-memory readings where they came.
 use std::{io::Read, process::ExitCode};
 
 use anyhow::Result;
@@ -46,6 +46,11 @@ pub fn replay<R: Read, O: Output>(reader: &mut Reader<R>, options: pipeline::Opt
             }
             Ok(Record::Nvml(p)) => ctx.pipeline.recorded_nvml(p),
             Ok(Record::Xid(x)) => ctx.pipeline.recorded_xid(x),
+            Ok(Record::Host(h)) => {
+                let t = h.t_s;
+                ctx.pipeline.recorded_host(h);
+                out.host(&mut ctx, t)?;
+            }
             Ok(Record::Footer(f)) => footer = Some(f),
             Err(e) => {
                 damage = Some(e);

@@ -112,6 +112,13 @@ impl Acting {
         }
     }
 
+    /// A reading of the host memory, kept in the window.
+    pub fn host(&mut self, ctx: &mut Ctx<'_>, t_s: f64) {
+        if let Some(f) = self.flight.as_mut() {
+            f.host(&ctx.pipeline.host, t_s);
+        }
+    }
+
     /// ECC rules and health levels after the readings the pipeline took.
     pub fn tick(&mut self, ctx: &mut Ctx<'_>) {
         if !self.wants(&[TriggerKind::Ecc, TriggerKind::Health]) {

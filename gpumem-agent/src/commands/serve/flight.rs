@@ -1,10 +1,12 @@
 //! `serve --flight-recorder DURATION`: the evidence at the moment an action
 //! fires. The daemon keeps the last DURATION of what a recording holds
 //! (events with their stacks and lookups, growth samples, NVML readings,
-//! XIDs) in a bounded ring; when an action fires it writes a recording of
-//! that window, preceded by the state before it — every allocation still
-//! live that was made before the window, with its stack — so that `gpumem
-//! report` and `leaks --from` on the file see what the daemon saw.
+//! XIDs, host-memory readings) in a bounded ring; when an action fires it
+//! writes a recording of that window, preceded by the state before it —
+//! every allocation still live that was made before the window, with its
+//! stack, and the last host-memory reading before it — and followed by the
+//! host memory read as the action fires, so that `gpumem report` and `leaks
+//! --from` on the file see what the daemon saw.
 use std::{
     collections::VecDeque,
     path::{Path, PathBuf},
@@ -16,8 +18,9 @@ use gpumem_common::{api, flags, Event, COMM_LEN, DEVICE_UNKNOWN};
 use crate::{
     clock::monotonic_ns,
     nvml,
+    pipeline::host::HostMemory,
     pipeline::{Outcome, Pipeline},
-    record::{Footer, Header, Lookup, NvmlPoint, Writer, XidPoint},
+    record::{Footer, Header, HostPoint, Lookup, NvmlPoint, Writer, XidPoint},
     stacks::{Sampling, StackId},
     state::process::{Memory, Process},
 };
@@ -30,6 +33,7 @@ enum Item {
     Tick(f64),
     Nvml(Vec<NvmlPoint>),
     Xid(XidPoint),
+    Host(Box<HostPoint>),
 }
 
 pub struct FlightRecorder {
@@ -39,6 +43,9 @@ pub struct FlightRecorder {
     items: VecDeque<(u64, Item)>,
     /// Items that fell out because the ring was full (not because they aged).
     pub dropped: u64,
+    /// The last host-memory reading that left the ring (the window may be
+    /// shorter than the reading interval).
+    host_before: Option<Box<HostPoint>>,
     session_start_ns: u64,
     stack_sample_bytes: u64,
 }
@@ -50,6 +57,7 @@ impl FlightRecorder {
             dir,
             items: VecDeque::new(),
             dropped: 0,
+            host_before: None,
             session_start_ns: monotonic_ns(),
             stack_sample_bytes,
         }
@@ -63,13 +71,19 @@ impl FlightRecorder {
     fn push(&mut self, at: u64, item: Item) {
         let oldest = at.saturating_sub(self.window_ns);
         while self.items.front().is_some_and(|(t, _)| *t < oldest) {
-            self.items.pop_front();
+            self.pop();
         }
         if self.items.len() >= MAX_ITEMS {
-            self.items.pop_front();
+            self.pop();
             self.dropped += 1;
         }
         self.items.push_back((at, item));
+    }
+
+    fn pop(&mut self) {
+        if let Some((_, Item::Host(h))) = self.items.pop_front() {
+            self.host_before = Some(h);
+        }
     }
 
     pub fn event(&mut self, p: &mut Pipeline, o: &Outcome) {
@@ -98,6 +112,10 @@ impl FlightRecorder {
         }
     }
 
+    pub fn host(&mut self, h: &HostMemory, t_s: f64) {
+        self.push(monotonic_ns(), Item::Host(Box::new(HostPoint { t_s, host: h.clone() })));
+    }
+
     /// Writes the window (and the state before it) for an action on `kind`;
     /// the file's path.
     pub fn snapshot(&mut self, p: &mut Pipeline, kind: &str, lost: crate::events::LostEvents) -> Result<PathBuf> {
@@ -122,6 +140,9 @@ impl FlightRecorder {
             started_ns: self.session_start_ns,
             stack_sample_bytes: self.stack_sample_bytes,
         })?;
+        if let Some(h) = &self.host_before {
+            w.host(h)?;
+        }
         write_state_before(&mut w, p, since)?;
         for (_, item) in &self.items {
             match item {
@@ -139,8 +160,14 @@ impl FlightRecorder {
                     }
                 }
                 Item::Xid(x) => w.xid(x)?,
+                Item::Host(h) => w.host(h)?,
             }
         }
+        // The host memory at the moment the action fired: the evidence of a
+        // host-side cause (a reading is a few /proc files per process).
+        p.refresh_host();
+        w.host(&HostPoint { t_s: now.saturating_sub(self.session_start_ns) as f64 / 1e9, host: p.host.clone() })?;
+
         let footer = Footer {
             duration_s: now.saturating_sub(self.session_start_ns) as f64 / 1e9,
             ended_ns: now,

@@ -109,8 +109,6 @@ pub struct Serve {
     node: String,
     /// `--action` and `--webhook`.
     acting: act::Acting,
-    /// When host memory was last read.
-    host_read: Option<Instant>,
 }
 
 impl Serve {
@@ -236,11 +234,12 @@ impl Output for Serve {
         Ok(())
     }
 
+    fn host(&mut self, ctx: &mut Ctx<'_>, t_s: f64) -> Result<()> {
+        self.acting.host(ctx, t_s);
+        Ok(())
+    }
+
     fn tick(&mut self, ctx: &mut Ctx<'_>) -> Result<Flow> {
-        if self.host_read.is_none_or(|t| t.elapsed() >= HOST_INTERVAL) {
-            ctx.pipeline.refresh_host();
-            self.host_read = Some(Instant::now());
-        }
         self.acting.tick(ctx);
         Ok(Flow::Continue)
     }
@@ -380,7 +379,6 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         otlp_task: None,
         acting: act::Acting::new(actions, node.clone(), flight),
         node,
-        host_read: None,
     };
     let mut s = Session::new(probing);
     s.ringbuf_bytes = args.ringbuf_bytes;
@@ -389,6 +387,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     s.pipeline.history = Some(HISTORY_ENTRIES);
     s.growth_every = Some(Duration::from_secs_f64(args.growth_interval));
     s.nvml_every = Duration::from_secs_f64(args.nvml_interval);
+    s.host_every = Some(HOST_INTERVAL);
     s.kmsg = Some(args.kmsg.clone()).filter(|p| p.as_os_str() != "none");
     // The flight recorder keeps the lookups its recordings need.
     s.record_lookups = args.actions.flight_recorder.is_some();
