@@ -266,6 +266,19 @@ fn leak_figures(report: &Value, pid: u32) -> Vec<(Value, u64, u64, Vec<StackFigu
         .collect()
 }
 
+/// `gpumem report FILE --chart host --svg SVG`, while the daemon runs.
+fn gpumem_report_svg(recording: &std::path::Path, svg: &std::path::Path) {
+    let (ok, _, err) = command_output(std::process::Command::new(gpumem_bin()).args([
+        "report".as_ref(),
+        recording.as_os_str(),
+        "--chart".as_ref(),
+        "host".as_ref(),
+        "--svg".as_ref(),
+        svg.as_os_str(),
+    ]));
+    assert!(ok, "gpumem report: {err}");
+}
+
 /// `--flight-recorder 2`: a CUDA OOM fires the action, and the recording of
 /// the last 2 s (with the allocations made before them) replays with
 /// `leaks --from` to the same report the live daemon gives.
@@ -312,6 +325,11 @@ fn a_flight_recorder_snapshot_replays_to_the_same_leak_report_as_the_live_daemon
     assert!(device0.3.iter().any(|s| s.0 == 9 * MIB && s.1 == 9 && s.2.iter().any(|f| f == "leak_buffers")), "{:?}", device0.3);
     assert_eq!(leak_figures(&replayed, pid), figures, "the snapshot's replay gives the daemon's report:\n{replayed:#}");
     assert_eq!(replayed["oom_events"].as_array().unwrap().len(), 1, "the OOM itself is in the window");
+    // The host memory read as the action fired: the workload's resident bytes, in the report.
+    let svg = d.join("host.svg");
+    gpumem_report_svg(&recording, &svg);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains(&format!("workload ({pid}) resident")), "{text}");
     w.kill().unwrap();
     w.wait().unwrap();
     let (_, said) = serve.stop();

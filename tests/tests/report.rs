@@ -78,6 +78,9 @@ fn the_report_and_chart_are_well_formed_complete_and_open_in_chromium() {
         "<h2>Out-of-memory and XID events</h2>",
         "<td>XID 48</td>",
         "Allocation sizes",
+        "<h2 id=\"host\">Host memory (same time axis)</h2>",
+        "Host memory per process (MiB)",
+        "Node swap traffic (MiB/s)",
         "leak_buffer",
         "train_step",
         "growth: growing",
@@ -95,7 +98,20 @@ fn the_report_and_chart_are_well_formed_complete_and_open_in_chromium() {
         charts += 1;
         rest = &rest[end..];
     }
-    assert!(charts >= 8, "{charts} charts");
+    assert!(charts >= 10, "{charts} charts");
+
+    // The host chart, on its own: the trainer's resident memory, read while it ran.
+    let host_svg = shots.join("host.svg");
+    let out = run_gpumem(&["report", rec.to_str().unwrap(), "--svg", host_svg.to_str().unwrap(), "--chart", "host"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let svg = std::fs::read_to_string(&host_svg).unwrap();
+    let doc = roxmltree::Document::parse(&svg).expect("the host chart is well-formed XML");
+    let texts: Vec<&str> = doc.descendants().filter_map(|n| n.text()).map(str::trim).collect();
+    assert!(texts.iter().any(|t| t.starts_with("workload (") && t.ends_with(") resident")), "host series: {texts:?}");
+    assert!(texts.contains(&"Host memory per process (MiB)"), "{texts:?}");
+    // The table's resident figure is the reading's: above the synthetic driver's few MiB, below a GiB.
+    let row = html.lines().find(|l| l.starts_with("<tr><td>workload (")).unwrap_or_else(|| panic!("no host table row"));
+    assert!(row.contains(" MiB</td>"), "{row}");
 
     // Chromium opens it and draws it.
     let png = shots.join("report.png");

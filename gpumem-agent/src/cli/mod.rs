@@ -247,15 +247,27 @@ pub struct ReportArgs {
     /// The HTML page to write.
     #[arg(short = 'o', long = "output", value_name = "HTML")]
     pub output: Option<PathBuf>,
-    /// Also (or only) write the live-memory chart as one SVG file.
+    /// Also (or only) write one chart as an SVG file (--chart says which).
     #[arg(long, value_name = "SVG")]
     pub svg: Option<PathBuf>,
-    /// With --svg: only this GPU.
+    /// With --svg: GPU memory per process, or host memory per process.
+    #[arg(long, value_enum, default_value_t = ReportChart::Memory)]
+    pub chart: ReportChart,
+    /// With --svg --chart memory: only this GPU.
     #[arg(long, value_name = "N")]
     pub gpu: Option<i32>,
     /// Leak suspects: live allocations at least this old at the end of the recording.
     #[arg(long, value_name = "SECONDS", default_value_t = 5.0, value_parser = parse_age, allow_negative_numbers = true)]
     pub older_than: f64,
+}
+
+/// The chart `report --svg` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ReportChart {
+    /// Live GPU memory per process (and GPU).
+    Memory,
+    /// Resident, swapped-out and pinned host memory per process.
+    Host,
 }
 
 #[derive(Debug, Args)]

@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     analysis::leaks,
-    cli::ReportArgs,
+    cli::{ReportArgs, ReportChart},
     export::report::ReportData,
     pipeline,
     runtime::{self, Ctx, End, Output},
@@ -35,15 +35,20 @@ impl Output for Report<'_> {
             write(out, &html)?;
             let t = &data.timeline;
             eprintln!(
-                "gpumem: wrote {} ({} KiB, {} events, {} process/GPU series)",
+                "gpumem: wrote {} ({} KiB, {} events, {} process/GPU series, {} host-memory series)",
                 out.display(),
                 html.len() / 1024,
                 t.events,
-                t.series.len()
+                t.series.len(),
+                t.resident.len()
             );
         }
         if let Some(svg_path) = &a.svg {
-            let svg = data.timeline_svg(a.gpu).context("drawing the chart")?;
+            let svg = match a.chart {
+                ReportChart::Memory => data.timeline_svg(a.gpu),
+                ReportChart::Host => data.host_svg(),
+            }
+            .context("drawing the chart")?;
             write(svg_path, &svg)?;
             eprintln!("gpumem: wrote {}", svg_path.display());
         }

@@ -1,9 +1,11 @@
 //! `gpumem report`: a self-contained HTML page (inline SVG charts drawn with
 //! plotters, no scripts, nothing fetched) and single SVG charts, from the
 //! timeline a replay kept (analysis::timeline) and the leak suspects.
+mod host;
+
 use std::fmt::Write as _;
 
-use plotters::{prelude::*, style::full_palette};
+use plotters::{coord::types::RangedCoordf64, prelude::*, style::full_palette};
 
 use crate::names::bytes;
 use crate::{
@@ -82,9 +84,24 @@ fn mib(b: u64) -> f64 {
     b as f64 / 1048576.0
 }
 
+/// A series of bytes as MiB steps: a value holds until the next change
+/// (and to `end`).
+fn steps(points: &[(f64, u64)], end: f64) -> Vec<(f64, f64)> {
+    let mut steps = Vec::with_capacity(points.len() * 2 + 1);
+    let mut last = 0.0;
+    for &(t, b) in points {
+        steps.push((t, last));
+        last = mib(b);
+        steps.push((t, last));
+    }
+    steps.push((end, last));
+    steps
+}
+
 impl ReportData {
     fn duration(&self) -> f64 {
-        let last = self.timeline.series.values().flat_map(|s| s.last()).map(|&(t, _)| t).fold(0.0, f64::max);
+        let t = &self.timeline;
+        let last = t.series.values().chain(t.resident.values()).flat_map(|s| s.last()).map(|&(t, _)| t).fold(0.0, f64::max);
         self.footer.duration_s.max(last).max(1e-3)
     }
 
@@ -115,19 +132,10 @@ impl ReportData {
                 .map_err(draw_err)?;
             chart.configure_mesh().x_desc("seconds").y_desc("MiB").draw().map_err(draw_err)?;
             for (i, ((pid, dev), points)) in series.iter().enumerate() {
-                // Steps: memory holds its value until the next change.
-                let mut steps = Vec::with_capacity(points.len() * 2 + 1);
-                let mut last = 0.0;
-                for &(t, b) in points.iter() {
-                    steps.push((t, last));
-                    last = mib(b);
-                    steps.push((t, last));
-                }
-                steps.push((self.duration(), last));
                 let c = color(i);
                 let name = if device.is_some() { self.label(*pid) } else { format!("{} GPU {dev}", self.label(*pid)) };
                 chart
-                    .draw_series(LineSeries::new(steps, c.stroke_width(2)))
+                    .draw_series(LineSeries::new(steps(points, self.duration()), c.stroke_width(2)))
                     .map_err(draw_err)?
                     .label(name)
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
@@ -204,6 +212,25 @@ impl ReportData {
         }
         let top = data.iter().flat_map(|(_, v)| v.iter().map(|&(_, y)| y)).fold(1.0, f64::max) * 1.15;
         let title = if what == "ecc" { format!("GPU {gpu}: ECC errors") } else { format!("GPU {gpu}: temperatures") };
+        self.half_chart(&title, top, |chart| {
+            for (i, (name, v)) in data.into_iter().enumerate() {
+                let c = color(i + 1);
+                chart
+                    .draw_series(LineSeries::new(v, c.stroke_width(2)))
+                    .map_err(draw_err)?
+                    .label(name)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+            }
+            Ok(())
+        })
+        .map(Some)
+    }
+
+    /// A half-width chart on the session's time axis, drawn by `draw`.
+    fn half_chart<F>(&self, title: &str, top: f64, draw: F) -> Result<String, DrawError>
+    where
+        F: FnOnce(&mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<RangedCoordf64, RangedCoordf64>>) -> Result<(), DrawError>,
+    {
         let mut svg = String::new();
         {
             let root = SVGBackend::with_string(&mut svg, (W / 2 - 10, 260)).into_drawing_area();
@@ -216,18 +243,11 @@ impl ReportData {
                 .build_cartesian_2d(0f64..self.duration(), 0f64..top)
                 .map_err(draw_err)?;
             chart.configure_mesh().x_desc("seconds").draw().map_err(draw_err)?;
-            for (i, (name, v)) in data.into_iter().enumerate() {
-                let c = color(i + 1);
-                chart
-                    .draw_series(LineSeries::new(v, c.stroke_width(2)))
-                    .map_err(draw_err)?
-                    .label(name)
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
-            }
+            draw(&mut chart)?;
             chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(draw_err)?;
             root.present().map_err(draw_err)?;
         }
-        Ok(Some(svg))
+        Ok(svg)
     }
 
     /// The whole page.
@@ -236,6 +256,7 @@ impl ReportData {
         self.head(&mut h);
         h.push_str("<h2>Live memory over time</h2>\n");
         h.push_str(&self.timeline_svg(None)?);
+        self.host_section(&mut h)?;
         for dev in self.timeline.devices() {
             self.gpu_section(&mut h, dev)?;
         }
