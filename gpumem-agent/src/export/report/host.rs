@@ -27,10 +27,14 @@ impl Line {
         }
     }
 
+    /// The process's colour: resident bold, swapped out pale, pinned thin
+    /// with a dot at each change. (No dashes: plotters draws them with
+    /// hypotf, whose current symbol needs glibc 2.35, above gpumem's floor.)
     fn style(self, c: RGBColor) -> ShapeStyle {
         match self {
             Line::Resident => c.stroke_width(2),
-            Line::Swapped | Line::Pinned => c.stroke_width(1),
+            Line::Swapped => c.mix(0.45).stroke_width(3),
+            Line::Pinned => c.stroke_width(1),
         }
     }
 }
@@ -100,12 +104,13 @@ impl ReportData {
                 });
                 let style = line.style(color(i));
                 let name = format!("{} {}", self.label(pid), line.name());
-                let drawn = match line {
-                    Line::Resident => chart.draw_series(LineSeries::new(steps(points, end), style)),
-                    Line::Swapped => chart.draw_series(DashedLineSeries::new(steps(points, end), 8, 4, style)),
-                    Line::Pinned => chart.draw_series(DashedLineSeries::new(steps(points, end), 2, 3, style)),
-                };
-                drawn.map_err(draw_err)?.label(name).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
+                let series = LineSeries::new(steps(points, end), style);
+                let series = if matches!(line, Line::Pinned) { series.point_size(2) } else { series };
+                chart
+                    .draw_series(series)
+                    .map_err(draw_err)?
+                    .label(name)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
             }
             let red = full_palette::RED_600;
             for m in self.timeline.marks.iter().filter(|m| matches!(m.kind, MarkKind::OomKill { .. })) {
@@ -150,7 +155,7 @@ impl ReportData {
     }
 
     /// Each traced process's limited memory cgroup (its container's), usage
-    /// in MiB and its limit dashed; None without any.
+    /// in MiB and its limit (pale); None without any.
     pub fn cgroups_svg(&self) -> Result<Option<String>, DrawError> {
         let cgroups = &self.timeline.cgroups;
         if cgroups.is_empty() {
@@ -167,8 +172,12 @@ impl ReportData {
                     .label(format!("{} ({})", short_cgroup(path), self.label(c.pid)))
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
                 if let Some(limit) = c.limit {
-                    let at = mib(limit);
-                    chart.draw_series(DashedLineSeries::new([(0.0, at), (end, at)], 8, 4, color(i).stroke_width(1))).map_err(draw_err)?;
+                    let (at, pale) = (mib(limit), color(i).mix(0.45).stroke_width(3));
+                    chart
+                        .draw_series(LineSeries::new([(0.0, at), (end, at)], pale))
+                        .map_err(draw_err)?
+                        .label(format!("limit {}", bytes(limit)))
+                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], pale));
                 }
             }
             Ok(())
