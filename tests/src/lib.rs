@@ -330,7 +330,8 @@ pub fn trace(args: &[&str], envs: &[(&str, &str)]) -> Trace {
 pub fn torch_cmd() -> String {
     let f = fixtures();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch_train.py");
-    format!("python3 {} {} {}", script.display(), f.libcuda.display(), f.torch.display())
+    // Its first CUDA call waits for the agent's USDT probes (their semaphore raised).
+    format!("python3 {} {} {} await-probes", script.display(), f.libcuda.display(), f.torch.display())
 }
 
 /// The allocator's own figures, as the loop printed them (`torch_figures={...}`).
@@ -341,10 +342,11 @@ pub fn figures(stderr: &str) -> serde_json::Value {
 
 /// Reads the loop's stderr up to its figures line; the figures.
 pub fn read_figures(stderr: &mut impl std::io::BufRead) -> serde_json::Value {
-    let mut line = String::new();
+    let (mut line, mut said) = (String::new(), String::new());
     while !line.starts_with("torch_figures=") {
+        said.push_str(&line);
         line.clear();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "the loop ended early");
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "the loop ended early: {said}");
     }
     figures(&line)
 }

@@ -344,11 +344,13 @@ fn pytorch_tensors_held_across_a_restart_stay_exact() {
     assert_eq!(series(&second, "gpumem_process_reserved_unused_bytes"), own["unused"].as_f64());
     let leaks = daemon_leaks(&state, pid);
     let p = leaks["processes"].as_array().unwrap().iter().find(|p| p["device"] == 0).unwrap_or_else(|| panic!("{leaks:#}")).clone();
-    // The leaking line (kept.append, line 55), from stacks the first agent kept.
+    // The leaking line (kept.append), from stacks the first agent kept.
+    let script = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch_train.py")).unwrap();
+    let keep_line = script.lines().position(|l| l.contains("kept.append(")).unwrap() as u64 + 1;
     let groups = p["tensors"]["stacks"].as_array().unwrap_or_else(|| panic!("{p:#}"));
     let kept = groups
         .iter()
-        .find(|g| g["frames"].as_array().unwrap().iter().any(|f| f["function"] == "train_step" && f["line"] == 55))
+        .find(|g| g["frames"].as_array().unwrap().iter().any(|f| f["function"] == "train_step" && f["line"] == keep_line))
         .unwrap_or_else(|| panic!("no tensors at the leaking line: {p:#}"));
     assert_eq!(kept["bytes"], 20 * MIB, "{kept:#}");
     let _ = workload.kill();
