@@ -5,9 +5,9 @@
 //! and the host swaps: read together, these tell a GPU leak from a host one.
 use std::fmt::Write as _;
 
-use plotters::{prelude::*, style::full_palette};
+use plotters::prelude::*;
 
-use super::{color, draw_err, escape, mark_label, mib, steps, DrawError, ReportData, H, W};
+use super::{color, draw_err, draw_marks, escape, legend, mib, steps, DrawError, Frame, ReportData};
 use crate::{analysis::timeline::MarkKind, names::bytes};
 
 /// What one line of the host chart shows.
@@ -84,18 +84,7 @@ impl ReportData {
         let series = self.host_series();
         let top = series.iter().flat_map(|(_, _, s)| s.iter().map(|&(_, b)| mib(b))).fold(1.0, f64::max) * 1.1;
         let end = self.duration();
-        let mut svg = String::new();
-        {
-            let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
-            root.fill(&WHITE).map_err(draw_err)?;
-            let mut chart = ChartBuilder::on(&root)
-                .caption("Host memory per process (MiB)", ("sans-serif", 18))
-                .margin(10)
-                .x_label_area_size(35)
-                .y_label_area_size(70)
-                .build_cartesian_2d(0f64..end, 0f64..top)
-                .map_err(draw_err)?;
-            chart.configure_mesh().x_desc("seconds").y_desc("MiB").draw().map_err(draw_err)?;
+        self.chart(Frame::Full, "Host memory per process (MiB)", top, |chart| {
             let mut colours: Vec<u32> = Vec::new();
             for (pid, line, points) in series {
                 let i = colours.iter().position(|&p| p == pid).unwrap_or_else(|| {
@@ -106,25 +95,10 @@ impl ReportData {
                 let name = format!("{} {}", self.label(pid), line.name());
                 let series = LineSeries::new(steps(points, end), style);
                 let series = if matches!(line, Line::Pinned) { series.point_size(2) } else { series };
-                chart
-                    .draw_series(series)
-                    .map_err(draw_err)?
-                    .label(name)
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
+                chart.draw_series(series).map_err(draw_err)?.label(name).legend(legend(style));
             }
-            let red = full_palette::RED_600;
-            for m in self.timeline.marks.iter().filter(|m| matches!(m.kind, MarkKind::OomKill { .. })) {
-                chart
-                    .draw_series(std::iter::once(PathElement::new(vec![(m.t_s, 0.0), (m.t_s, top)], red.stroke_width(1))))
-                    .map_err(draw_err)?;
-                chart
-                    .draw_series(std::iter::once(Text::new(mark_label(m), (m.t_s, top * 0.97), ("sans-serif", 12).into_font().color(&red))))
-                    .map_err(draw_err)?;
-            }
-            chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(draw_err)?;
-            root.present().map_err(draw_err)?;
-        }
-        Ok(svg)
+            draw_marks(chart, self.timeline.marks.iter().filter(|m| matches!(m.kind, MarkKind::OomKill { .. })), top)
+        })
     }
 
     /// The node's swap traffic between readings, MiB/s in and out; None
@@ -140,14 +114,10 @@ impl ReportData {
             ("swapped out", s.windows(2).map(|w| (w[1].0, rate((w[0].0, w[0].2), (w[1].0, w[1].2)))).collect()),
         ];
         let top = lines.iter().flat_map(|(_, v)| v.iter().map(|p| p.1)).fold(1.0, f64::max) * 1.15;
-        self.half_chart("Node swap traffic (MiB/s)", top, |chart| {
+        self.chart(Frame::Half, "Node swap traffic (MiB/s)", top, |chart| {
             for (i, (name, v)) in lines.into_iter().enumerate() {
-                let c = color(i + 3);
-                chart
-                    .draw_series(LineSeries::new(v, c.stroke_width(2)))
-                    .map_err(draw_err)?
-                    .label(name)
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+                let style = color(i + 3).stroke_width(2);
+                chart.draw_series(LineSeries::new(v, style)).map_err(draw_err)?.label(name).legend(legend(style));
             }
             Ok(())
         })
@@ -163,21 +133,21 @@ impl ReportData {
         }
         let top = cgroups.values().flat_map(|c| c.usage.iter().map(|&(_, b)| mib(b)).chain(c.limit.map(mib))).fold(1.0, f64::max) * 1.1;
         let end = self.duration();
-        self.half_chart("Memory cgroups (MiB)", top, |chart| {
+        self.chart(Frame::Half, "Memory cgroups (MiB)", top, |chart| {
             for (i, (path, c)) in cgroups.iter().enumerate() {
                 let style = color(i).stroke_width(2);
                 chart
                     .draw_series(LineSeries::new(steps(&c.usage, end), style))
                     .map_err(draw_err)?
                     .label(format!("{} ({})", short_cgroup(path), self.label(c.pid)))
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
+                    .legend(legend(style));
                 if let Some(limit) = c.limit {
                     let (at, pale) = (mib(limit), color(i).mix(0.45).stroke_width(3));
                     chart
                         .draw_series(LineSeries::new([(0.0, at), (end, at)], pale))
                         .map_err(draw_err)?
                         .label(format!("limit {}", bytes(limit)))
-                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], pale));
+                        .legend(legend(pale));
                 }
             }
             Ok(())

@@ -84,6 +84,32 @@ fn mib(b: u64) -> f64 {
     b as f64 / 1048576.0
 }
 
+/// A chart's size: the full-width timelines (MiB), or the half-width pairs.
+#[derive(Clone, Copy)]
+enum Frame {
+    Full,
+    Half,
+}
+
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// A legend entry: a short stroke in the series' style.
+fn legend(style: ShapeStyle) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style)
+}
+
+/// OOM and XID marks: a red line each, with its words at the top.
+fn draw_marks<'m>(chart: &mut Chart<'_, '_>, marks: impl Iterator<Item = &'m Mark>, top: f64) -> Result<(), DrawError> {
+    let red = full_palette::RED_600;
+    for m in marks {
+        chart.draw_series(std::iter::once(PathElement::new(vec![(m.t_s, 0.0), (m.t_s, top)], red.stroke_width(1)))).map_err(draw_err)?;
+        chart
+            .draw_series(std::iter::once(Text::new(mark_label(m), (m.t_s, top * 0.97), ("sans-serif", 12).into_font().color(&red))))
+            .map_err(draw_err)?;
+    }
+    Ok(())
+}
+
 /// A series of bytes as MiB steps: a value holds until the next change
 /// (and to `end`).
 fn steps(points: &[(f64, u64)], end: f64) -> Vec<(f64, f64)> {
@@ -119,40 +145,19 @@ impl ReportData {
             Some(d) => format!("GPU {d}: live memory per process (MiB)"),
             None => "Live GPU memory per process and GPU (MiB)".to_string(),
         };
-        let mut svg = String::new();
-        {
-            let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
-            root.fill(&WHITE).map_err(draw_err)?;
-            let mut chart = ChartBuilder::on(&root)
-                .caption(title, ("sans-serif", 18))
-                .margin(10)
-                .x_label_area_size(35)
-                .y_label_area_size(70)
-                .build_cartesian_2d(0f64..self.duration(), 0f64..top)
-                .map_err(draw_err)?;
-            chart.configure_mesh().x_desc("seconds").y_desc("MiB").draw().map_err(draw_err)?;
+        self.chart(Frame::Full, &title, top, |chart| {
             for (i, ((pid, dev), points)) in series.iter().enumerate() {
-                let c = color(i);
+                let style = color(i).stroke_width(2);
                 let name = if device.is_some() { self.label(*pid) } else { format!("{} GPU {dev}", self.label(*pid)) };
                 chart
-                    .draw_series(LineSeries::new(steps(points, self.duration()), c.stroke_width(2)))
+                    .draw_series(LineSeries::new(steps(points, self.duration()), style))
                     .map_err(draw_err)?
                     .label(name)
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+                    .legend(legend(style));
             }
-            for m in self.timeline.marks.iter().filter(|m| device.is_none() || m.device.is_none() || m.device == device) {
-                let red = full_palette::RED_600;
-                chart
-                    .draw_series(std::iter::once(PathElement::new(vec![(m.t_s, 0.0), (m.t_s, top)], red.stroke_width(1))))
-                    .map_err(draw_err)?;
-                chart
-                    .draw_series(std::iter::once(Text::new(mark_label(m), (m.t_s, top * 0.97), ("sans-serif", 12).into_font().color(&red))))
-                    .map_err(draw_err)?;
-            }
-            chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(draw_err)?;
-            root.present().map_err(draw_err)?;
-        }
-        Ok(svg)
+            let marks = self.timeline.marks.iter().filter(|m| device.is_none() || m.device.is_none() || m.device == device);
+            draw_marks(chart, marks, top)
+        })
     }
 
     /// Allocation sizes, count per power-of-4 bucket.
@@ -212,37 +217,43 @@ impl ReportData {
         }
         let top = data.iter().flat_map(|(_, v)| v.iter().map(|&(_, y)| y)).fold(1.0, f64::max) * 1.15;
         let title = if what == "ecc" { format!("GPU {gpu}: ECC errors") } else { format!("GPU {gpu}: temperatures") };
-        self.half_chart(&title, top, |chart| {
+        self.chart(Frame::Half, &title, top, |chart| {
             for (i, (name, v)) in data.into_iter().enumerate() {
-                let c = color(i + 1);
-                chart
-                    .draw_series(LineSeries::new(v, c.stroke_width(2)))
-                    .map_err(draw_err)?
-                    .label(name)
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+                let style = color(i + 1).stroke_width(2);
+                chart.draw_series(LineSeries::new(v, style)).map_err(draw_err)?.label(name).legend(legend(style));
             }
             Ok(())
         })
         .map(Some)
     }
 
-    /// A half-width chart on the session's time axis, drawn by `draw`.
-    fn half_chart<F>(&self, title: &str, top: f64, draw: F) -> Result<String, DrawError>
+    /// A chart on the session's time axis (MiB, or `top` of what `draw`
+    /// draws), with its legend.
+    fn chart<F>(&self, frame: Frame, title: &str, top: f64, draw: F) -> Result<String, DrawError>
     where
-        F: FnOnce(&mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<RangedCoordf64, RangedCoordf64>>) -> Result<(), DrawError>,
+        F: FnOnce(&mut Chart<'_, '_>) -> Result<(), DrawError>,
     {
+        let (size, font, margin, x_area, y_area) = match frame {
+            Frame::Full => ((W, H), 18, 10, 35, 70),
+            Frame::Half => ((W / 2 - 10, 260), 16, 8, 30, 50),
+        };
         let mut svg = String::new();
         {
-            let root = SVGBackend::with_string(&mut svg, (W / 2 - 10, 260)).into_drawing_area();
+            let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
             root.fill(&WHITE).map_err(draw_err)?;
             let mut chart = ChartBuilder::on(&root)
-                .caption(title, ("sans-serif", 16))
-                .margin(8)
-                .x_label_area_size(30)
-                .y_label_area_size(50)
+                .caption(title, ("sans-serif", font))
+                .margin(margin)
+                .x_label_area_size(x_area)
+                .y_label_area_size(y_area)
                 .build_cartesian_2d(0f64..self.duration(), 0f64..top)
                 .map_err(draw_err)?;
-            chart.configure_mesh().x_desc("seconds").draw().map_err(draw_err)?;
+            let mut mesh = chart.configure_mesh();
+            mesh.x_desc("seconds");
+            if matches!(frame, Frame::Full) {
+                mesh.y_desc("MiB");
+            }
+            mesh.draw().map_err(draw_err)?;
             draw(&mut chart)?;
             chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(draw_err)?;
             root.present().map_err(draw_err)?;
