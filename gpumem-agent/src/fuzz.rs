@@ -11,7 +11,8 @@ use std::{collections::BTreeMap, convert::Infallible, process::ExitCode};
 use gpumem_common::{Event, EVENT_SIZE, STACK_HEADER_SIZE};
 use proptest::prelude::*;
 
-use crate::{
+use crate::runtime::{self, Ctx, End, Flow, Output};
+use gpumem_engine::{
     analysis::{leaks, view::ViewOptions},
     events,
     export::{
@@ -22,10 +23,9 @@ use crate::{
         top,
         trace::{Filter, Printer},
     },
+    model::agent::AgentStatus,
     pipeline::{self, Lookups, Outcome, Pipeline, Stack},
     record::{self, ReadError},
-    runtime::{self, Ctx, End, Flow, Output},
-    selfstat::AgentStatus,
     state::{Limits, State},
 };
 
@@ -119,7 +119,7 @@ fn render_all(p: &mut Pipeline, end: &End) {
 /// The per-device totals are the sum of the allocations they count: no
 /// sequence of events may make them drift, wrap or go negative.
 fn check_totals(state: &State) {
-    use crate::state::process::Memory;
+    use gpumem_engine::state::process::Memory;
     for p in state.processes.values() {
         let mut sums: BTreeMap<i32, (u64, u64)> = BTreeMap::new();
         for a in p.held.allocs.values().filter(|a| a.memory == Memory::Device) {

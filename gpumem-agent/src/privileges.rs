@@ -20,7 +20,7 @@ pub const CAP_BPF: u32 = 39;
 
 /// The effective capability set (CapEff in /proc/self/status); 0 if unreadable.
 pub fn effective() -> u64 {
-    crate::procfs::read_status("self").ok().and_then(|s| s.cap_eff).unwrap_or(0)
+    gpumem_engine::procfs::read_status("self").ok().and_then(|s| s.cap_eff).unwrap_or(0)
 }
 
 fn has(set: u64, cap: u32) -> bool {

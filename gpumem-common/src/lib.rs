@@ -388,7 +388,7 @@ pub const LOST_PIDS_MAX: u32 = 4096;
 
 pub const NV_FDS_MAX: u32 = 65536;
 
-#[cfg(feature = "user")]
+#[cfg(feature = "aya")]
 mod user {
     // SAFETY: Event is repr(C), Copy, has no padding holes and every bit
     // pattern is valid.

@@ -49,6 +49,6 @@ pub struct UsdtSpec {
 const _: () = assert!(core::mem::size_of::<UsdtArgSpec>() == 16);
 const _: () = assert!(core::mem::size_of::<UsdtSpec>() == 8 + 16 * ARGS_MAX);
 
-#[cfg(feature = "user")]
+#[cfg(feature = "aya")]
 // SAFETY: repr(C) integers with explicit padding; every bit pattern is valid.
 unsafe impl aya::Pod for UsdtSpec {}

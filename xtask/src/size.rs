@@ -10,7 +10,8 @@ pub const MAX_MODULE_LINES: usize = 500;
 pub const MAX_FUNCTION_LINES: usize = 80;
 
 /// The source folders the rules apply to.
-const SOURCES: [&str; 6] = ["gpumem-agent/src", "gpumem-agent/benches", "gpumem-common/src", "gpumem-ebpf/src", "xtask/src", "tests/src"];
+const SOURCES: [&str; 7] =
+    ["gpumem-agent/src", "gpumem-agent/benches", "gpumem-engine/src", "gpumem-common/src", "gpumem-ebpf/src", "xtask/src", "tests/src"];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {

@@ -4,11 +4,13 @@ use std::{convert::Infallible, process::ExitCode, sync::Arc, time::Instant};
 
 use anyhow::{anyhow, Result};
 use gpumem_agent::{
-    analysis::{history, profile::Layers},
     cli::export::Format,
     commands::export::{render, Query, Span},
-    pipeline, record,
     runtime::{self, Ctx, End, Output},
+};
+use gpumem_engine::{
+    analysis::{history, profile::Layers},
+    pipeline, record,
     stacks::Frame,
     state::Limits,
 };

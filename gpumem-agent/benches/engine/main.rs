@@ -15,14 +15,14 @@ use std::{convert::Infallible, process::ExitCode, time::Instant};
 
 use anyhow::{anyhow, Result};
 use clap::{Parser, Subcommand};
-use gpumem_agent::{
+use gpumem_agent::runtime::{self, Ctx, End, Output};
+use gpumem_common::{api, Event};
+use gpumem_engine::{
     events::Kind,
     pipeline,
     record::{self, Footer, Header},
-    runtime::{self, Ctx, End, Output},
     state::{Limits, State},
 };
-use gpumem_common::{api, Event};
 
 #[derive(Parser)]
 struct Cli {
@@ -110,7 +110,7 @@ fn synthetic_recording(events: u64, processes: u32) -> Result<Vec<u8>> {
 }
 
 /// The same, allocation i with stack `stacks[i % len]` (symbolized, in the recording).
-pub fn synthetic_recording_with(events: u64, processes: u32, stacks: &[(u64, Vec<gpumem_agent::stacks::Frame>)]) -> Result<Vec<u8>> {
+pub fn synthetic_recording_with(events: u64, processes: u32, stacks: &[(u64, Vec<gpumem_engine::stacks::Frame>)]) -> Result<Vec<u8>> {
     let mut w = record::Writer::new(Vec::with_capacity((events as usize) * 100))?;
     w.header(&Header {
         gpumem_version: env!("CARGO_PKG_VERSION").into(),

@@ -3,15 +3,17 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use gpumem_agent::{
+use gpumem_common::{api, Event};
+use gpumem_engine::model::{
+    agent::AgentStatus,
+    nvml::{GpuSample, MemoryInfo},
+};
+use gpumem_engine::{
     analysis::view::ViewOptions,
     clock::monotonic_ns,
     export::prometheus::{self, Scrape},
-    nvml::{GpuSample, MemoryInfo},
     pipeline::{Lookups, Options, Pipeline, Stack},
-    selfstat::AgentStatus,
 };
-use gpumem_common::{api, Event};
 
 use super::COMM;
 

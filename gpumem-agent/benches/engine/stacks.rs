@@ -2,8 +2,8 @@
 use std::time::Instant;
 
 use anyhow::{anyhow, Result};
-use gpumem_agent::stacks::Stacks;
 use gpumem_common::{api, Event};
+use gpumem_engine::stacks::Stacks;
 
 /// This thread's stack captured the way the uretprobe does: the registers at
 /// one instruction and up to STACK_BYTES from the stack pointer, read through

@@ -6,7 +6,7 @@ use std::{process::Stdio, time::Duration};
 
 use tokio::io::AsyncWriteExt as _;
 
-use super::Outcome;
+use gpumem_engine::model::actions::Outcome;
 
 /// What a run ended with, and what to say of it when it did not succeed.
 pub async fn run(command: &str, event: &str, json: &[u8], timeout: Duration) -> (Outcome, Option<String>) {

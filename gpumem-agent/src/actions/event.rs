@@ -3,7 +3,7 @@
 //! process's top stacks where there are some.
 use serde::Serialize;
 
-use crate::{
+use gpumem_engine::{
     analysis::{leaks, triggers::Trigger, view::Workload},
     clock,
     pipeline::Pipeline,

@@ -19,41 +19,11 @@ use tokio::sync::{mpsc, Semaphore};
 
 pub use event::ActionEvent;
 
-use crate::{analysis::triggers::TriggerKind, http_post::Endpoint};
-
-/// How a command run or a webhook delivery ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Outcome {
-    Ok,
-    Failed,
-    Timeout,
-    /// Over the event kind's rate limit: not run.
-    RateLimited,
-    /// The target's queue was full: not run.
-    QueueFull,
-    /// `--action-dry-run`: said, not run.
-    DryRun,
-}
-
-impl Outcome {
-    pub fn name(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::Failed => "failed",
-            Outcome::Timeout => "timeout",
-            Outcome::RateLimited => "rate_limited",
-            Outcome::QueueFull => "queue_full",
-            Outcome::DryRun => "dry_run",
-        }
-    }
-}
-
-/// What acts: a command, or a webhook.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Target {
-    Command,
-    Webhook,
-}
+use crate::http_post::Endpoint;
+use gpumem_engine::{
+    analysis::triggers::TriggerKind,
+    model::actions::{Outcome, Target},
+};
 
 /// One `--action EVENT=COMMAND`.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -2,8 +2,8 @@
 //! exponential backoff while the receiver fails or cannot be reached.
 use std::time::Duration;
 
-use super::Outcome;
 use crate::http_post::{self, Endpoint};
+use gpumem_engine::model::actions::Outcome;
 
 /// Tries per delivery, the first included.
 pub const ATTEMPTS: u32 = 4;

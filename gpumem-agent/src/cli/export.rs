@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use crate::analysis::profile::Layers;
+use gpumem_engine::analysis::profile::Layers;
 
 /// What `gpumem export` writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

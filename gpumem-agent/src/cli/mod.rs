@@ -113,7 +113,7 @@ pub struct ProbeArgs {
     /// every stack); beyond it, stacks are sampled by bytes (see
     /// --stack-sample-bytes) and per-stack figures are shown as estimates.
     /// Accounting is never sampled.
-    #[arg(long, value_name = "PER_S", value_parser = parse_stack_budget, default_value_t = crate::stacks::policy::DEFAULT_BUDGET_PER_S)]
+    #[arg(long, value_name = "PER_S", value_parser = parse_stack_budget, default_value_t = gpumem_engine::stacks::policy::DEFAULT_BUDGET_PER_S)]
     pub stack_budget: u32,
     /// Beyond the budget, an allocation of SIZE bytes has its stack taken
     /// with probability 1 - exp(-SIZE/BYTES) and stands for 1/p allocations
@@ -462,7 +462,7 @@ fn parse_ringbuf(s: &str) -> Result<u32, String> {
 }
 
 fn parse_stack_budget(s: &str) -> Result<u32, String> {
-    let max = crate::stacks::policy::MAX_BUDGET_PER_S;
+    let max = gpumem_engine::stacks::policy::MAX_BUDGET_PER_S;
     match s.parse::<u32>() {
         Ok(v) if v <= max => Ok(v),
         _ => Err(format!("the stack budget is a number of stacks per second from 0 (no budget) to {max}, got `{s}`")),

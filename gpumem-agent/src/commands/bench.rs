@@ -8,9 +8,9 @@ use anyhow::Result;
 use super::trace::Trace;
 use crate::{
     cli::{BenchArgs, TargetArgs},
-    export::trace::Filter,
     runtime,
 };
+use gpumem_engine::export::trace::Filter;
 
 pub fn run(a: BenchArgs) -> Result<ExitCode> {
     let target = TargetArgs { pids: vec![], command: Some(a.command.clone()), duration: None };

@@ -7,11 +7,13 @@ use std::{convert::Infallible, io::Write as _, path::Path, process::ExitCode};
 use anyhow::{bail, Context as _, Result};
 
 use crate::{
-    analysis::{history, leaks, profile, snapshot},
     cli::export::{ExportArgs, Format},
+    runtime::{self, Ctx, End, Output},
+};
+use gpumem_engine::{
+    analysis::{history, leaks, profile, snapshot},
     export::{perfetto, pprof, torch_snapshot},
     pipeline::{self, Pipeline},
-    runtime::{self, Ctx, End, Output},
 };
 
 /// What an export asks for, besides the file (the daemon's query too).

@@ -4,11 +4,13 @@ use std::{process::ExitCode, time::Duration};
 use anyhow::Result;
 
 use crate::{
-    analysis::health::{self, GpuWatch},
     cli::HealthArgs,
+    nvml::{xid::XidWatcher, Sampler},
+};
+use gpumem_engine::{
+    analysis::health::{self, GpuWatch},
     clock::monotonic_ns,
     export::health::Report,
-    nvml::{xid::XidWatcher, Sampler},
 };
 
 /// Exit status when NVML cannot be used (no library, no driver, no device).

@@ -12,13 +12,15 @@ use anyhow::Result;
 
 use super::trace::replay_outcome;
 use crate::{
-    analysis::leaks,
     cli::LeaksArgs,
-    events::StacksDropped,
+    runtime::{self, Ctx, End, Output},
+};
+use gpumem_engine::{
+    analysis::leaks,
     export::{leaks::LeaksReport, trace},
+    model::lost::StacksDropped,
     names::bytes,
     pipeline::Pipeline,
-    runtime::{self, Ctx, End, Output},
 };
 
 /// How often live bytes are sampled for the growth detector.

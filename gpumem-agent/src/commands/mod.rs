@@ -10,6 +10,7 @@ pub mod replay;
 pub mod report;
 pub mod serve;
 pub mod status;
+pub mod status_text;
 pub mod top;
 pub mod trace;
 
@@ -20,10 +21,9 @@ use anyhow::{Context as _, Result};
 use crate::{
     cli::{ProbeArgs, Switch, TargetArgs},
     nvml,
-    record::Reader,
     runtime::{Probing, Session},
-    state::Limits,
 };
+use gpumem_engine::{record::Reader, state::Limits};
 
 impl ProbeArgs {
     /// What the runtime attaches, from the command line.
@@ -38,7 +38,7 @@ impl ProbeArgs {
                 (Some(p), false) => Some(nvml::Library::Path(p.clone())),
                 (None, false) => Some(nvml::Library::System),
             },
-            stacks: crate::stacks::StackPolicy {
+            stacks: gpumem_engine::stacks::StackPolicy {
                 capture: self.stacks == Switch::On,
                 ring_bytes: self.stack_ring_bytes,
                 budget_per_s: self.stack_budget,
@@ -62,8 +62,8 @@ pub fn session(probes: &ProbeArgs, target: &TargetArgs, max_allocations: usize) 
 }
 
 /// The pipeline of a replay, with the table bound the command line asks for.
-pub fn replay_options(max_allocations: usize) -> crate::pipeline::Options {
-    crate::pipeline::Options { limits: Limits { max_entries: max_allocations, ..Limits::default() }, ..Default::default() }
+pub fn replay_options(max_allocations: usize) -> gpumem_engine::pipeline::Options {
+    gpumem_engine::pipeline::Options { limits: Limits { max_entries: max_allocations, ..Limits::default() }, ..Default::default() }
 }
 
 /// Opens a recording, naming it in the error.

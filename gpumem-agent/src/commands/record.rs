@@ -16,11 +16,13 @@ use anyhow::{Context as _, Result};
 use super::leaks::GROWTH_SAMPLE_INTERVAL;
 use crate::{
     cli::RecordArgs,
-    clock::monotonic_ns,
-    nvml,
-    pipeline::Outcome,
-    record::{Header, HostPoint, NvmlPoint, Writer, XidPoint},
     runtime::{self, Ctx, End, Flow, Output, Session},
+};
+use gpumem_engine::{
+    clock::monotonic_ns,
+    model::readings::{HostPoint, NvmlPoint, XidPoint},
+    pipeline::Outcome,
+    record::{Header, Writer},
 };
 
 /// How often NVML and the host memory are read while recording.
@@ -101,15 +103,15 @@ impl Output for Recorder {
         self.write(|w| w.host(&point))
     }
 
-    fn nvml(&mut self, _: &mut Ctx<'_>, m: &nvml::Message, t_s: f64) -> Result<()> {
+    fn nvml(&mut self, _: &mut Ctx<'_>, m: &gpumem_engine::model::nvml::Message, t_s: f64) -> Result<()> {
         match m {
-            nvml::Message::Reading { gpus, .. } => {
+            gpumem_engine::model::nvml::Message::Reading { gpus, .. } => {
                 for g in gpus {
                     self.write(|w| w.nvml(&NvmlPoint::from_sample(t_s, g)))?;
                 }
             }
-            nvml::Message::Xid(x) => self.write(|w| w.xid(&XidPoint { t_s, gpu: x.gpu, xid: x.xid }))?,
-            nvml::Message::Unavailable(_) => {}
+            gpumem_engine::model::nvml::Message::Xid(x) => self.write(|w| w.xid(&XidPoint { t_s, gpu: x.gpu, xid: x.xid }))?,
+            gpumem_engine::model::nvml::Message::Unavailable(_) => {}
         }
         Ok(())
     }

@@ -7,7 +7,8 @@ use std::{
 use anyhow::Result;
 
 use super::trace::Trace;
-use crate::{cli::ReplayArgs, export::trace::Filter, runtime};
+use crate::{cli::ReplayArgs, runtime};
+use gpumem_engine::export::trace::Filter;
 
 pub fn run(a: ReplayArgs) -> Result<ExitCode> {
     let mut trace = Trace::new(BufWriter::new(io::stdout().lock()), a.json, Filter::default(), Some(a.file.clone()));

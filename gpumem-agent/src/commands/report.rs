@@ -6,12 +6,10 @@ use std::{convert::Infallible, path::Path, process::ExitCode};
 use anyhow::{Context as _, Result};
 
 use crate::{
-    analysis::leaks,
     cli::{ReportArgs, ReportChart},
-    export::report::ReportData,
-    pipeline,
     runtime::{self, Ctx, End, Output},
 };
+use gpumem_engine::{analysis::leaks, export::report::ReportData, pipeline};
 
 struct Report<'a> {
     args: &'a ReportArgs,

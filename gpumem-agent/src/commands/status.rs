@@ -64,9 +64,9 @@ pub fn run(args: StatusArgs) -> Result<()> {
         agent.detach_in_background();
         return Ok(());
     }
-    crate::export::status::write_human(&mut out, &features, &agent, &runtime::discovery::report(&agent), &nvml, &notes)?;
-    crate::export::status::write_driver(&mut out, &driver)?;
-    crate::export::status::write_continuity(&mut out, daemon.as_ref(), &pinned)?;
+    crate::commands::status_text::write_human(&mut out, &features, &agent, &runtime::discovery::report(&agent), &nvml, &notes)?;
+    crate::commands::status_text::write_driver(&mut out, &driver)?;
+    crate::commands::status_text::write_continuity(&mut out, daemon.as_ref(), &pinned)?;
     out.flush()?;
     agent.detach_in_background();
     Ok(())

@@ -10,14 +10,16 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use crate::{
-    analysis::view::ViewOptions,
     cli::TraceArgs,
+    runtime::{self, Ctx, End, Flow, Output},
+};
+use gpumem_engine::{
+    analysis::view::ViewOptions,
     export::{
         summary::Summary,
         trace::{Filter, Printer},
     },
     pipeline::Outcome,
-    runtime::{self, Ctx, End, Flow, Output},
 };
 
 /// The events, then the summary.
@@ -116,7 +118,7 @@ impl<W: Write> Output for Trace<W> {
 
 /// What a running daemon knows the session's processes hold (from their
 /// start); empty without one. A daemon that cannot be asked is said, not fatal.
-fn known_to_daemon(d: &crate::cli::continuity::DaemonArgs, summary: &Summary, asked: &[u32]) -> Vec<crate::daemon::Holding> {
+fn known_to_daemon(d: &crate::cli::continuity::DaemonArgs, summary: &Summary, asked: &[u32]) -> Vec<gpumem_engine::model::Holding> {
     let mut pids: Vec<u32> = summary.processes.iter().map(|p| p.pid).chain(asked.iter().copied()).collect();
     pids.sort_unstable();
     pids.dedup();

@@ -12,19 +12,10 @@ pub const DEFAULT_SOCKET: &str = "/run/gpumem/gpumem.sock";
 pub const VERSION_HEADER: &str = "x-gpumem-version";
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// What a process holds on one device, as the daemon knows it (since the
-/// process's first call, or its state adopted from the kernel's table).
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct Holding {
-    pub pid: u32,
-    pub comm: String,
-    pub device: i32,
-    pub live_bytes: u64,
-    pub live_allocs: u64,
-}
+use gpumem_engine::model::Holding;
 
 /// The holdings of these processes (all, if none is named).
-pub fn holdings(state: &crate::state::State, pids: &[u32]) -> Vec<Holding> {
+pub fn holdings(state: &gpumem_engine::state::State, pids: &[u32]) -> Vec<Holding> {
     let mut out = Vec::new();
     for p in state.processes.values().filter(|p| !p.exited && (pids.is_empty() || pids.contains(&p.pid))) {
         for &device in &p.devices_seen {

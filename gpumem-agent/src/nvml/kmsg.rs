@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use super::xid::{meaning, XidEvent};
+use gpumem_engine::model::nvml::{meaning, XidEvent};
 
 /// One `NVRM: Xid` line.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,25 +3,21 @@
 //! device does not support is recorded as unsupported once and not asked
 //! again; NVML itself may be missing (no library, no driver, no device), and
 //! the rest of gpumem works without it.
-use std::{
-    collections::{BTreeSet, HashSet},
-    ffi::OsStr,
-};
+use std::{collections::HashSet, ffi::OsStr};
 
 pub mod kmsg;
 pub mod worker;
 pub mod xid;
 
-pub use worker::{Library, Message, Worker};
-pub use xid::XidEvent;
+pub use worker::{Library, Worker};
 
+use gpumem_engine::model::nvml::{EccCounts, GpuSample, MemoryInfo, RemappedRows, RetiredPages};
 use nvml_wrapper::{
     enum_wrappers::device::{EccCounter, MemoryError, RetirementCause, TemperatureSensor},
     error::NvmlError,
     structs::device::FieldId,
     Nvml,
 };
-use serde::Serialize;
 
 /// NVML field ids (nvml.h) that nvml-wrapper does not wrap.
 const FI_DEV_MEMORY_TEMP: u32 = 82;
@@ -29,63 +25,6 @@ const FI_DEV_REMAPPED_COR: u32 = 142;
 const FI_DEV_REMAPPED_UNC: u32 = 143;
 const FI_DEV_REMAPPED_PENDING: u32 = 144;
 const FI_DEV_REMAPPED_FAILURE: u32 = 145;
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct MemoryInfo {
-    pub total: u64,
-    pub used: u64,
-    pub free: u64,
-    pub reserved: u64,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct EccCounts {
-    pub corrected_volatile: u64,
-    pub uncorrected_volatile: u64,
-    pub corrected_aggregate: u64,
-    pub uncorrected_aggregate: u64,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct RetiredPages {
-    pub single_bit: u64,
-    pub double_bit: u64,
-    pub pending: bool,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct RemappedRows {
-    pub correctable: u64,
-    pub uncorrectable: u64,
-    pub pending: bool,
-    pub failure: bool,
-}
-
-/// One reading of one GPU. None: not supported (see `unsupported`).
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct GpuSample {
-    pub index: u32,
-    #[serde(rename = "UUID")]
-    pub uuid: String,
-    pub pci_bus_id: String,
-    #[serde(rename = "modelName")]
-    pub name: String,
-    /// CLOCK_MONOTONIC seconds of the reading.
-    pub t_s: f64,
-    pub memory: Option<MemoryInfo>,
-    /// (pid, bytes) as NVML sees them (host pids).
-    pub processes: Option<Vec<(u32, u64)>>,
-    pub ecc: Option<EccCounts>,
-    /// Aggregate (corrected, uncorrected) ECC errors per memory location,
-    /// for the locations the device reports.
-    pub ecc_by_location: Option<std::collections::BTreeMap<&'static str, (u64, u64)>>,
-    pub retired_pages: Option<RetiredPages>,
-    pub remapped_rows: Option<RemappedRows>,
-    pub gpu_temp_c: Option<u32>,
-    pub memory_temp_c: Option<u32>,
-    /// Readings this device does not support.
-    pub unsupported: BTreeSet<&'static str>,
-}
 
 #[derive(Debug, thiserror::Error)]
 #[error("NVML unavailable: {0}")]

@@ -14,24 +14,13 @@ use std::{
 
 use tokio::sync::mpsc;
 
+use gpumem_engine::model::nvml::Message;
+
 use super::{
     kmsg::{GpuIds, KmsgWatcher},
     xid::XidWatcher,
-    GpuSample, Sampler, XidEvent,
+    Sampler,
 };
-
-/// What the NVML thread reports.
-#[derive(Clone, Debug)]
-pub enum Message {
-    /// A reading of every GPU, taken at `at_s` (CLOCK_MONOTONIC seconds).
-    Reading {
-        gpus: Vec<GpuSample>,
-        at_s: f64,
-    },
-    /// NVML cannot be used, and why; readings resume when it answers.
-    Unavailable(String),
-    Xid(XidEvent),
-}
 
 /// Which NVML library to load.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,7 +101,9 @@ impl KernelLog {
     fn start(&mut self, why: &str, tx: &mpsc::Sender<Message>) {
         let Some(path) = self.path.as_ref().filter(|_| !std::mem::replace(&mut self.tried, true)) else { return };
         let sink = tx.clone();
-        match KmsgWatcher::start(path, self.ids.clone(), crate::clock::monotonic_ns, move |x| sink.blocking_send(Message::Xid(x)).is_ok()) {
+        match KmsgWatcher::start(path, self.ids.clone(), gpumem_engine::clock::monotonic_ns, move |x| {
+            sink.blocking_send(Message::Xid(x)).is_ok()
+        }) {
             Ok(w) => {
                 eprintln!("gpumem: XIDs: {why}; reading them from {}", path.display());
                 self.watcher = Some(w);
@@ -156,7 +147,7 @@ fn run(
             if xids.is_none() && !xids_tried {
                 xids_tried = true;
                 let sink = tx.clone();
-                let watch = XidWatcher::start(lib.path().map(OsString::from), crate::clock::monotonic_ns, move |x| {
+                let watch = XidWatcher::start(lib.path().map(OsString::from), gpumem_engine::clock::monotonic_ns, move |x| {
                     sink.blocking_send(Message::Xid(x)).is_ok()
                 });
                 match watch {
@@ -165,7 +156,7 @@ fn run(
                     Err(e) => log_after_reading = Some(format!("NVML's XID events are not available ({e})")),
                 }
             }
-            let at_s = crate::clock::monotonic_ns() as f64 / 1e9;
+            let at_s = gpumem_engine::clock::monotonic_ns() as f64 / 1e9;
             let message = match s.sample(at_s) {
                 Ok(gpus) => {
                     log.ids.update(&gpus);

@@ -10,45 +10,8 @@ use std::{
     thread::JoinHandle,
 };
 
+use gpumem_engine::model::nvml::{meaning, XidEvent};
 use nvml_wrapper::{bitmasks::event::EventTypes, enums::event::XidError, error::NvmlError, Nvml};
-use serde::Serialize;
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct XidEvent {
-    pub gpu: u32,
-    #[serde(rename = "UUID")]
-    pub uuid: String,
-    pub xid: u64,
-    pub meaning: &'static str,
-    /// CLOCK_MONOTONIC nanoseconds when the agent received it.
-    pub ts_ns: u64,
-    /// (pid, bytes) holding memory on the GPU at that moment.
-    pub processes: Vec<(u32, u64)>,
-}
-
-/// What an XID means, for the ones that concern memory and a few others
-/// (NVIDIA's XID catalogue, "XID Errors" in the GPU deployment guide).
-pub fn meaning(xid: u64) -> &'static str {
-    match xid {
-        13 => "graphics engine exception",
-        31 => "GPU memory page fault",
-        43 => "GPU stopped processing",
-        45 => "preemptive cleanup after previous errors",
-        48 => "double-bit ECC error (DBE)",
-        61 => "internal micro-controller breakpoint/warning",
-        62 => "internal micro-controller halt",
-        63 => "ECC page retirement or row remapping recorded",
-        64 => "ECC page retirement or row remapping recording failure",
-        74 => "NVLink error",
-        79 => "GPU has fallen off the bus",
-        92 => "high single-bit ECC error rate",
-        94 => "contained ECC error",
-        95 => "uncontained ECC error",
-        119 => "GSP RPC timeout",
-        120 => "GSP error",
-        _ => "see NVIDIA's XID catalogue",
-    }
-}
 
 /// Why XIDs cannot be watched.
 #[derive(Debug, thiserror::Error)]

@@ -7,7 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::procfs;
+use gpumem_engine::procfs;
 
 /// How a library was found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,36 +105,6 @@ pub fn deleted_libcuda_in_maps(maps: &[procfs::MapsEntry]) -> Vec<&procfs::MapsE
         }
     }
     out
-}
-
-/// What finding libraries cost, for the summary: full scans of /proc (at
-/// start, then a slow safety net) and the reads of single processes that
-/// discovery signals (exec, dlopen) asked for.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ScanStats {
-    pub scans: u64,
-    pub total_us: u64,
-    pub max_us: u64,
-    /// Processes whose maps the last scan read.
-    pub last_processes: u64,
-    /// Discovery signals received (exec, the loader's link-map hook).
-    #[serde(default)]
-    pub signals: u64,
-    /// Processes read for them, and what that took.
-    #[serde(default)]
-    pub signal_reads: u64,
-    #[serde(default)]
-    pub signal_read_us: u64,
-}
-
-impl ScanStats {
-    pub fn record(&mut self, took: std::time::Duration, processes: u64) {
-        let us = took.as_micros() as u64;
-        self.scans += 1;
-        self.total_us += us;
-        self.max_us = self.max_us.max(us);
-        self.last_processes = processes;
-    }
 }
 
 /// Is this file name a dynamic loader (glibc's ld-linux-x86-64.so.2,

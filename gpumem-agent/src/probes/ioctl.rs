@@ -79,8 +79,8 @@ pub fn node_kind(path: &str, prefix: &str) -> Option<u32> {
 /// Open NVIDIA descriptors of every process, from /proc/PID/fd.
 pub fn scan_fds(prefix: &str) -> Vec<(FdKey, u32)> {
     let mut out = Vec::new();
-    for tgid in crate::procfs::pids() {
-        for (fd, target) in crate::procfs::fd_targets(tgid) {
+    for tgid in gpumem_engine::procfs::pids() {
+        for (fd, target) in gpumem_engine::procfs::fd_targets(tgid) {
             if let Some(kind) = target.to_str().and_then(|t| node_kind(t, prefix)) {
                 out.push((FdKey { tgid, fd }, kind));
             }

@@ -6,21 +6,13 @@ use std::collections::BTreeMap;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use gpumem_common::live::{LiveEntry, LiveKey};
+use gpumem_engine::model::agent::KernelTable;
 
 use super::Agent;
 
 /// BPF_EXIST: update an entry only if it is still there (a free may have
 /// removed it meanwhile).
 const BPF_EXIST: u64 = 2;
-
-/// The table's fill, for `status` and `/metrics`.
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct KernelTable {
-    pub entries: u64,
-    pub max_entries: u64,
-    /// Kernel memory the entries take (key, value, element header).
-    pub bytes: u64,
-}
 
 impl Agent {
     fn live_map(&self) -> Option<BpfHashMap<&MapData, LiveKey, LiveEntry>> {

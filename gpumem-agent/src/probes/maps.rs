@@ -104,14 +104,17 @@ impl Agent {
 
     /// Everything the kernel side counted: losses (with the per-process ones
     /// and the reader's own counts), full tables and dropped stacks.
-    pub fn kernel_counters(&self, reader: crate::events::ReaderCounts) -> Result<crate::events::KernelCounters, ProbeError> {
+    pub fn kernel_counters(
+        &self,
+        reader: gpumem_engine::model::lost::ReaderCounts,
+    ) -> Result<gpumem_engine::model::lost::KernelCounters, ProbeError> {
         let stats = self.kernel_stats()?;
         let map = self.ebpf.map("LOST_BY_PID").ok_or(ProbeError::MissingMap("LOST_BY_PID"))?;
         let by_pid: aya::maps::PerCpuHashMap<_, u32, u64> =
             aya::maps::PerCpuHashMap::try_from(map).map_err(|source| ProbeError::Map { map: "LOST_BY_PID", source: Box::new(source) })?;
         // An entry removed while iterating ends the walk early; the next read has it.
         let by_pid = by_pid.iter().filter_map(Result::ok).map(|(pid, per_cpu)| (pid, per_cpu.iter().sum())).collect();
-        Ok(crate::events::KernelCounters::from_stats(&stats, reader, by_pid))
+        Ok(gpumem_engine::model::lost::KernelCounters::from_stats(&stats, reader, by_pid))
     }
 
     /// Removes the saved entries of calls whose thread is gone: a thread
@@ -130,7 +133,7 @@ impl Agent {
     /// no longer exists; how many.
     fn remove_dead_threads<K: aya::Pod, V: aya::Pod>(&mut self, name: &str, pid_tgid: impl Fn(&K) -> u64) -> usize {
         let Some(Ok(mut m)) = self.ebpf.map_mut(name).map(BpfHashMap::<_, K, V>::try_from) else { return 0 };
-        let alive = |t: u64| crate::procfs::alive((t >> 32) as u32, Some(t as u32));
+        let alive = |t: u64| gpumem_engine::procfs::alive((t >> 32) as u32, Some(t as u32));
         let stale: Vec<K> = m.keys().filter_map(Result::ok).filter(|k| !alive(pid_tgid(k))).collect();
         stale.iter().filter(|k| m.remove(k).is_ok()).count()
     }
@@ -141,7 +144,8 @@ impl Agent {
     pub fn forget_lost(&mut self, keep: impl Fn(u32) -> bool) {
         let Some(map) = self.ebpf.map_mut("LOST_BY_PID") else { return };
         let Ok(mut by_pid) = aya::maps::PerCpuHashMap::<_, u32, u64>::try_from(map) else { return };
-        let gone: Vec<u32> = by_pid.keys().filter_map(Result::ok).filter(|&pid| !keep(pid) && !crate::procfs::alive(pid, None)).collect();
+        let gone: Vec<u32> =
+            by_pid.keys().filter_map(Result::ok).filter(|&pid| !keep(pid) && !gpumem_engine::procfs::alive(pid, None)).collect();
         for pid in gone {
             let _ = by_pid.remove(&pid);
         }

@@ -10,6 +10,8 @@ pub mod live;
 pub mod loaders;
 mod maps;
 pub mod pin;
+pub mod python;
+pub mod reader;
 pub mod symbols;
 pub mod torch;
 pub mod tracefs;
@@ -69,7 +71,7 @@ pub struct Options {
     pub probe_set: ProbeSet,
     pub ringbuf_bytes: u32,
     /// Which allocation stacks the kernel copies.
-    pub stacks: crate::stacks::StackPolicy,
+    pub stacks: gpumem_engine::stacks::StackPolicy,
     /// NVIDIA device-node prefix for the ioctl path.
     pub nvidia_prefix: String,
     pub ioctl_mode: ioctl::IoctlMode,
@@ -142,7 +144,7 @@ pub struct Agent {
     pub uprobe_links: LinkReport,
     pub notes: Vec<String>,
     /// Cost of looking for new libcuda copies in /proc.
-    pub scan_stats: discover::ScanStats,
+    pub scan_stats: gpumem_engine::model::agent::ScanStats,
     pub ioctl: ioctl::IoctlReport,
     seeded: ioctl::Seeded,
     /// Calls in flight whose thread died before returning (killed in the

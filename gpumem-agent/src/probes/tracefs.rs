@@ -41,7 +41,7 @@ pub fn ensure_mounted() -> Result<Option<String>, TracefsError> {
 
 /// Whether /proc/self/mounts lists tracefs on TRACEFS.
 fn is_mounted() -> bool {
-    crate::procfs::mounted(TRACEFS, "tracefs")
+    gpumem_engine::procfs::mounted(TRACEFS, "tracefs")
 }
 
 fn events_dir() -> &'static str {

@@ -25,11 +25,12 @@ use gpumem_common::{
     Event,
 };
 
-use crate::{
+use crate::probes::{pin, Agent};
+use gpumem_engine::{
     clock::monotonic_ns,
     events::Kind,
+    model::agent::{Adopted, ContinuityReport},
     pipeline::{Outcome, Pipeline, Stack},
-    probes::{pin, Agent},
     stacks::{Frame, StackId},
 };
 
@@ -52,37 +53,6 @@ const WINDOW_FOR: Duration = Duration::from_secs(30);
 /// Write-backs kept for the tick at most; beyond, written at once.
 const WRITE_BACK_MAX: usize = 1 << 16;
 
-/// What `status` and the start-up lines say about it.
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct Report {
-    /// The pin directory and layout; None: unpinned (see `unpinned_why`).
-    pub pinned: Option<String>,
-    pub layout: String,
-    pub unpinned_why: Option<String>,
-    /// Adopted from a previous agent: processes, entries, device bytes.
-    pub adopted: Option<Adopted>,
-    /// Links of the previous agent replaced by this one's.
-    pub links_taken_over: usize,
-    /// Returns that ran twice while the links overlapped (not losses: the
-    /// first of each pair was delivered).
-    pub duplicate_returns: u64,
-    pub notes: Vec<String>,
-}
-
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct Adopted {
-    pub processes: usize,
-    pub entries: usize,
-    /// Entries of processes gone while no agent ran, removed.
-    pub entries_of_exited: usize,
-    /// Allocations whose stack came back from the state directory.
-    pub stacks_restored: usize,
-    /// Processes whose entries did not all fit in the kernel's table.
-    pub processes_uncertain: usize,
-    /// How long reading and replaying the table took.
-    pub took_ms: f64,
-}
-
 /// Ring events up to the snapshot may be accounted for by it.
 struct Window {
     until_ns: u64,
@@ -92,7 +62,7 @@ struct Window {
 pub struct Continuity {
     pub opts: Options,
     pub pinned: Option<pin::Pinned>,
-    pub report: Report,
+    pub report: ContinuityReport,
     old_links: Vec<PathBuf>,
     adopt: bool,
     window: Option<Window>,
@@ -111,7 +81,7 @@ impl Continuity {
     /// without bpffs the session runs unpinned and says why.
     pub fn prepare(opts: Options) -> Self {
         let p = pin::Pinned::at(&opts.root);
-        let mut report = Report { layout: p.layout.clone(), ..Default::default() };
+        let mut report = ContinuityReport { layout: p.layout.clone(), ..Default::default() };
         let pinned = match pin::prepare(&p) {
             Ok(prep) => {
                 report.notes.extend(prep.notes);
@@ -227,7 +197,7 @@ impl Continuity {
     }
 
     /// Whether a ring event is already accounted for by the adopted table.
-    pub fn skips(&self, ev: &Event, state: &crate::state::State) -> bool {
+    pub fn skips(&self, ev: &Event, state: &gpumem_engine::state::State) -> bool {
         let Some(w) = &self.window else { return false };
         if ev.ts_ns > w.until_ns || ev.result != 0 {
             return false;
@@ -284,7 +254,7 @@ impl Continuity {
     }
 
     /// Writes back what is still held (same key, same call) to the kernel's entries.
-    fn write_back(&mut self, agent: &mut Agent, state: &crate::state::State) {
+    fn write_back(&mut self, agent: &mut Agent, state: &gpumem_engine::state::State) {
         for (key, entry) in self.to_write.drain(..) {
             if state.held_entry(key.tgid, key.kind, key.id) == Some(entry.event.ts_ns) {
                 agent.live_write_back(&key, &entry);
@@ -336,7 +306,7 @@ struct Alive(HashMap<u32, bool>);
 
 impl Alive {
     fn check(&mut self, pid: u32) -> bool {
-        *self.0.entry(pid).or_insert_with(|| crate::procfs::alive(pid, None))
+        *self.0.entry(pid).or_insert_with(|| gpumem_engine::procfs::alive(pid, None))
     }
 }
 

@@ -23,7 +23,7 @@ const RECHECKS: [Duration; 2] = [Duration::from_millis(100), Duration::from_secs
 #[derive(Default)]
 pub struct Signals {
     /// Python processes among those that map libcuda.
-    pub python: crate::python::threads::Tracker,
+    pub python: crate::probes::python::Tracker,
     pending: BTreeSet<u32>,
     /// Signals taken since the last run (several may name one process).
     received: u64,

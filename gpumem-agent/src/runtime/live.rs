@@ -20,15 +20,13 @@ use super::{
     maintenance::{self, Maintenance},
     Ctx, Detach, End, Flow, Output, Session,
 };
-use crate::{
+use crate::{nvml::Worker, probes::reader::EventReader, probes::Agent, selfstat};
+use gpumem_engine::{
     analysis::reconcile,
     clock::monotonic_ns,
-    events::EventReader,
-    nvml::{self, Worker},
+    model::agent::AgentStatus,
     pipeline::{Lookups, Pipeline, Stack},
-    probes::Agent,
     record::Footer,
-    selfstat::{AgentStatus, Usage},
 };
 
 /// How long the end waits for a fresh NVML reading.
@@ -39,7 +37,7 @@ const FINAL_NVML_TIMEOUT: Duration = Duration::from_secs(5);
 pub fn run<O: Output>(s: Session, out: &mut O) -> Result<ExitCode> {
     bringup::require_privileges()?;
     for &pid in &s.pids {
-        if !crate::procfs::alive(pid, None) {
+        if !gpumem_engine::procfs::alive(pid, None) {
             bail!("no process with pid {pid}");
         }
     }
@@ -87,7 +85,7 @@ struct Live<'o, O: Output> {
     reader: EventReader,
     pipeline: Pipeline,
     nvml: Option<Worker>,
-    nvml_rx: Option<mpsc::Receiver<nvml::Message>>,
+    nvml_rx: Option<mpsc::Receiver<gpumem_engine::model::nvml::Message>>,
     inputs: Option<mpsc::Receiver<O::Input>>,
     child: Option<Child>,
     status: AgentStatus,
@@ -145,7 +143,7 @@ impl<'o, O: Output> Live<'o, O> {
             None => None,
         };
         let inputs = out.inputs();
-        let status = AgentStatus { probes_attached: agent.attached_probe_count(), ..Default::default() };
+        let status = AgentStatus { probes_attached: agent.attached_probe_count(), ..selfstat::status() };
         let maintenance = Maintenance::new(&s);
         let mut live = Live {
             s,
@@ -316,16 +314,16 @@ impl<'o, O: Output> Live<'o, O> {
         self.maintenance.refresh(&self.agent, &mut self.pipeline, &mut self.status, self.reader.counts());
         self.status.stale_calls_removed = self.agent.stale_calls_removed;
         self.status.discovery = self.agent.scan_stats.clone();
-        self.status.usage = Usage::now();
+        self.status.usage = selfstat::usage();
         if let Some(c) = &self.continuity {
             self.status.continuity = Some(c.report.clone());
             self.status.kernel_table = self.agent.kernel_table();
         }
     }
 
-    fn nvml_message(&mut self, m: nvml::Message) -> Result<()> {
+    fn nvml_message(&mut self, m: gpumem_engine::model::nvml::Message) -> Result<()> {
         // Said when NVML goes away (it may come back), unless a full-screen UI runs.
-        if let nvml::Message::Unavailable(why) = &m {
+        if let gpumem_engine::model::nvml::Message::Unavailable(why) = &m {
             if self.s.announce && self.pipeline.gpus.error.is_none() && !self.pipeline.gpus.latest.is_empty() {
                 say(format!("{why}; GPU readings are left out until NVML answers again"));
             }
@@ -351,7 +349,7 @@ impl<'o, O: Output> Live<'o, O> {
         loop {
             let next = self.nvml_rx.as_mut().expect("checked").recv();
             match tokio::time::timeout_at(deadline, next).await {
-                Ok(Some(nvml::Message::Xid(x))) => self.nvml_message(nvml::Message::Xid(x))?,
+                Ok(Some(gpumem_engine::model::nvml::Message::Xid(x))) => self.nvml_message(gpumem_engine::model::nvml::Message::Xid(x))?,
                 Ok(Some(m)) => {
                     self.nvml_message(m)?;
                     break;

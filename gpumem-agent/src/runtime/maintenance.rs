@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use super::{bringup, discovery::Signals, Session};
-use crate::{clock::monotonic_ns, events::ReaderCounts, pipeline::Pipeline, probes::Agent, selfstat::AgentStatus};
+use crate::probes::Agent;
+use gpumem_engine::{clock::monotonic_ns, model::agent::AgentStatus, model::lost::ReaderCounts, pipeline::Pipeline};
 
 /// How often the tick runs.
 pub const EVERY: Duration = Duration::from_millis(500);
@@ -63,7 +64,7 @@ impl Maintenance {
             pipeline.forget_exited_before(monotonic_ns().saturating_sub(grace.as_nanos() as u64));
         }
         self.refresh(agent, pipeline, status, reader);
-        !s.pids.is_empty() && s.pids.iter().all(|&p| !crate::procfs::alive(p, None))
+        !s.pids.is_empty() && s.pids.iter().all(|&p| !gpumem_engine::procfs::alive(p, None))
     }
 
     /// Reads the kernel's counters into the status and marks the processes

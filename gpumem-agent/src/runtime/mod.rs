@@ -26,10 +26,12 @@ pub use replay::replay;
 
 use crate::{
     nvml,
-    pipeline::{self, Outcome, Pipeline},
     probes::{ioctl::IoctlMode, ProbeSet},
+};
+use gpumem_engine::{
+    model::agent::AgentStatus,
+    pipeline::{self, Outcome, Pipeline},
     record::{Footer, Header, ReadError},
-    selfstat::AgentStatus,
 };
 
 /// What to attach to, and how.
@@ -44,7 +46,7 @@ pub struct Probing {
     /// None: NVML is not used.
     pub nvml: Option<nvml::Library>,
     /// Which allocation stacks the kernel copies.
-    pub stacks: crate::stacks::StackPolicy,
+    pub stacks: gpumem_engine::stacks::StackPolicy,
     pub uprobe_links: crate::probes::links::UprobeLinks,
     /// Tests: act as a kernel that refuses uprobe_multi links.
     pub refuse_uprobe_multi: bool,
@@ -186,7 +188,7 @@ pub trait Output {
     }
 
     /// A message from NVML (before the pipeline takes it), `t_s` into the session.
-    fn nvml(&mut self, _ctx: &mut Ctx<'_>, _m: &nvml::Message, _t_s: f64) -> Result<()> {
+    fn nvml(&mut self, _ctx: &mut Ctx<'_>, _m: &gpumem_engine::model::nvml::Message, _t_s: f64) -> Result<()> {
         Ok(())
     }
 
@@ -249,7 +251,7 @@ impl<A: Output, B: Output> Output for (A, B) {
         self.0.sampled(ctx, t_s)
     }
 
-    fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &nvml::Message, t_s: f64) -> Result<()> {
+    fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &gpumem_engine::model::nvml::Message, t_s: f64) -> Result<()> {
         self.1.nvml(ctx, m, t_s)?;
         self.0.nvml(ctx, m, t_s)
     }

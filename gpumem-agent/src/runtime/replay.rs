@@ -6,10 +6,9 @@ use std::{io::Read, process::ExitCode};
 use anyhow::Result;
 
 use super::{Ctx, End, Flow, Output};
-use crate::{
+use gpumem_engine::{
     pipeline::{self, Lookups, Pipeline, Stack},
     record::{Footer, Header, Reader, Record},
-    selfstat::AgentStatus,
 };
 
 /// Replays `reader` into `out`; the recording's own end (or what was read
@@ -19,7 +18,7 @@ pub fn replay<R: Read, O: Output>(reader: &mut Reader<R>, options: pipeline::Opt
     // A recording does not say which processes its session chose: NVML's
     // untraced ones are not shown (their names were never recorded either).
     pipeline.untraced_scope = Some(Vec::new());
-    let mut agent = AgentStatus::default();
+    let mut agent = crate::selfstat::status();
     out.started(&mut Ctx { pipeline: &mut pipeline, agent: &agent, elapsed_s: 0.0 })?;
     let (mut header, mut footer, mut damage): (Option<Header>, Option<Footer>, _) = (None, None, None);
     let mut last_ts = 0u64;

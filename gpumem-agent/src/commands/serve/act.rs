@@ -4,14 +4,15 @@
 use super::flight::FlightRecorder;
 use crate::{
     actions::{ActionEvent, Actions, Config},
+    runtime::Ctx,
+};
+use gpumem_engine::{
     analysis::{
         triggers::{self, Edges, Trigger, TriggerKind},
         view::ViewOptions,
     },
     clock::monotonic_ns,
-    nvml,
     pipeline::Outcome,
-    runtime::Ctx,
 };
 
 pub struct Acting {
@@ -101,11 +102,11 @@ impl Acting {
     }
 
     /// A critical XID from NVML.
-    pub fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &nvml::Message, t_s: f64) {
+    pub fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &gpumem_engine::model::nvml::Message, t_s: f64) {
         if let Some(f) = self.flight.as_mut() {
             f.nvml(m, t_s);
         }
-        if let nvml::Message::Xid(x) = m {
+        if let gpumem_engine::model::nvml::Message::Xid(x) = m {
             if let Some(t) = triggers::of_xid(x) {
                 self.act(ctx, t);
             }

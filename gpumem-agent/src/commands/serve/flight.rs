@@ -15,12 +15,12 @@ use std::{
 use anyhow::{Context as _, Result};
 use gpumem_common::{api, flags, Event, COMM_LEN, DEVICE_UNKNOWN};
 
-use crate::{
+use gpumem_engine::{
     clock::monotonic_ns,
-    nvml,
-    pipeline::host::HostMemory,
+    model::host::HostMemory,
+    model::readings::{HostPoint, Lookup, NvmlPoint, XidPoint},
     pipeline::{Outcome, Pipeline},
-    record::{Footer, Header, HostPoint, Lookup, NvmlPoint, Writer, XidPoint},
+    record::{Footer, Header, Writer},
     stacks::{Sampling, StackId},
     state::process::{Memory, Process},
 };
@@ -102,13 +102,13 @@ impl FlightRecorder {
         self.push(monotonic_ns(), Item::Tick(t_s));
     }
 
-    pub fn nvml(&mut self, m: &nvml::Message, t_s: f64) {
+    pub fn nvml(&mut self, m: &gpumem_engine::model::nvml::Message, t_s: f64) {
         match m {
-            nvml::Message::Reading { gpus, .. } => {
+            gpumem_engine::model::nvml::Message::Reading { gpus, .. } => {
                 self.push(monotonic_ns(), Item::Nvml(gpus.iter().map(|g| NvmlPoint::from_sample(t_s, g)).collect()))
             }
-            nvml::Message::Xid(x) => self.push(monotonic_ns(), Item::Xid(XidPoint { t_s, gpu: x.gpu, xid: x.xid })),
-            nvml::Message::Unavailable(_) => {}
+            gpumem_engine::model::nvml::Message::Xid(x) => self.push(monotonic_ns(), Item::Xid(XidPoint { t_s, gpu: x.gpu, xid: x.xid })),
+            gpumem_engine::model::nvml::Message::Unavailable(_) => {}
         }
     }
 
@@ -118,11 +118,11 @@ impl FlightRecorder {
 
     /// Writes the window (and the state before it) for an action on `kind`;
     /// the file's path.
-    pub fn snapshot(&mut self, p: &mut Pipeline, kind: &str, lost: crate::events::LostEvents) -> Result<PathBuf> {
+    pub fn snapshot(&mut self, p: &mut Pipeline, kind: &str, lost: gpumem_engine::model::lost::LostEvents) -> Result<PathBuf> {
         let now = monotonic_ns();
         let since = self.items.front().map_or(now, |(t, _)| *t).min(now.saturating_sub(self.window_ns));
         std::fs::create_dir_all(&self.dir).with_context(|| format!("creating {}", self.dir.display()))?;
-        let name = format!("gpumem-{kind}-{}.gpumem", crate::clock::rfc3339(crate::clock::unix_ns()).replace(':', ""));
+        let name = format!("gpumem-{kind}-{}.gpumem", gpumem_engine::clock::rfc3339(gpumem_engine::clock::unix_ns()).replace(':', ""));
         let path = self.dir.join(name);
         let tmp = path.with_extension("partial");
         self.write(&tmp, p, since, now, lost).with_context(|| format!("writing {}", tmp.display()))?;
@@ -130,7 +130,14 @@ impl FlightRecorder {
         Ok(path)
     }
 
-    fn write(&self, path: &Path, p: &mut Pipeline, since: u64, now: u64, lost: crate::events::LostEvents) -> std::io::Result<()> {
+    fn write(
+        &self,
+        path: &Path,
+        p: &mut Pipeline,
+        since: u64,
+        now: u64,
+        lost: gpumem_engine::model::lost::LostEvents,
+    ) -> std::io::Result<()> {
         let mut w = Writer::create(path)?;
         w.header(&Header {
             gpumem_version: env!("CARGO_PKG_VERSION").into(),

@@ -30,13 +30,14 @@ use axum::{
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{
-    analysis::view::ViewOptions,
     cli::ServeArgs,
-    clock::{monotonic_ns, unix_ns},
     daemon::LeaksQuery,
-    export::prometheus::{self, Scrape},
-    nvml,
     runtime::{self, Ctx, Detach, End, Flow, Output, Session},
+};
+use gpumem_engine::{
+    analysis::view::ViewOptions,
+    clock::{monotonic_ns, unix_ns},
+    export::prometheus::{self, Scrape},
 };
 
 /// Samples per growth series (the detector's window: 10 min at 1 s).
@@ -168,8 +169,8 @@ impl Serve {
 
     /// What /metrics shows, as an OTLP request body.
     fn otlp_body(&self, ctx: &mut Ctx<'_>) -> Vec<u8> {
-        let times = crate::export::otlp::Times { start_ns: self.began_unix_ns, now_ns: unix_ns() };
-        self.with_scrape(ctx, |scrape| crate::export::otlp::request(&prometheus::families(scrape), &self.node, times))
+        let times = gpumem_engine::export::otlp::Times { start_ns: self.began_unix_ns, now_ns: unix_ns() };
+        self.with_scrape(ctx, |scrape| gpumem_engine::export::otlp::request(&prometheus::families(scrape), &self.node, times))
     }
 
     /// An export of what the daemon knows now.
@@ -224,7 +225,7 @@ impl Output for Serve {
         Ok(())
     }
 
-    fn event(&mut self, ctx: &mut Ctx<'_>, o: &crate::pipeline::Outcome) -> Result<Flow> {
+    fn event(&mut self, ctx: &mut Ctx<'_>, o: &gpumem_engine::pipeline::Outcome) -> Result<Flow> {
         self.acting.outcome(ctx, o);
         Ok(Flow::Continue)
     }
@@ -244,15 +245,15 @@ impl Output for Serve {
         Ok(Flow::Continue)
     }
 
-    fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &nvml::Message, t_s: f64) -> Result<()> {
+    fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &gpumem_engine::model::nvml::Message, t_s: f64) -> Result<()> {
         self.acting.nvml(ctx, m, t_s);
         if !std::mem::replace(&mut self.nvml_said, true) {
             match m {
-                nvml::Message::Reading { gpus, .. } => eprintln!("gpumem: NVML: {} GPU(s)", gpus.len()),
-                nvml::Message::Unavailable(e) => {
+                gpumem_engine::model::nvml::Message::Reading { gpus, .. } => eprintln!("gpumem: NVML: {} GPU(s)", gpus.len()),
+                gpumem_engine::model::nvml::Message::Unavailable(e) => {
                     eprintln!("gpumem: {e}; serving traced memory only, retrying every {} s", self.nvml_interval_s)
                 }
-                nvml::Message::Xid(_) => self.nvml_said = false,
+                gpumem_engine::model::nvml::Message::Xid(_) => self.nvml_said = false,
             }
         }
         Ok(())

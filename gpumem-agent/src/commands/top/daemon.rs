@@ -9,10 +9,9 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use super::{spawn_key_reader, Input, Screenful};
-use crate::{
+use crate::{cli::TopArgs, daemon::client};
+use gpumem_engine::{
     analysis::leaks::LeakGroup,
-    cli::TopArgs,
-    daemon::client,
     export::top::{
         tui::{self, Action, Screen},
         Snapshot,

@@ -15,15 +15,17 @@ use tokio::sync::mpsc;
 
 use super::trace::replay_outcome;
 use crate::{
-    analysis::{leaks, view::ViewOptions},
     cli::TopArgs,
+    runtime::{self, Ctx, End, Flow, Output, Session},
+};
+use gpumem_engine::{
+    analysis::{leaks, view::ViewOptions},
     clock::monotonic_ns,
     export::top::{
         self, model,
         tui::{self, Action, Screen},
         Snapshot,
     },
-    runtime::{self, Ctx, End, Flow, Output, Session},
 };
 
 mod daemon;
@@ -238,7 +240,7 @@ impl Output for Top {
 
 /// What a pipeline holds now, as top shows it: what a running daemon
 /// answers the interactive top with.
-pub fn snapshot(p: &mut crate::pipeline::Pipeline, lost_events: u64) -> Snapshot {
+pub fn snapshot(p: &mut gpumem_engine::pipeline::Pipeline, lost_events: u64) -> Snapshot {
     p.note_kept();
     let view = p.view(&ViewOptions { now_ns: monotonic_ns(), trend: model::TREND_LEN, ..Default::default() });
     let mut snap = top::build(&view, &p.host, p.state.events, lost_events, p.kept);
@@ -247,14 +249,14 @@ pub fn snapshot(p: &mut crate::pipeline::Pipeline, lost_events: u64) -> Snapshot
 }
 
 /// A process's largest live allocation stacks on a device (None: gone).
-pub fn stacks(p: &mut crate::pipeline::Pipeline, pid: u32, device: i32) -> Option<Vec<leaks::LeakGroup>> {
+pub fn stacks(p: &mut gpumem_engine::pipeline::Pipeline, pid: u32, device: i32) -> Option<Vec<leaks::LeakGroup>> {
     let proc = p.state.processes.get(&pid)?;
     Some(leaks::top_stacks(proc, device, &mut p.stacks, STACKS_SHOWN, monotonic_ns()))
 }
 
 /// The `--once` text of what a pipeline holds now: what a running daemon
 /// answers `top --once` with.
-pub fn once_text(p: &mut crate::pipeline::Pipeline, lost_events: u64) -> Result<String> {
+pub fn once_text(p: &mut gpumem_engine::pipeline::Pipeline, lost_events: u64) -> Result<String> {
     let snap = snapshot(p, lost_events);
     let mut out = Vec::new();
     snap.write_text(&mut out)?;

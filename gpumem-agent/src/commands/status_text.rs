@@ -1,0 +1,168 @@
+//! `gpumem status` for people: kernel features, tracepoints, the ioctl
+//! path, NVML, every libcuda found and every probe attached or skipped.
+use std::io::Write;
+
+use crate::{
+    probes::{features, Agent, ProbeStatus},
+    runtime::discovery::DiscoveryReport,
+};
+
+pub fn write_human(
+    out: &mut impl Write,
+    features: &features::KernelFeatures,
+    agent: &Agent,
+    discovery: &DiscoveryReport,
+    nvml: &str,
+    notes: &[String],
+) -> std::io::Result<()> {
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    writeln!(out, "kernel {}", features.release)?;
+    writeln!(out, "  uprobes/uretprobes  {}", yes(features.uprobes))?;
+    writeln!(
+        out,
+        "  kprobes             {}{}",
+        yes(features.kprobes),
+        if features.kprobes { "" } else { " (tracepoints are used instead)" }
+    )?;
+    writeln!(out, "  tracepoints         {}", yes(features.tracepoints))?;
+    writeln!(out, "  ring buffer         {}", yes(features.ring_buffer))?;
+    writeln!(out, "  BTF                 {}", yes(features.btf))?;
+    writeln!(out, "tracepoints")?;
+    for t in &agent.tracepoints {
+        match &t.error {
+            None => writeln!(out, "  {:<28} attached", t.tracepoint)?,
+            Some(e) => writeln!(out, "  {:<28} NOT attached: {e}", t.tracepoint)?,
+        }
+    }
+    let io = &agent.ioctl;
+    let path = match io.path {
+        crate::probes::ioctl::IoctlPath::Kprobes => "kprobes",
+        crate::probes::ioctl::IoctlPath::Tracepoints => "tracepoints",
+        crate::probes::ioctl::IoctlPath::Off => "off",
+    };
+    writeln!(out, "NVIDIA ioctls: {path} — {}", io.why)?;
+    writeln!(out, "  device nodes {}*, {} descriptor(s) open before start seeded from /proc", io.prefix, io.seeded_fds)?;
+    if let Some(e) = &io.error {
+        writeln!(out, "  NOT attached: {e}")?;
+    }
+    let l = &agent.uprobe_links;
+    writeln!(out, "uprobe links: {} — {} ({} link(s))", l.mode.name(), l.why, l.links)?;
+    let d = discovery;
+    writeln!(out, "discovery: {} — {}; every process rescanned every {} s", d.mode.replace('_', "-"), d.why, d.full_scan_every_s)?;
+    for l in &d.loaders {
+        match &l.error {
+            None => writeln!(out, "  loader {} (inode {}) hooked", l.path, l.inode)?,
+            Some(e) => writeln!(out, "  loader {} (inode {}) NOT hooked: {e}", l.path, l.inode)?,
+        }
+    }
+    writeln!(out, "NVML: {nvml}")?;
+    if agent.libraries.is_empty() {
+        writeln!(out, "libcuda: none found (not in ld.so.cache, not loaded by any process); give one with --libcuda PATH")?;
+    }
+    for lib in &agent.libraries {
+        writeln!(out, "libcuda {} (inode {}, dev {:#x}, found by {})", lib.path, lib.inode, lib.dev, lib.source)?;
+        if let Some(e) = &lib.error {
+            writeln!(out, "  not attached: {e}")?;
+            continue;
+        }
+        let links = lib.links.map(|m| format!(" ({} links)", m.name())).unwrap_or_default();
+        writeln!(out, "  {} of {} probes attached{links}", lib.attached(), lib.probes.len())?;
+        for p in &lib.probes {
+            let what = match &p.status {
+                ProbeStatus::Attached => "attached (uprobe + uretprobe)".to_string(),
+                ProbeStatus::NotExported { required: true } => "skipped: not exported by this library".to_string(),
+                ProbeStatus::NotExported { required: false } => "skipped: not exported (newer drivers only)".to_string(),
+                ProbeStatus::Failed { error } => format!("FAILED: {error}"),
+            };
+            writeln!(out, "  {:<30} {what}", p.symbol)?;
+        }
+    }
+    write_torch(out, agent)?;
+    // What bring-up said, as it says it (its sentences carry their own "note:").
+    for n in notes {
+        writeln!(out, "{n}")?;
+    }
+    Ok(())
+}
+
+/// The driver's versions, and the mismatch named where there is one.
+pub fn write_driver(out: &mut impl Write, v: &crate::driver::Versions) -> std::io::Result<()> {
+    writeln!(out, "driver: {}", v.describe())?;
+    if let Some(m) = v.mismatch_message() {
+        writeln!(out, "  {m}")?;
+    }
+    Ok(())
+}
+
+/// Each PyTorch library found and its allocator probe sites.
+fn write_torch(out: &mut impl Write, agent: &Agent) -> std::io::Result<()> {
+    for t in &agent.torch {
+        writeln!(out, "PyTorch {} (inode {}, dev {:#x}, found by {})", t.path, t.inode, t.dev, t.source)?;
+        match (&t.error, t.attached) {
+            (Some(e), _) => writeln!(out, "  allocator probes NOT attached: {e}")?,
+            (None, true) => {
+                let how = if t.links == Some(crate::probes::links::LinkMode::Multi) {
+                    "one uprobe_multi link"
+                } else {
+                    "a perf-event uprobe per site"
+                };
+                writeln!(out, "  allocator probes attached ({how}, semaphores raised while gpumem runs)")?
+            }
+            (None, false) => {}
+        }
+        for site in &t.sites {
+            let sem = site.semaphore.map_or("no semaphore".to_string(), |s| format!("semaphore at {s:#x}"));
+            writeln!(out, "  {:<16} at {:#x}, {sem}: {}", site.probe, site.offset, site.args.join(", "))?;
+        }
+    }
+    Ok(())
+}
+
+/// The running daemon (as it describes itself) and the pinned state on disk.
+pub fn write_continuity(
+    out: &mut impl Write,
+    daemon: Option<&serde_json::Value>,
+    pinned: &[crate::probes::pin::OnDisk],
+) -> std::io::Result<()> {
+    match daemon {
+        Some(d) => {
+            writeln!(
+                out,
+                "daemon: gpumem serve {} (pid {}), up {:.0} s, {} probes attached, {} processes, {}",
+                d["version"].as_str().unwrap_or("?"),
+                d["pid"],
+                d["up_s"].as_f64().unwrap_or(0.0),
+                d["probes_attached"],
+                d["processes"],
+                d["metrics"].as_str().unwrap_or("?")
+            )?;
+            let c = &d["continuity"];
+            match c["pinned"].as_str() {
+                Some(dir) => writeln!(out, "  state pinned in {dir} (owned by this daemon)")?,
+                None => writeln!(out, "  state not pinned: {}", c["unpinned_why"].as_str().unwrap_or("--no-pin"))?,
+            }
+            if let Some(a) = c["adopted"].as_object() {
+                writeln!(out, "  adopted at start: {} live entries of {} processes from the last agent", a["entries"], a["processes"])?;
+            }
+            if let Some(t) = d["kernel_table"].as_object() {
+                writeln!(
+                    out,
+                    "  kernel table of live entries: {} of {} ({} of kernel memory)",
+                    t["entries"],
+                    t["max_entries"],
+                    gpumem_engine::names::bytes(t["bytes"].as_u64().unwrap_or(0))
+                )?;
+            }
+        }
+        None => writeln!(out, "daemon: none running (top, leaks and status start probes of their own)")?,
+    }
+    for p in pinned {
+        let whose = match (daemon.is_some(), p.compatible) {
+            (_, false) => "another gpumem's layout: the next serve replaces it",
+            (true, true) => "the daemon's",
+            (false, true) => "no agent runs: its probes keep counting, the next serve adopts it",
+        };
+        writeln!(out, "pinned state {} ({} links, {} maps): {whose}", p.dir, p.links, p.maps)?;
+    }
+    Ok(())
+}

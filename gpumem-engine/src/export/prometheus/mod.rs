@@ -1,0 +1,387 @@
+//! Prometheus exposition (OpenMetrics text, prometheus-client), rendered
+//! from what the analyses and the agent hold: the view's rows (capped by
+//! `analysis::view::cap`), the event counters and distributions, NVML's
+//! readings and the agent's own status. Nothing here computes or reads /proc.
+//!
+//! Device labels as dcgm-exporter names them (`gpu`, `UUID`, `pci_bus_id`,
+//! `modelName`), workload labels `pid`, `comm`, `container`, `pod`,
+//! `namespace`. Processes that exited read 0 until they are forgotten (after
+//! the grace period), then their series go.
+pub mod catalog;
+pub mod families;
+pub mod text;
+
+use std::collections::BTreeMap;
+
+use gpumem_common::DEVICE_UNKNOWN;
+
+use crate::names::{api_name, result_name};
+use crate::{
+    analysis::{
+        counters::{EventCounts, KillSource, OomCount},
+        distributions::Distributions,
+        health::{self, GpuWatch},
+        triggers::TriggerKind,
+        view::{View, Workload},
+    },
+    model::actions::{Outcome as ActionOutcome, Target},
+    model::agent::AgentStatus,
+    model::nvml::GpuSample,
+    pipeline::Pipeline,
+    stacks::StackStats,
+    state::{process::DeviceTotals, State},
+};
+use catalog as m;
+
+/// `serve --action`/`--webhook` outcomes by (target, event, outcome).
+pub type ActionCounts = BTreeMap<(Target, TriggerKind, ActionOutcome), u64>;
+use families::{Families, Labels, Value};
+pub use text::to_text_format;
+
+/// Everything a scrape renders.
+pub struct Scrape<'a> {
+    /// With exited processes' rows (they read 0 until forgotten).
+    pub view: &'a View,
+    /// Most (process, device) series; the rest are summed as comm="other".
+    pub max_process_series: usize,
+    pub state: &'a State,
+    pub counts: &'a EventCounts,
+    pub distributions: &'a Distributions,
+    pub gpus: &'a GpuWatch,
+    pub stacks: &'a StackStats,
+    pub agent: &'a AgentStatus,
+    /// The host side: traced processes' host memory, swap, memory cgroups.
+    pub host: &'a crate::model::host::HostMemory,
+    /// OTLP pushes done and failed, where serve pushes.
+    pub otlp_pushes: Option<(u64, u64)>,
+    /// `serve --action`/`--webhook` outcomes, where something acts.
+    pub actions: Option<ActionCounts>,
+}
+
+impl<'a> Scrape<'a> {
+    /// A scrape of what the pipeline holds, with its view (exited processes
+    /// included) and the agent's status.
+    pub fn of(p: &'a Pipeline, view: &'a View, agent: &'a AgentStatus, max_process_series: usize) -> Self {
+        Scrape {
+            view,
+            max_process_series,
+            state: &p.state,
+            counts: &p.counts,
+            distributions: &p.distributions,
+            gpus: &p.gpus,
+            stacks: &p.stacks.stats,
+            agent,
+            host: &p.host,
+            otlp_pushes: None,
+            actions: None,
+        }
+    }
+}
+
+/// The whole exposition, ending with `# EOF`.
+pub fn render(s: &Scrape<'_>) -> Result<String, std::fmt::Error> {
+    families(s).encode()
+}
+
+/// Every family of a scrape, with its series: what /metrics shows (and
+/// OTLP pushes).
+pub fn families(s: &Scrape<'_>) -> Families {
+    let mut fams = Families::default();
+    histograms(&mut fams, s.distributions);
+    process_families(&mut fams, s);
+    event_families(&mut fams, s);
+    gpu_families(&mut fams, s);
+    self_families(&mut fams, s);
+    fams
+}
+
+/// dcgm-exporter's device labels, filled from NVML where it has the GPU.
+fn device_labels(device: i32, view: &View) -> Labels {
+    let gpu = view.gpus.iter().find(|g| g.index == device).and_then(|g| g.nvml.as_ref());
+    vec![
+        ("gpu", if device == DEVICE_UNKNOWN { "unknown".to_string() } else { device.to_string() }),
+        ("UUID", gpu.map(|g| g.uuid.clone()).unwrap_or_default()),
+        ("pci_bus_id", gpu.map(|g| g.pci_bus_id.clone()).unwrap_or_default()),
+        ("modelName", gpu.map(|g| g.name.clone()).unwrap_or_default()),
+    ]
+}
+
+fn gpu_labels(g: &GpuSample) -> Labels {
+    vec![("gpu", g.index.to_string()), ("UUID", g.uuid.clone()), ("pci_bus_id", g.pci_bus_id.clone()), ("modelName", g.name.clone())]
+}
+
+/// A process's labels; None: the long tail summed as comm="other".
+/// The traced processes' host memory (largest resident first, capped as the
+/// process series are), the node's swap traffic, their containers' memory
+/// cgroups: what to read beside VRAM when a GPU job spills to the host.
+fn host_memory(fams: &mut Families, s: &Scrape<'_>) {
+    let h = s.host;
+    let mut procs: Vec<_> = h.processes.iter().filter_map(|(pid, m)| Some((s.state.processes.get(pid)?, m))).collect();
+    procs.sort_by(|a, b| b.1.resident_bytes.cmp(&a.1.resident_bytes).then(a.0.pid.cmp(&b.0.pid)));
+    procs.truncate(s.max_process_series);
+    let labels = |p: &crate::state::process::Process| workload_labels(Some((p.pid, &p.comm, &Workload::of(p.container.as_ref()))));
+    fams.add(m::PROCESS_HOST_RESIDENT).extend(procs.iter().map(|(p, m)| (labels(p), Value::int(m.resident_bytes))));
+    fams.add(m::PROCESS_HOST_SWAP).extend(procs.iter().map(|(p, m)| (labels(p), Value::int(m.swap_bytes))));
+    let swap = h.swap_in_bytes.zip(h.swap_out_bytes);
+    fams.add(m::HOST_SWAP_IN).extend(swap.map(|(i, _)| (vec![], Value::Count(i))));
+    fams.add(m::HOST_SWAP_OUT).extend(swap.map(|(_, o)| (vec![], Value::Count(o))));
+    let (mut usage, mut limits) = (Vec::new(), Vec::new());
+    for (cgroup, mem) in &h.cgroups {
+        let owner = s
+            .state
+            .processes
+            .values()
+            .find(|p| p.container.as_ref().and_then(|c| c.memory_limit_file.as_ref()).is_some_and(|(c, _)| c == cgroup));
+        let w = Workload::of(owner.and_then(|p| p.container.as_ref()));
+        let labels = vec![
+            ("container", w.container.unwrap_or_default()),
+            ("pod", w.pod.unwrap_or_default()),
+            ("namespace", w.namespace.unwrap_or_default()),
+            ("cgroup", cgroup.clone()),
+        ];
+        usage.push((labels.clone(), Value::int(mem.usage_bytes)));
+        if let Some(limit) = mem.limit_bytes {
+            limits.push((labels, Value::int(limit)));
+        }
+    }
+    fams.add(m::CONTAINER_MEMORY_USAGE).extend(usage);
+    fams.add(m::CONTAINER_MEMORY_LIMIT).extend(limits);
+}
+
+fn workload_labels(process: Option<(u32, &str, &Workload)>) -> Labels {
+    let (pid, comm, w) = match process {
+        Some((pid, comm, w)) => (pid.to_string(), comm.to_string(), w.clone()),
+        None => (String::new(), "other".to_string(), Workload::default()),
+    };
+    vec![
+        ("pid", pid),
+        ("comm", comm),
+        ("container", w.container.unwrap_or_default()),
+        ("pod", w.pod.unwrap_or_default()),
+        ("namespace", w.namespace.unwrap_or_default()),
+    ]
+}
+
+fn histograms(fams: &mut Families, d: &Distributions) {
+    let kind = |k: crate::analysis::distributions::MemoryKind| vec![("memory", k.label().to_string())];
+    fams.add(m::ALLOCATION_SIZE).extend(d.sizes().map(|(k, b)| (kind(k), Value::Histogram(b.clone()))));
+    fams.add(m::ALLOCATION_LIFETIME).extend(d.lifetimes().map(|(k, b)| (kind(k), Value::Histogram(b.clone()))));
+    fams.add(m::API_LATENCY).extend(d.latencies().map(|(api, b)| (vec![("api", api_name(api).to_string())], Value::Histogram(b.clone()))));
+}
+
+/// One (process, device) series: its labels and figures.
+struct Series {
+    labels: Labels,
+    totals: DeviceTotals,
+    leak_suspect_bytes: u64,
+    growth_bytes_per_s: f64,
+    leaking: bool,
+    cache_growth: bool,
+    /// Allocated, reserved-unused and largest free block, where tensors are seen.
+    tensors: Option<(u64, u64, Option<u64>)>,
+}
+
+fn process_families(fams: &mut Families, s: &Scrape<'_>) {
+    let view = s.view;
+    let capped = view.capped(s.max_process_series);
+    let mut series: Vec<Series> = capped
+        .rows
+        .iter()
+        .map(|r| Series {
+            labels: [workload_labels(Some((r.pid, &r.comm, &r.workload))), device_labels(r.device, view)].concat(),
+            totals: r.totals.clone(),
+            leak_suspect_bytes: r.leak_suspect_bytes,
+            growth_bytes_per_s: r.growth_bytes_per_s(),
+            leaking: r.leaking(),
+            cache_growth: r.cache_growth(),
+            tensors: r.free_blocks.map(|fb| (r.totals.allocated_bytes, fb.unused_bytes, Some(fb.largest_free_block))),
+        })
+        .collect();
+    series.extend(capped.other.iter().map(|o| Series {
+        labels: [workload_labels(None), device_labels(o.device, view)].concat(),
+        totals: o.totals.clone(),
+        leak_suspect_bytes: o.leak_suspect_bytes,
+        growth_bytes_per_s: o.growth_bytes_per_s,
+        leaking: o.leaking,
+        cache_growth: false,
+        tensors: o.allocated_bytes.map(|a| (a, o.reserved_unused_bytes.unwrap_or(0), None)),
+    }));
+    let mut each = |metric, f: &dyn Fn(&Series) -> Value| {
+        fams.add(metric).extend(series.iter().map(|x| (x.labels.clone(), f(x))));
+    };
+    each(m::PROCESS_MEMORY, &|x| Value::int(x.totals.live_bytes));
+    each(m::PROCESS_ALLOCATIONS, &|x| Value::int(x.totals.live_allocs));
+    each(m::PROCESS_VMM_PHYSICAL, &|x| Value::int(x.totals.vmm_physical_bytes));
+    each(m::PROCESS_VMM_RESERVED, &|x| Value::int(x.totals.reserved_bytes));
+    each(m::PROCESS_LEAK_SUSPECT, &|x| Value::int(x.leak_suspect_bytes));
+    each(m::PROCESS_GROWTH, &|x| Value::Float(x.growth_bytes_per_s));
+    each(m::PROCESS_LEAK_SUSPECTED, &|x| Value::flag(x.leaking));
+    each(m::PROCESS_CACHE_GROWTH, &|x| Value::flag(x.cache_growth));
+    // Tensor figures only where PyTorch's probes fired: no series is "unknown", not 0.
+    let mut tensors = |metric, f: &dyn Fn((u64, u64, Option<u64>)) -> Option<u64>| {
+        let known = series.iter().filter_map(|x| Some((x.labels.clone(), Value::int(f(x.tensors?)?))));
+        fams.add(metric).extend(known);
+    };
+    tensors(m::PROCESS_ALLOCATED, &|t| Some(t.0));
+    tensors(m::PROCESS_RESERVED_UNUSED, &|t| Some(t.1));
+    tensors(m::PROCESS_LARGEST_FREE_BLOCK, &|t| t.2);
+
+    let cap = s.max_process_series;
+    let pinned = fams.add(m::PROCESS_HOST_PINNED);
+    pinned.extend(capped.pinned.iter().map(|p| (workload_labels(Some((p.pid, &p.comm, &p.workload))), Value::int(p.bytes))));
+    pinned.extend(capped.pinned_other.map(|bytes| (workload_labels(None), Value::int(bytes))));
+    host_memory(fams, s);
+    // Only processes that lost events: their other series are uncertain.
+    let lost = fams.add(m::PROCESS_EVENTS_LOST);
+    for p in s.state.processes.values().filter(|p| p.events_lost > 0).take(cap) {
+        lost.push((workload_labels(Some((p.pid, &p.comm, &Workload::of(p.container.as_ref())))), Value::Count(p.events_lost)));
+    }
+    let untracked = fams.add(m::PROCESS_UNTRACKED);
+    for r in view.reconciliation.iter().take(cap) {
+        let p = s.state.processes.get(&r.pid).filter(|p| !p.exited);
+        let w = Workload::of(p.and_then(|p| p.container.as_ref()));
+        let comm = p.map_or("", |p| p.comm.as_str());
+        untracked
+            .push(([workload_labels(Some((r.pid, comm, &w))), device_labels(r.gpu as i32, view)].concat(), Value::Int(r.untracked_bytes)));
+    }
+    fams.add(m::EXPORTER_PROCESS_SERIES).push((vec![], Value::int(view.rows.len() as u64)));
+    fams.add(m::EXPORTER_AGGREGATED_SERIES).push((vec![], Value::int(capped.aggregated as u64)));
+}
+
+fn event_families(fams: &mut Families, s: &Scrape<'_>) {
+    let c = s.counts;
+    let calls = fams.add(m::API_CALLS);
+    for ((api, result), n) in c.api_calls() {
+        let result =
+            if result == 0 { "success".to_string() } else { result_name(result).map_or_else(|| result.to_string(), str::to_string) };
+        calls.push((vec![("api", api_name(api).to_string()), ("result", result)], Value::Count(n)));
+    }
+    // Counters start at 0 on every known GPU, so that the first event is
+    // an increase Prometheus can see (increase() needs a sample before it).
+    let mut ooms: BTreeMap<i32, OomCount> = s.view.devices().map(|d| (d, OomCount::default())).collect();
+    ooms.extend(c.cuda_ooms.iter().map(|(&d, &n)| (d, n)));
+    fams.add(m::CUDA_OOM).extend(ooms.iter().map(|(&d, n)| (device_labels(d, s.view), Value::Count(n.all))));
+    fams.add(m::FRAGMENTATION_FAILURES).extend(ooms.iter().map(|(&d, n)| (device_labels(d, s.view), Value::Count(n.fragmentation))));
+    let mut exits: BTreeMap<i32, u64> = s.view.devices().map(|d| (d, 0)).collect();
+    exits.extend(c.exits.iter().map(|(&d, &n)| (d, n)));
+    fams.add(m::PROCESS_EXITS).extend(exits.iter().map(|(&d, &n)| (device_labels(d, s.view), Value::Count(n))));
+    let kills = fams.add(m::OOM_KILLS);
+    for source in KillSource::ALL {
+        kills.push((vec![("source", source.label().to_string())], Value::Count(c.oom_kills.get(&source).copied().unwrap_or(0))));
+    }
+}
+
+fn gpu_families(fams: &mut Families, s: &Scrape<'_>) {
+    let gpus = &s.gpus.latest;
+    let mut per_gpu = |metric, f: &dyn Fn(&GpuSample) -> Vec<(Labels, Value)>| {
+        let series = fams.add(metric);
+        for g in gpus {
+            series.extend(f(g).into_iter().map(|(extra, v)| ([gpu_labels(g), extra].concat(), v)));
+        }
+    };
+    let one = |v: Option<Value>| v.map(|v| (vec![], v)).into_iter().collect::<Vec<_>>();
+    per_gpu(m::GPU_MEMORY_TOTAL, &|g| one(g.memory.as_ref().map(|x| Value::int(x.total))));
+    per_gpu(m::GPU_MEMORY_USED, &|g| one(g.memory.as_ref().map(|x| Value::int(x.used))));
+    per_gpu(m::GPU_TRACED_MEMORY, &|g| {
+        let traced = s.view.gpus.iter().find(|r| r.index == g.index as i32).map_or(0, |r| r.traced_bytes);
+        one(Some(Value::int(traced)))
+    });
+    per_gpu(m::GPU_ECC_ERRORS, &|g| {
+        let Some(e) = &g.ecc else { return vec![] };
+        let l = |t: &str, c: &str| vec![("error_type", t.to_string()), ("counter", c.to_string())];
+        vec![
+            (l("corrected", "volatile"), Value::Count(e.corrected_volatile)),
+            (l("uncorrected", "volatile"), Value::Count(e.uncorrected_volatile)),
+            (l("corrected", "aggregate"), Value::Count(e.corrected_aggregate)),
+            (l("uncorrected", "aggregate"), Value::Count(e.uncorrected_aggregate)),
+        ]
+    });
+    per_gpu(m::GPU_RETIRED_PAGES, &|g| {
+        let Some(r) = &g.retired_pages else { return vec![] };
+        vec![
+            (vec![("cause", "single_bit_ecc".to_string())], Value::int(r.single_bit)),
+            (vec![("cause", "double_bit_ecc".to_string())], Value::int(r.double_bit)),
+        ]
+    });
+    per_gpu(m::GPU_RETIRED_PAGES_PENDING, &|g| one(g.retired_pages.as_ref().map(|r| Value::flag(r.pending))));
+    per_gpu(m::GPU_REMAPPED_ROWS, &|g| {
+        let Some(r) = &g.remapped_rows else { return vec![] };
+        vec![
+            (vec![("kind", "correctable".to_string())], Value::int(r.correctable)),
+            (vec![("kind", "uncorrectable".to_string())], Value::int(r.uncorrectable)),
+        ]
+    });
+    per_gpu(m::GPU_ROW_REMAP_PENDING, &|g| one(g.remapped_rows.as_ref().map(|r| Value::flag(r.pending))));
+    per_gpu(m::GPU_ROW_REMAP_FAILURE, &|g| one(g.remapped_rows.as_ref().map(|r| Value::flag(r.failure))));
+    per_gpu(m::GPU_TEMPERATURE, &|g| one(g.gpu_temp_c.map(|t| Value::Int(t as i64))));
+    per_gpu(m::GPU_MEMORY_TEMPERATURE, &|g| one(g.memory_temp_c.map(|t| Value::Int(t as i64))));
+    per_gpu(m::GPU_XID_ERRORS, &|g| {
+        // The critical XIDs' counters start at 0 on every GPU, so that alerts
+        // see the first one (others appear when they happen).
+        let mut counts: BTreeMap<u64, u64> = health::CRITICAL_XIDS.iter().map(|&x| (x, 0)).collect();
+        counts.extend(s.counts.xids.range((g.index, 0)..=(g.index, u64::MAX)).map(|(&(_, xid), &n)| (xid, n)));
+        counts.into_iter().map(|(xid, n)| (vec![("xid", xid.to_string())], Value::Count(n))).collect()
+    });
+    per_gpu(m::GPU_HEALTH_SCORE, &|g| one(s.gpus.health.get(&g.index).map(|h| Value::Int(h.score as i64))));
+}
+
+fn self_families(fams: &mut Families, s: &Scrape<'_>) {
+    let a = s.agent;
+    let (lost, full) = (&a.kernel.lost, &a.kernel.tables_full);
+    let reasons = [
+        ("ringbuf_full", lost.ringbuf_full),
+        ("pending_full", lost.pending_full),
+        ("return_without_entry", lost.return_without_entry),
+        ("malformed", lost.malformed),
+    ];
+    fams.add(m::LOST_EVENTS).extend(reasons.iter().map(|&(r, n)| (vec![("reason", r.to_string())], Value::Count(n))));
+    let outcomes = [("sampled", s.stacks.sampled), ("not_sampled", s.stacks.not_sampled)];
+    fams.add(m::STACKS_SAMPLING).extend(outcomes.iter().map(|&(o, n)| (vec![("outcome", o.to_string())], Value::Count(n))));
+    let d = &a.kernel.stacks_dropped;
+    let reasons = [("ring_full", d.ring_full), ("unmatched", d.unmatched)];
+    fams.add(m::STACKS_DROPPED).extend(reasons.iter().map(|&(r, n)| (vec![("reason", r.to_string())], Value::Count(n))));
+    let o = &s.state.overflow;
+    let tables = [
+        ("allocations", o.entries_dropped),
+        ("processes", o.process_events_dropped),
+        ("stacks", s.stacks.table_full),
+        ("xid_history", s.gpus.xids_dropped),
+        ("kernel_tracked_processes", full.tracked_processes),
+        ("kernel_pid_filter", full.pid_filter),
+        ("kernel_live_entries", full.kernel_table),
+    ];
+    fams.add(m::TABLE_OVERFLOW).extend(tables.iter().map(|&(t, n)| (vec![("table", t.to_string())], Value::Count(n))));
+    fams.add(m::IMPLAUSIBLE_EVENTS).push((vec![], Value::Count(s.state.implausible_events)));
+    fams.add(m::UNKNOWN_EVENTS).push((vec![], Value::Count(s.state.unknown_events)));
+    fams.add(m::PROBES_ATTACHED).push((vec![], Value::int(a.probes_attached as u64)));
+    if let Some((ok, failed)) = s.otlp_pushes {
+        let outcomes = [("ok", ok), ("failed", failed)];
+        fams.add(m::OTLP_PUSHES).extend(outcomes.iter().map(|&(o, n)| (vec![("outcome", o.to_string())], Value::Count(n))));
+    }
+    if let Some(counts) = &s.actions {
+        for (family, of) in [(m::ACTIONS, Target::Command), (m::WEBHOOKS, Target::Webhook)] {
+            let series = counts.iter().filter(|((target, ..), _)| *target == of).map(|(&(_, kind, outcome), &n)| {
+                (vec![("event", kind.name().to_string()), ("outcome", outcome.name().to_string())], Value::Count(n))
+            });
+            fams.add(family).extend(series);
+        }
+    }
+    fams.add(m::STALE_CALLS_REMOVED).push((vec![], Value::Count(a.stale_calls_removed)));
+    fams.add(m::EVENTS_PROCESSED).push((vec![], Value::Count(s.state.events)));
+    fams.add(m::TRACKED_PROCESSES).push((vec![], Value::int(s.state.processes.len() as u64)));
+    fams.add(m::NVML_UP).push((vec![], Value::flag(s.gpus.error.is_none())));
+    fams.add(m::AGENT_ERRORS).extend(a.errors.iter().map(|(&op, &n)| (vec![("operation", op.to_string())], Value::Count(n))));
+    fams.add(m::AGENT_CPU).push((vec![], Value::FloatCount(a.usage.cpu_seconds)));
+    fams.add(m::AGENT_RSS).push((vec![], Value::int(a.usage.resident_bytes)));
+    fams.add(m::AGENT_BPF_MAP_RSS).push((vec![], Value::int(a.usage.bpf_map_resident_bytes)));
+    if let Some(t) = &a.kernel_table {
+        fams.add(m::KERNEL_TABLE_ENTRIES).push((vec![], Value::int(t.entries)));
+        fams.add(m::KERNEL_TABLE_CAPACITY).push((vec![], Value::int(t.max_entries)));
+        fams.add(m::KERNEL_TABLE_BYTES).push((vec![], Value::int(t.bytes)));
+    }
+    let build = vec![("version", env!("CARGO_PKG_VERSION").to_string()), ("revision", a.revision.to_string())];
+    fams.add(m::BUILD_INFO).push((build, Value::Int(1)));
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,106 @@
+//! The agent as outputs report it: what it attached, what the kernel side
+//! counted, what it costs, its pinned state; filled by the agent, read by
+//! summaries, /metrics and the daemon's status.
+use std::collections::BTreeMap;
+
+use super::lost::KernelCounters;
+
+/// What the agent costs now.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Usage {
+    pub cpu_seconds: f64,
+    pub resident_bytes: u64,
+    pub bpf_map_resident_bytes: u64,
+}
+
+/// The agent as outputs report it (the summary, /metrics, top's title).
+#[derive(Clone, Debug, Default)]
+pub struct AgentStatus {
+    /// The git revision this agent was built from (`gpumem_build_info`).
+    pub revision: &'static str,
+    pub probes_attached: usize,
+    /// As last read from the kernel's maps.
+    pub kernel: KernelCounters,
+    /// Calls whose thread died inside the driver: their saved entries removed.
+    pub stale_calls_removed: u64,
+    /// Operations that failed and are retried later, by name (their figures
+    /// stay at the last success).
+    pub errors: BTreeMap<&'static str, u64>,
+    /// Cost of the /proc scans for new libcuda copies.
+    pub discovery: ScanStats,
+    pub usage: Usage,
+    /// `serve`'s pinned state and what it adopted (None: not kept).
+    pub continuity: Option<ContinuityReport>,
+    /// The kernel's table of live entries, as last counted.
+    pub kernel_table: Option<KernelTable>,
+}
+
+/// What finding libraries cost, for the summary: full scans of /proc (at
+/// start, then a slow safety net) and the reads of single processes that
+/// discovery signals (exec, dlopen) asked for.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ScanStats {
+    pub scans: u64,
+    pub total_us: u64,
+    pub max_us: u64,
+    /// Processes whose maps the last scan read.
+    pub last_processes: u64,
+    /// Discovery signals received (exec, the loader's link-map hook).
+    #[serde(default)]
+    pub signals: u64,
+    /// Processes read for them, and what that took.
+    #[serde(default)]
+    pub signal_reads: u64,
+    #[serde(default)]
+    pub signal_read_us: u64,
+}
+
+impl ScanStats {
+    pub fn record(&mut self, took: std::time::Duration, processes: u64) {
+        let us = took.as_micros() as u64;
+        self.scans += 1;
+        self.total_us += us;
+        self.max_us = self.max_us.max(us);
+        self.last_processes = processes;
+    }
+}
+
+/// What `status` and the start-up lines say about it.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct ContinuityReport {
+    /// The pin directory and layout; None: unpinned (see `unpinned_why`).
+    pub pinned: Option<String>,
+    pub layout: String,
+    pub unpinned_why: Option<String>,
+    /// Adopted from a previous agent: processes, entries, device bytes.
+    pub adopted: Option<Adopted>,
+    /// Links of the previous agent replaced by this one's.
+    pub links_taken_over: usize,
+    /// Returns that ran twice while the links overlapped (not losses: the
+    /// first of each pair was delivered).
+    pub duplicate_returns: u64,
+    pub notes: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Adopted {
+    pub processes: usize,
+    pub entries: usize,
+    /// Entries of processes gone while no agent ran, removed.
+    pub entries_of_exited: usize,
+    /// Allocations whose stack came back from the state directory.
+    pub stacks_restored: usize,
+    /// Processes whose entries did not all fit in the kernel's table.
+    pub processes_uncertain: usize,
+    /// How long reading and replaying the table took.
+    pub took_ms: f64,
+}
+
+/// The table's fill, for `status` and `/metrics`.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct KernelTable {
+    pub entries: u64,
+    pub max_entries: u64,
+    /// Kernel memory the entries take (key, value, element header).
+    pub bytes: u64,
+}

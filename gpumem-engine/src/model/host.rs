@@ -1,0 +1,35 @@
+//! The host side of GPU memory trouble, as read: each traced process's
+//! resident and swapped-out memory, the node's swap traffic, the memory
+//! cgroups of their containers.
+use std::collections::BTreeMap;
+
+/// One process's host memory, bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ProcessHost {
+    pub resident_bytes: u64,
+    pub swap_bytes: u64,
+}
+
+/// A memory cgroup's usage and limit, bytes (None: no limit).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CgroupMemory {
+    pub usage_bytes: u64,
+    pub limit_bytes: Option<u64>,
+    /// A traced process in it (whose container and pod name it).
+    pub pid: u32,
+}
+
+/// What one refresh read (a recording's host frame holds one).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HostMemory {
+    /// Live traced processes, by pid.
+    pub processes: BTreeMap<u32, ProcessHost>,
+    /// Bytes swapped in and out since boot (None: no /proc/vmstat).
+    pub swap_in_bytes: Option<u64>,
+    pub swap_out_bytes: Option<u64>,
+    /// The memory cgroups of traced processes' containers, by cgroup path.
+    pub cgroups: BTreeMap<String, CgroupMemory>,
+    /// Whether it was ever refreshed (what outputs show before is nothing, not zeros).
+    #[serde(skip)]
+    pub refreshed: bool,
+}
