@@ -35,6 +35,13 @@ impl Endpoint {
         Ok(Endpoint { authority: format!("{host}:{port}"), host, port, path })
     }
 
+    /// An OTLP/HTTP receiver: `http://host[:port][/path]`, the path OTLP's
+    /// `/v1/metrics` when it names none (http only; a collector on the node
+    /// or in the cluster terminates TLS).
+    pub fn otlp(url: &str) -> Result<Self, String> {
+        Endpoint::parse(url, "/v1/metrics")
+    }
+
     /// `http://host:port/path`, as the operator wrote it.
     pub fn url(&self) -> String {
         format!("http://{}{}", self.authority, self.path)

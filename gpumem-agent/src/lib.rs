@@ -23,3 +23,4 @@ pub mod privileges;
 pub mod probes;
 pub mod runtime;
 pub mod selfstat;
+pub mod serve;

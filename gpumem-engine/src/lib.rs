@@ -25,6 +25,7 @@ pub mod names;
 pub mod pipeline;
 pub mod procfs;
 pub mod python;
+pub mod query;
 pub mod record;
 pub mod stacks;
 pub mod state;

@@ -3,14 +3,12 @@
 use std::{convert::Infallible, process::ExitCode, sync::Arc, time::Instant};
 
 use anyhow::{anyhow, Result};
-use gpumem_agent::{
-    cli::export::Format,
-    commands::export::{render, Query, Span},
-    runtime::{self, Ctx, End, Output},
-};
+use gpumem_agent::runtime::{self, Ctx, End, Output};
 use gpumem_engine::{
     analysis::{history, profile::Layers},
-    pipeline, record,
+    pipeline,
+    query::export::{render, ExportQuery, Format, Span},
+    record,
     stacks::Frame,
     state::Limits,
 };
@@ -28,7 +26,7 @@ struct Render {
 impl Output for Render {
     type Input = Infallible;
     fn finish(&mut self, ctx: &mut Ctx<'_>, end: &End) -> Result<ExitCode> {
-        let q = Query { format: self.format, pid: Some(1), layers: Layers::Driver, older_than_s: 0.0 };
+        let q = ExportQuery { format: self.format, pid: Some(1), layers: Layers::Driver, older_than_s: 0.0 };
         let span = Span { ended_ns: end.footer.ended_ns, duration_s: end.footer.duration_s, wall_end_ns: 0, recorded_by: "bench".into() };
         self.out = Some(render(ctx.pipeline, &q, &span)?.bytes);
         Ok(ExitCode::SUCCESS)

@@ -114,9 +114,9 @@ pub struct Actions {
 }
 
 impl Actions {
-    /// Starts the workers (on the current tokio runtime).
-    pub fn start(config: Config) -> Actions {
-        let counts = Arc::new(Counts::default());
+    /// Starts the workers (on the current tokio runtime); outcomes are
+    /// counted in `counts` (which /metrics reads).
+    pub fn start(config: Config, counts: Arc<Counts>) -> Actions {
         let commands = (!config.hooks.is_empty() && !config.dry_run).then(|| {
             let (tx, rx) = mpsc::channel(config.queue);
             tokio::spawn(run_commands(rx, config.clone(), counts.clone()));

@@ -54,3 +54,10 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "DIR", default_value = crate::probes::pin::DEFAULT_ROOT)]
     pub pin_dir: PathBuf,
 }
+
+impl DaemonArgs {
+    /// The daemon these arguments name.
+    pub fn daemon(&self) -> crate::daemon::client::Daemon {
+        crate::daemon::client::Daemon { socket: self.socket.clone(), disabled: self.no_daemon }
+    }
+}

@@ -1,33 +1,8 @@
 //! `gpumem export`'s options.
 use std::path::PathBuf;
 
-use clap::{Args, ValueEnum};
-
-use gpumem_engine::analysis::profile::Layers;
-
-/// What `gpumem export` writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Format {
-    /// pprof's profile.proto, gzipped (go tool pprof, Pyroscope, Parca):
-    /// alloc_objects, alloc_space, inuse_objects, inuse_space per stack.
-    Pprof,
-    /// PyTorch's memory snapshot pickle (pytorch.org/memory_viz,
-    /// torch.cuda._memory_viz): one process's segments, blocks and traces.
-    TorchSnapshot,
-    /// Chrome trace-event JSON (Perfetto, chrome://tracing): live bytes over
-    /// time per process and GPU, OOMs, XIDs, leak verdicts.
-    Perfetto,
-}
-
-impl Format {
-    pub fn name(self) -> &'static str {
-        match self {
-            Format::Pprof => "pprof",
-            Format::TorchSnapshot => "torch-snapshot",
-            Format::Perfetto => "perfetto",
-        }
-    }
-}
+use clap::Args;
+use gpumem_engine::{analysis::profile::Layers, query::export::Format};
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {

@@ -364,8 +364,8 @@ pub struct ServeArgs {
     pub continuity: continuity::ContinuityArgs,
     /// Also push the metrics over OTLP/HTTP protobuf (cumulative) to this
     /// receiver, e.g. http://collector:4318/v1/metrics.
-    #[arg(long, value_name = "URL")]
-    pub otlp_endpoint: Option<crate::commands::serve::OtlpEndpoint>,
+    #[arg(long, value_name = "URL", value_parser = crate::http_post::Endpoint::otlp)]
+    pub otlp_endpoint: Option<crate::http_post::Endpoint>,
     /// How often to push OTLP.
     #[arg(long, value_name = "SECONDS", default_value_t = 15.0, value_parser = parse_duration, allow_negative_numbers = true)]
     pub otlp_interval: f64,

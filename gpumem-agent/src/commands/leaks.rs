@@ -16,11 +16,11 @@ use crate::{
     runtime::{self, Ctx, End, Output},
 };
 use gpumem_engine::{
-    analysis::leaks,
-    export::{leaks::LeaksReport, trace},
-    model::lost::StacksDropped,
     names::bytes,
-    pipeline::Pipeline,
+    query::{
+        leaks::{report, LeaksQuery, Span},
+        Query,
+    },
 };
 
 /// How often live bytes are sampled for the growth detector.
@@ -63,8 +63,9 @@ impl Output for Leaks {
             eprint!("\r\x1b[K");
         }
         let f = &end.footer;
-        let q = Query { now_ns: f.ended_ns, duration_s: f.duration_s, older_than_s: self.older_than_s, top: self.top, pids: &[] };
-        let mut report = report(ctx.pipeline, &q, f.stacks_dropped, f.lost.total());
+        let q = LeaksQuery { pids: Vec::new(), older_than_s: self.older_than_s, top: self.top, json: self.json };
+        let span = Span { now_ns: f.ended_ns, duration_s: f.duration_s };
+        let mut report = report(ctx.pipeline, &q, span, f.stacks_dropped, f.lost.total());
         report.stacks = f.stacks.clone();
         let mut out = std::io::stdout().lock();
         if self.json {
@@ -74,51 +75,6 @@ impl Output for Leaks {
         }
         out.flush()?;
         Ok(replay_outcome(self.from.as_deref(), end, "the report above covers"))
-    }
-}
-
-/// What a leaks report covers.
-pub struct Query<'a> {
-    pub now_ns: u64,
-    pub duration_s: f64,
-    pub older_than_s: f64,
-    pub top: usize,
-    /// Only these processes (empty: all).
-    pub pids: &'a [u32],
-}
-
-/// The leaks report of what the pipeline holds: at the end of a session, or
-/// asked of a running daemon.
-pub fn report(p: &mut Pipeline, q: &Query<'_>, stacks_dropped: StacksDropped, lost_events: u64) -> LeaksReport {
-    let mut processes = leaks::find(&p.state, &mut p.stacks, &mut p.growth, q.now_ns, (q.older_than_s * 1e9) as u64, q.top);
-    let wanted = |pid: u32| q.pids.is_empty() || q.pids.contains(&pid);
-    processes.retain(|l| wanted(l.pid));
-    let oom_events = p
-        .ooms
-        .records
-        .iter()
-        .filter(|r| wanted(r.event.pid))
-        .map(|r| match &r.applied.cuda_oom {
-            Some(oom) => trace::cuda_oom_json(&r.event, oom, &r.holder_stacks),
-            None => trace::event_json(&r.event, &r.kind, &r.applied, None),
-        })
-        .collect();
-    let mut held_before_tracing = p.untraced_rows();
-    held_before_tracing.retain(|r| wanted(r.pid));
-    LeaksReport {
-        kind: "leaks",
-        duration_s: q.duration_s,
-        now_ns: q.now_ns,
-        older_than_s: q.older_than_s,
-        processes,
-        oom: p.state.oom.clone(),
-        oom_events,
-        oom_events_dropped: p.ooms.dropped,
-        stacks: p.stacks.stats.clone(),
-        stacks_dropped,
-        lost_events,
-        distributions: p.distributions.summary(),
-        held_before_tracing,
     }
 }
 
@@ -151,12 +107,12 @@ pub fn run(a: LeaksArgs) -> Result<ExitCode> {
 /// started (their allocations from before this command included); with
 /// --duration, asked when that time has passed.
 fn from_daemon(a: &LeaksArgs) -> Result<Option<String>> {
-    let q = crate::daemon::LeaksQuery { pids: a.target.pids.clone(), older_than_s: a.older_than, top: a.top, json: a.json };
-    let path = format!("/v1/leaks?{}", q.to_query());
+    let q = Query::Leaks(LeaksQuery { pids: a.target.pids.clone(), older_than_s: a.older_than, top: a.top, json: a.json });
+    let daemon = a.daemon.daemon();
     // Asked once first: without a daemon, no time is lost waiting.
-    let Some(now) = crate::daemon::client::ask(&a.daemon, &path)? else { return Ok(None) };
+    let Some(now) = daemon.ask_text(&q)? else { return Ok(None) };
     let Some(d) = a.target.duration else { return Ok(Some(now)) };
     eprintln!("gpumem: using the running gpumem serve; its report in {d} s");
     std::thread::sleep(Duration::from_secs_f64(d));
-    Ok(Some(crate::daemon::client::ask(&a.daemon, &path)?.unwrap_or(now)))
+    Ok(Some(daemon.ask_text(&q)?.unwrap_or(now)))
 }

@@ -8,7 +8,6 @@ pub mod leaks;
 pub mod record;
 pub mod replay;
 pub mod report;
-pub mod serve;
 pub mod status;
 pub mod status_text;
 pub mod top;

@@ -2,6 +2,7 @@
 use std::io::Write;
 
 use anyhow::Result;
+use gpumem_engine::query::Query;
 use serde_json::json;
 
 use crate::{
@@ -12,8 +13,7 @@ use crate::{
 
 pub fn run(args: StatusArgs) -> Result<()> {
     runtime::require_privileges()?;
-    let daemon: Option<serde_json::Value> =
-        crate::daemon::client::ask(&args.daemon, "/v1/status")?.map(|b| serde_json::from_str(&b)).transpose()?;
+    let daemon: Option<serde_json::Value> = args.daemon.daemon().ask_typed(&Query::Status)?;
     let pinned = pin::inspect(&args.daemon.pin_dir);
     let probing = args.probes.probing();
     let mut notes = Vec::new();

@@ -11,6 +11,7 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     cli::TraceArgs,
+    daemon::client::Daemon,
     runtime::{self, Ctx, End, Flow, Output},
 };
 use gpumem_engine::{
@@ -19,7 +20,9 @@ use gpumem_engine::{
         summary::Summary,
         trace::{Filter, Printer},
     },
+    model::Holding,
     pipeline::Outcome,
+    query::Query,
 };
 
 /// The events, then the summary.
@@ -34,7 +37,7 @@ pub struct Trace<W: Write> {
     write_error: Option<io::Error>,
     /// A running daemon to ask, at the end, what the traced processes hold
     /// since their start.
-    daemon: Option<crate::cli::continuity::DaemonArgs>,
+    daemon: Option<Daemon>,
     /// The processes asked for (`-p`): named even if they made no call.
     pids: Vec<u32>,
 }
@@ -118,22 +121,15 @@ impl<W: Write> Output for Trace<W> {
 
 /// What a running daemon knows the session's processes hold (from their
 /// start); empty without one. A daemon that cannot be asked is said, not fatal.
-fn known_to_daemon(d: &crate::cli::continuity::DaemonArgs, summary: &Summary, asked: &[u32]) -> Vec<gpumem_engine::model::Holding> {
+fn known_to_daemon(d: &Daemon, summary: &Summary, asked: &[u32]) -> Vec<Holding> {
     let mut pids: Vec<u32> = summary.processes.iter().map(|p| p.pid).chain(asked.iter().copied()).collect();
     pids.sort_unstable();
     pids.dedup();
-    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
     if pids.is_empty() {
         return Vec::new();
     }
-    let answer = crate::daemon::client::ask(d, &format!("/v1/holdings?pids={}", pids.join(",")));
-    match answer.map(|a| a.map(|b| serde_json::from_str(&b))) {
-        Ok(Some(Ok(h))) => h,
-        Ok(None) => Vec::new(),
-        Ok(Some(Err(e))) => {
-            eprintln!("gpumem: the running gpumem serve's answer is not understood: {e}");
-            Vec::new()
-        }
+    match d.ask_typed(&Query::Holdings { pids }) {
+        Ok(h) => h.unwrap_or_default(),
         Err(e) => {
             eprintln!("gpumem: {e:#}");
             Vec::new()
@@ -165,7 +161,7 @@ pub fn run(a: TraceArgs) -> Result<ExitCode> {
     let stdout = BufWriter::new(io::stdout().lock());
     let filter = Filter { min_size: a.min_size.unwrap_or(0), failed_only: a.failed_only };
     let mut trace = Trace::new(stdout, a.json, filter, a.from.clone());
-    trace.daemon = Some(a.daemon);
+    trace.daemon = Some(a.daemon.daemon());
     trace.pids = a.target.pids.clone();
     if let Some(path) = &a.from {
         return runtime::replay(&mut super::open_recording(path)?, super::replay_options(a.max_allocations), &mut trace);

@@ -1,15 +1,26 @@
-//! The commands' side of the socket: asks a running daemon, or says why
-//! there is none to ask (then the command starts its own probes).
+//! The commands' side of the socket: asks a running daemon a query, or
+//! says why there is none to ask (then the command starts its own probes).
 use std::{
     io::{Read as _, Write as _},
     os::unix::{fs::MetadataExt as _, net::UnixStream},
-    path::Path,
+    path::{Path, PathBuf},
     time::Duration,
 };
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
+use gpumem_engine::{
+    query::{wire::VERSION_HEADER, Query},
+    VERSION,
+};
 
-use super::{VERSION, VERSION_HEADER};
+/// A running daemon to ask, if there is one.
+#[derive(Clone, Debug)]
+pub struct Daemon {
+    /// Its local API's socket.
+    pub socket: PathBuf,
+    /// `--no-daemon`: never ask, start probes of our own.
+    pub disabled: bool,
+}
 
 /// What asking gave.
 #[derive(Debug, PartialEq, Eq)]
@@ -69,26 +80,34 @@ pub fn get_bytes(socket: &Path, path_and_query: &str) -> Result<Answer<Vec<u8>>>
     Ok(Answer::Body(body))
 }
 
-/// What a running daemon answers, or None (said on stderr where a socket
-/// was there but could not be used) when the command should start its own
-/// probes: no daemon, `--no-daemon`, a stale socket, another version.
-pub fn ask(args: &crate::cli::continuity::DaemonArgs, path_and_query: &str) -> Result<Option<String>> {
-    Ok(ask_bytes(args, path_and_query)?.map(|b| String::from_utf8_lossy(&b).into_owned()))
-}
-
-/// The same, the answer's bytes as they came.
-pub fn ask_bytes(args: &crate::cli::continuity::DaemonArgs, path_and_query: &str) -> Result<Option<Vec<u8>>> {
-    if args.no_daemon {
-        return Ok(None);
-    }
-    match get_bytes(&args.socket, path_and_query)? {
-        Answer::Body(b) => Ok(Some(b)),
-        Answer::NoDaemon(why) => {
-            if args.socket.exists() {
-                eprintln!("gpumem: {why}; using probes of its own");
-            }
-            Ok(None)
+impl Daemon {
+    /// What the daemon answers `q`, or None (said on stderr where a socket
+    /// was there but could not be used) when the command should start its
+    /// own probes: no daemon, `--no-daemon`, a stale socket, another version.
+    pub fn ask(&self, q: &Query) -> Result<Option<Vec<u8>>> {
+        if self.disabled {
+            return Ok(None);
         }
+        match get_bytes(&self.socket, &q.to_path())? {
+            Answer::Body(b) => Ok(Some(b)),
+            Answer::NoDaemon(why) => {
+                if self.socket.exists() {
+                    eprintln!("gpumem: {why}; using probes of its own");
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// The answer as text (what the command prints).
+    pub fn ask_text(&self, q: &Query) -> Result<Option<String>> {
+        Ok(self.ask(q)?.map(|b| String::from_utf8_lossy(&b).into_owned()))
+    }
+
+    /// The answer read back into its type.
+    pub fn ask_typed<T: serde::de::DeserializeOwned>(&self, q: &Query) -> Result<Option<T>> {
+        let Some(body) = self.ask(q)? else { return Ok(None) };
+        Ok(Some(serde_json::from_slice(&body).context("the running gpumem serve's answer is not understood")?))
     }
 }
 
@@ -149,9 +168,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("gpumem-client-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("none.sock");
-        assert!(matches!(get(&path, "/v1/status").unwrap(), Answer::NoDaemon(m) if m.contains("no gpumem serve")));
+        assert!(matches!(get(&path, &Query::Status.to_path()).unwrap(), Answer::NoDaemon(m) if m.contains("no gpumem serve")));
         drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
-        assert!(matches!(get(&path, "/v1/status").unwrap(), Answer::NoDaemon(m) if m.contains("stale socket")));
+        assert!(matches!(get(&path, &Query::Status.to_path()).unwrap(), Answer::NoDaemon(m) if m.contains("stale socket")));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

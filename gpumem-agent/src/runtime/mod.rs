@@ -30,6 +30,7 @@ use crate::{
 };
 use gpumem_engine::{
     model::agent::AgentStatus,
+    model::nvml::Message,
     pipeline::{self, Outcome, Pipeline},
     record::{Footer, Header, ReadError},
 };
@@ -188,7 +189,7 @@ pub trait Output {
     }
 
     /// A message from NVML (before the pipeline takes it), `t_s` into the session.
-    fn nvml(&mut self, _ctx: &mut Ctx<'_>, _m: &gpumem_engine::model::nvml::Message, _t_s: f64) -> Result<()> {
+    fn nvml(&mut self, _ctx: &mut Ctx<'_>, _m: &Message, _t_s: f64) -> Result<()> {
         Ok(())
     }
 
@@ -219,13 +220,31 @@ pub trait Output {
     }
 }
 
-/// Two outputs fed the same session (a trace that is also recorded). The
-/// first's inputs are the pair's; the second gets none.
-impl<A: Output, B: Output> Output for (A, B) {
-    type Input = A::Input;
+/// An input of one of two outputs fed together.
+pub enum Either<A, B> {
+    First(A),
+    Second(B),
+}
 
-    fn inputs(&mut self) -> Option<mpsc::Receiver<A::Input>> {
-        self.0.inputs()
+/// Two outputs fed the same session (a trace that is also recorded; serve's
+/// servers, actions and flight recorder). The second sees each call first
+/// (a recording must hold an event before a report that stops the session
+/// on it); each gets its own inputs.
+impl<A: Output, B: Output> Output for (A, B) {
+    type Input = Either<A::Input, B::Input>;
+
+    /// Both outputs' inputs, in one channel (forwarded by a task each: this
+    /// is called on the runtime, when the session starts).
+    fn inputs(&mut self) -> Option<mpsc::Receiver<Self::Input>> {
+        match (self.0.inputs(), self.1.inputs()) {
+            (None, None) => None,
+            (a, b) => {
+                let (tx, rx) = mpsc::channel(16);
+                forward(a, tx.clone(), Either::First);
+                forward(b, tx, Either::Second);
+                Some(rx)
+            }
+        }
     }
 
     fn started(&mut self, ctx: &mut Ctx<'_>) -> Result<()> {
@@ -251,7 +270,7 @@ impl<A: Output, B: Output> Output for (A, B) {
         self.0.sampled(ctx, t_s)
     }
 
-    fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &gpumem_engine::model::nvml::Message, t_s: f64) -> Result<()> {
+    fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &Message, t_s: f64) -> Result<()> {
         self.1.nvml(ctx, m, t_s)?;
         self.0.nvml(ctx, m, t_s)
     }
@@ -267,8 +286,11 @@ impl<A: Output, B: Output> Output for (A, B) {
         Ok(if a == Flow::Stop || b == Flow::Stop { Flow::Stop } else { Flow::Continue })
     }
 
-    fn input(&mut self, ctx: &mut Ctx<'_>, input: A::Input) -> Result<Flow> {
-        self.0.input(ctx, input)
+    fn input(&mut self, ctx: &mut Ctx<'_>, input: Self::Input) -> Result<Flow> {
+        match input {
+            Either::First(i) => self.0.input(ctx, i),
+            Either::Second(i) => self.1.input(ctx, i),
+        }
     }
 
     /// The second (a recording) is finished first, so that the report can name it.
@@ -284,4 +306,71 @@ impl<A: Output, B: Output> Output for (A, B) {
             a.await;
         }
     }
+}
+
+/// An output that may not be there (serve's optional servers and actions):
+/// absent, it does nothing.
+impl<O: Output> Output for Option<O> {
+    type Input = O::Input;
+
+    fn inputs(&mut self) -> Option<mpsc::Receiver<O::Input>> {
+        self.as_mut()?.inputs()
+    }
+
+    fn started(&mut self, ctx: &mut Ctx<'_>) -> Result<()> {
+        self.as_mut().map_or(Ok(()), |o| o.started(ctx))
+    }
+
+    fn event(&mut self, ctx: &mut Ctx<'_>, o: &Outcome) -> Result<Flow> {
+        self.as_mut().map_or(Ok(Flow::Continue), |out| out.event(ctx, o))
+    }
+
+    fn drained(&mut self, ctx: &mut Ctx<'_>) -> Result<()> {
+        self.as_mut().map_or(Ok(()), |o| o.drained(ctx))
+    }
+
+    fn sampled(&mut self, ctx: &mut Ctx<'_>, t_s: f64) -> Result<()> {
+        self.as_mut().map_or(Ok(()), |o| o.sampled(ctx, t_s))
+    }
+
+    fn nvml(&mut self, ctx: &mut Ctx<'_>, m: &Message, t_s: f64) -> Result<()> {
+        self.as_mut().map_or(Ok(()), |o| o.nvml(ctx, m, t_s))
+    }
+
+    fn host(&mut self, ctx: &mut Ctx<'_>, t_s: f64) -> Result<()> {
+        self.as_mut().map_or(Ok(()), |o| o.host(ctx, t_s))
+    }
+
+    fn tick(&mut self, ctx: &mut Ctx<'_>) -> Result<Flow> {
+        self.as_mut().map_or(Ok(Flow::Continue), |o| o.tick(ctx))
+    }
+
+    fn input(&mut self, ctx: &mut Ctx<'_>, input: O::Input) -> Result<Flow> {
+        self.as_mut().map_or(Ok(Flow::Continue), |o| o.input(ctx, input))
+    }
+
+    fn finish(&mut self, ctx: &mut Ctx<'_>, end: &End) -> Result<ExitCode> {
+        self.as_mut().map_or(Ok(ExitCode::SUCCESS), |o| o.finish(ctx, end))
+    }
+
+    fn close(&mut self) -> impl std::future::Future<Output = ()> {
+        let closing = self.as_mut().map(|o| o.close());
+        async move {
+            if let Some(c) = closing {
+                c.await;
+            }
+        }
+    }
+}
+
+/// Forwards every input of `from` into `to`, wrapped, until either closes.
+fn forward<T: Send + 'static, U: Send + 'static>(from: Option<mpsc::Receiver<T>>, to: mpsc::Sender<U>, wrap: fn(T) -> U) {
+    let Some(mut from) = from else { return };
+    tokio::spawn(async move {
+        while let Some(i) = from.recv().await {
+            if to.send(wrap(i)).await.is_err() {
+                return;
+            }
+        }
+    });
 }

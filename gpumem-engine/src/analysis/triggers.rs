@@ -13,7 +13,9 @@ use super::{
     health::{Health, Level, CRITICAL_XIDS},
     view::Row,
 };
-use crate::{model::nvml::XidEvent, pipeline::Outcome};
+use gpumem_common::Event;
+
+use crate::{model::nvml::XidEvent, state::Applied};
 
 /// What happened, as `--action EVENT=…` names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -70,9 +72,8 @@ pub struct Trigger {
 }
 
 /// The CUDA OOM or host OOM kill an applied event is, if it is one.
-pub fn of_outcome(o: &Outcome) -> Option<Trigger> {
-    let e = &o.event;
-    if let Some(oom) = &o.applied.cuda_oom {
+pub fn of_applied(e: &Event, applied: &Applied) -> Option<Trigger> {
+    if let Some(oom) = &applied.cuda_oom {
         let frag = if oom.fragmentation { " (fragmentation: that much was free)" } else { "" };
         let holders: Vec<_> = oom.holders.iter().map(|h| json!({"pid": h.pid, "comm": h.comm, "bytes": h.bytes})).collect();
         return Some(Trigger {
@@ -92,7 +93,7 @@ pub fn of_outcome(o: &Outcome) -> Option<Trigger> {
             }),
         });
     }
-    let kill = o.applied.oom_kill.as_ref()?;
+    let kill = applied.oom_kill.as_ref()?;
     let gpu_bytes: u64 = kill.holdings.iter().map(|h| h.bytes).sum();
     let holdings: Vec<_> = kill.holdings.iter().map(|h| json!({"device": h.device, "bytes": h.bytes, "allocations": h.allocs})).collect();
     Some(Trigger {

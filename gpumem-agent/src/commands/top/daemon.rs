@@ -5,35 +5,21 @@
 use std::process::ExitCode;
 
 use anyhow::{Context as _, Result};
-use serde::Deserialize;
+use gpumem_engine::{
+    analysis::leaks::LeakGroup,
+    export::top::tui::{self, Action, Screen},
+    query::{top::SnapshotAnswer, Query},
+};
 use tokio::sync::mpsc;
 
 use super::{spawn_key_reader, Input, Screenful};
-use crate::{cli::TopArgs, daemon::client};
-use gpumem_engine::{
-    analysis::leaks::LeakGroup,
-    export::top::{
-        tui::{self, Action, Screen},
-        Snapshot,
-    },
-};
+use crate::cli::TopArgs;
 
-/// /v1/snapshot's answer.
-#[derive(Deserialize)]
-pub struct Answer {
-    pub snapshot: Snapshot,
-    pub probes_attached: usize,
+fn fetch(args: &TopArgs) -> Result<Option<SnapshotAnswer>> {
+    args.daemon.daemon().ask_typed(&Query::Snapshot)
 }
 
-fn fetch(args: &TopArgs) -> Result<Option<Answer>> {
-    match client::ask(&args.daemon, "/v1/snapshot")? {
-        Some(body) => Ok(Some(serde_json::from_str(&body).context("the daemon's snapshot")?)),
-        None => Ok(None),
-    }
-}
-
-pub fn run(args: &TopArgs, first: &str) -> Result<ExitCode> {
-    let mut answer: Answer = serde_json::from_str(first).context("the daemon's snapshot")?;
+pub fn run(args: &TopArgs, mut answer: SnapshotAnswer) -> Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     rt.block_on(async {
         let (tx, mut rx) = mpsc::channel(64);
@@ -74,6 +60,5 @@ pub fn run(args: &TopArgs, first: &str) -> Result<ExitCode> {
 }
 
 fn stacks(args: &TopArgs, pid: u32, device: i32) -> Option<Vec<LeakGroup>> {
-    let body = client::ask(&args.daemon, &format!("/v1/stacks?pid={pid}&device={device}")).ok()??;
-    serde_json::from_str::<Option<Vec<LeakGroup>>>(&body).ok()?
+    args.daemon.daemon().ask_typed::<Option<Vec<LeakGroup>>>(&Query::Stacks { pid, device }).ok()??
 }

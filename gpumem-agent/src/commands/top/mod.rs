@@ -19,13 +19,14 @@ use crate::{
     runtime::{self, Ctx, End, Flow, Output, Session},
 };
 use gpumem_engine::{
-    analysis::{leaks, view::ViewOptions},
+    analysis::view::ViewOptions,
     clock::monotonic_ns,
     export::top::{
         self, model,
         tui::{self, Action, Screen},
         Snapshot,
     },
+    query::{self, Query},
 };
 
 mod daemon;
@@ -34,8 +35,6 @@ mod daemon;
 const GROWTH_SAMPLES: usize = 600;
 const GROWTH_INTERVAL: Duration = Duration::from_secs(1);
 const NVML_INTERVAL: Duration = Duration::from_secs(5);
-/// Stacks shown for the selected row.
-const STACKS_SHOWN: usize = 5;
 
 pub enum Input {
     Key(KeyEvent),
@@ -136,7 +135,8 @@ impl Top {
             Action::Quit => return Flow::Stop,
             Action::Stacks { pid, device, title } => {
                 let p = &mut *ctx.pipeline;
-                let groups = stacks(p, pid, device);
+                let now = self.replay_now_ns.unwrap_or_else(monotonic_ns);
+                let groups = query::top::stacks(p, pid, device, now);
                 self.screen.stacks = Some((title, tui::stack_lines(groups.as_deref())));
             }
             Action::None => {}
@@ -238,43 +238,18 @@ impl Output for Top {
     }
 }
 
-/// What a pipeline holds now, as top shows it: what a running daemon
-/// answers the interactive top with.
-pub fn snapshot(p: &mut gpumem_engine::pipeline::Pipeline, lost_events: u64) -> Snapshot {
-    p.note_kept();
-    let view = p.view(&ViewOptions { now_ns: monotonic_ns(), trend: model::TREND_LEN, ..Default::default() });
-    let mut snap = top::build(&view, &p.host, p.state.events, lost_events, p.kept);
-    snap.sort(Screen::default().sort);
-    snap
-}
-
-/// A process's largest live allocation stacks on a device (None: gone).
-pub fn stacks(p: &mut gpumem_engine::pipeline::Pipeline, pid: u32, device: i32) -> Option<Vec<leaks::LeakGroup>> {
-    let proc = p.state.processes.get(&pid)?;
-    Some(leaks::top_stacks(proc, device, &mut p.stacks, STACKS_SHOWN, monotonic_ns()))
-}
-
-/// The `--once` text of what a pipeline holds now: what a running daemon
-/// answers `top --once` with.
-pub fn once_text(p: &mut gpumem_engine::pipeline::Pipeline, lost_events: u64) -> Result<String> {
-    let snap = snapshot(p, lost_events);
-    let mut out = Vec::new();
-    snap.write_text(&mut out)?;
-    Ok(String::from_utf8_lossy(&out).into_owned())
-}
-
 pub fn run(args: TopArgs) -> Result<ExitCode> {
     if args.from.is_none() {
         // A running daemon has seen every allocation since it started.
         if args.once {
-            if let Some(text) = crate::daemon::client::ask(&args.daemon, "/v1/top")? {
+            if let Some(text) = args.daemon.daemon().ask_text(&Query::Top)? {
                 let mut out = std::io::stdout().lock();
                 out.write_all(text.as_bytes())?;
                 out.flush()?;
                 return Ok(ExitCode::SUCCESS);
             }
-        } else if let Some(first) = crate::daemon::client::ask(&args.daemon, "/v1/snapshot")? {
-            return daemon::run(&args, &first);
+        } else if let Some(first) = args.daemon.daemon().ask_typed(&Query::Snapshot)? {
+            return daemon::run(&args, first);
         }
     }
     let mut top = Top::new(&args);

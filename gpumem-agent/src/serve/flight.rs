@@ -8,8 +8,11 @@
 //! host memory read as the action fires, so that `gpumem report` and `leaks
 //! --from` on the file see what the daemon saw.
 use std::{
+    cell::RefCell,
     collections::VecDeque,
     path::{Path, PathBuf},
+    process::ExitCode,
+    rc::Rc,
 };
 
 use anyhow::{Context as _, Result};
@@ -17,13 +20,23 @@ use gpumem_common::{api, flags, Event, COMM_LEN, DEVICE_UNKNOWN};
 
 use gpumem_engine::{
     clock::monotonic_ns,
-    model::host::HostMemory,
-    model::readings::{HostPoint, Lookup, NvmlPoint, XidPoint},
+    model::{
+        host::HostMemory,
+        lost::LostEvents,
+        nvml::Message,
+        readings::{HostPoint, Lookup, NvmlPoint, XidPoint},
+    },
     pipeline::{Outcome, Pipeline},
     record::{Footer, Header, Writer},
     stacks::{Sampling, StackId},
     state::process::{Memory, Process},
 };
+
+use crate::runtime::{Ctx, End, Flow, Output};
+
+/// The recorder, shared by its Output (which fills the window) and the
+/// actions (which write it when they fire); both run on the runtime's task.
+pub type Flight = Rc<RefCell<FlightRecorder>>;
 
 /// Items kept at most, whatever the duration (about 130 bytes each).
 const MAX_ITEMS: usize = 1 << 20;
@@ -64,7 +77,7 @@ impl FlightRecorder {
     }
 
     /// The session's clock starts `elapsed_s` before now (ticks count from it).
-    pub fn started(&mut self, elapsed_s: f64) {
+    fn started(&mut self, elapsed_s: f64) {
         self.session_start_ns = monotonic_ns().saturating_sub((elapsed_s * 1e9) as u64);
     }
 
@@ -86,7 +99,7 @@ impl FlightRecorder {
         }
     }
 
-    pub fn event(&mut self, p: &mut Pipeline, o: &Outcome) {
+    fn event(&mut self, p: &mut Pipeline, o: &Outcome) {
         let lookups = p.lookups.take_log();
         let mut ev = o.event;
         // The contexts it was resolved through may be older than the window:
@@ -98,27 +111,27 @@ impl FlightRecorder {
         self.push(ev.ts_ns, Item::Event { ev, stack: o.stack, lookups });
     }
 
-    pub fn tick(&mut self, t_s: f64) {
+    fn tick(&mut self, t_s: f64) {
         self.push(monotonic_ns(), Item::Tick(t_s));
     }
 
-    pub fn nvml(&mut self, m: &gpumem_engine::model::nvml::Message, t_s: f64) {
+    fn nvml(&mut self, m: &Message, t_s: f64) {
         match m {
-            gpumem_engine::model::nvml::Message::Reading { gpus, .. } => {
+            Message::Reading { gpus, .. } => {
                 self.push(monotonic_ns(), Item::Nvml(gpus.iter().map(|g| NvmlPoint::from_sample(t_s, g)).collect()))
             }
-            gpumem_engine::model::nvml::Message::Xid(x) => self.push(monotonic_ns(), Item::Xid(XidPoint { t_s, gpu: x.gpu, xid: x.xid })),
-            gpumem_engine::model::nvml::Message::Unavailable(_) => {}
+            Message::Xid(x) => self.push(monotonic_ns(), Item::Xid(XidPoint { t_s, gpu: x.gpu, xid: x.xid })),
+            Message::Unavailable(_) => {}
         }
     }
 
-    pub fn host(&mut self, h: &HostMemory, t_s: f64) {
+    fn host(&mut self, h: &HostMemory, t_s: f64) {
         self.push(monotonic_ns(), Item::Host(Box::new(HostPoint { t_s, host: h.clone() })));
     }
 
     /// Writes the window (and the state before it) for an action on `kind`;
     /// the file's path.
-    pub fn snapshot(&mut self, p: &mut Pipeline, kind: &str, lost: gpumem_engine::model::lost::LostEvents) -> Result<PathBuf> {
+    pub fn snapshot(&mut self, p: &mut Pipeline, kind: &str, lost: LostEvents) -> Result<PathBuf> {
         let now = monotonic_ns();
         let since = self.items.front().map_or(now, |(t, _)| *t).min(now.saturating_sub(self.window_ns));
         std::fs::create_dir_all(&self.dir).with_context(|| format!("creating {}", self.dir.display()))?;
@@ -130,14 +143,7 @@ impl FlightRecorder {
         Ok(path)
     }
 
-    fn write(
-        &self,
-        path: &Path,
-        p: &mut Pipeline,
-        since: u64,
-        now: u64,
-        lost: gpumem_engine::model::lost::LostEvents,
-    ) -> std::io::Result<()> {
+    fn write(&self, path: &Path, p: &mut Pipeline, since: u64, now: u64, lost: LostEvents) -> std::io::Result<()> {
         let mut w = Writer::create(path)?;
         w.header(&Header {
             gpumem_version: env!("CARGO_PKG_VERSION").into(),
@@ -184,6 +190,43 @@ impl FlightRecorder {
             ..Default::default()
         };
         w.finish(&footer)?.sync_all()
+    }
+}
+
+/// The flight recorder as an Output: everything a recording holds goes
+/// into its window as the session sees it.
+pub struct Window(pub Flight);
+
+impl Output for Window {
+    type Input = std::convert::Infallible;
+
+    fn started(&mut self, ctx: &mut Ctx<'_>) -> Result<()> {
+        self.0.borrow_mut().started(ctx.elapsed_s);
+        Ok(())
+    }
+
+    fn event(&mut self, ctx: &mut Ctx<'_>, o: &Outcome) -> Result<Flow> {
+        self.0.borrow_mut().event(ctx.pipeline, o);
+        Ok(Flow::Continue)
+    }
+
+    fn sampled(&mut self, _: &mut Ctx<'_>, t_s: f64) -> Result<()> {
+        self.0.borrow_mut().tick(t_s);
+        Ok(())
+    }
+
+    fn nvml(&mut self, _: &mut Ctx<'_>, m: &Message, t_s: f64) -> Result<()> {
+        self.0.borrow_mut().nvml(m, t_s);
+        Ok(())
+    }
+
+    fn host(&mut self, ctx: &mut Ctx<'_>, t_s: f64) -> Result<()> {
+        self.0.borrow_mut().host(&ctx.pipeline.host, t_s);
+        Ok(())
+    }
+
+    fn finish(&mut self, _: &mut Ctx<'_>, _: &End) -> Result<ExitCode> {
+        Ok(ExitCode::SUCCESS)
     }
 }
 

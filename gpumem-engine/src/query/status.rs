@@ -1,0 +1,53 @@
+//! A running daemon's own status: what it has attached and kept, what the
+//! kernel side counted, its pinned state.
+use serde::{Deserialize, Serialize};
+
+use super::Asked;
+use crate::{
+    model::{
+        agent::{ContinuityReport, KernelTable},
+        lost::TablesFull,
+    },
+    pipeline::Pipeline,
+};
+
+/// What only a daemon knows of itself.
+#[derive(Clone, Debug)]
+pub struct Serving {
+    pub pid: u32,
+    pub up_s: f64,
+    /// Where its metrics are scraped (`http://ADDR/metrics`).
+    pub metrics: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DaemonStatus {
+    pub version: String,
+    pub pid: u32,
+    pub up_s: f64,
+    pub metrics: String,
+    pub probes_attached: usize,
+    pub processes: usize,
+    pub continuity: Option<ContinuityReport>,
+    pub kernel_table: Option<KernelTable>,
+    pub kernel_tables_full: TablesFull,
+    pub lost_events: u64,
+}
+
+/// The status of the daemon that asks (its facts in `at.serving`).
+pub fn of(p: &Pipeline, at: &Asked<'_>) -> DaemonStatus {
+    let a = at.agent;
+    let s = at.serving.cloned().unwrap_or(Serving { pid: std::process::id(), up_s: at.duration_s, metrics: String::new() });
+    DaemonStatus {
+        version: crate::VERSION.to_string(),
+        pid: s.pid,
+        up_s: s.up_s,
+        metrics: s.metrics,
+        probes_attached: a.probes_attached,
+        processes: p.state.processes.len(),
+        continuity: a.continuity.clone(),
+        kernel_table: a.kernel_table.clone(),
+        kernel_tables_full: a.kernel.tables_full.clone(),
+        lost_events: a.kernel.lost.total(),
+    }
+}
