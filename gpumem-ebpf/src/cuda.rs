@@ -1,7 +1,7 @@
 //! libcuda entry/return handling shared by every probed call: save the
 //! arguments at entry, decode them with the CUresult at return, emit one event.
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     programs::{ProbeContext, RetProbeContext},
 };
 use gpumem_common::{api, flags, stat, Event, DEVICE_UNKNOWN};
@@ -9,7 +9,9 @@ use gpumem_common::{api, flags, stat, Event, DEVICE_UNKNOWN};
 use crate::{
     live,
     maps::{capture_stacks, count, lost, should_trace, submit_flags_for, track, Pending, PendingKey, EVENTS, PENDING},
-    stack, vmm,
+    stack,
+    user::read_out,
+    vmm,
 };
 
 #[inline(always)]
@@ -101,22 +103,6 @@ fn wants_stack(api_id: u32) -> bool {
             | api::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ
             | api::CU_MEM_CREATE
     )
-}
-
-/// Reads a value the call wrote through an out-pointer.
-#[inline(always)]
-pub fn read_out(ptr: u64, ev: &mut Event) -> u64 {
-    if ptr == 0 {
-        return 0;
-    }
-    // SAFETY: bpf_probe_read_user validates the user address.
-    match unsafe { bpf_probe_read_user(ptr as *const u64) } {
-        Ok(v) => v,
-        Err(_) => {
-            ev.flags |= flags::OUT_READ_FAILED;
-            0
-        }
-    }
 }
 
 #[inline(always)]

@@ -17,6 +17,7 @@ mod process;
 mod python;
 mod stack;
 mod usdt;
+mod user;
 mod vmm;
 
 use aya_ebpf::{

@@ -4,7 +4,7 @@
 use aya_ebpf::helpers::bpf_probe_read_user;
 use gpumem_common::{api, flags, Event, DEVICE_UNKNOWN};
 
-use crate::{cuda::read_out, maps::Pending};
+use crate::{maps::Pending, user::read_out};
 
 /// Offset of `location.id` in CUmemAllocationProp:
 /// { CUmemAllocationType type; CUmemAllocationHandleType requestedHandleTypes;

@@ -1,7 +1,7 @@
 //! `cargo xtask …`: everything a fresh machine needs, in one place.
 //!
 //! - `setup`: llvm-22-dev, bpf-linker 0.13.0 built for LLVM 22, rust-src (each only if missing)
-//! - `lint`: module and function sizes, rustfmt's check and clippy (warnings are errors) on every crate, the eBPF one included
+//! - `lint`: module and function sizes, no import cycle between modules, no aya or tokio under the engine, rustfmt's check and clippy (warnings are errors) on every crate, the eBPF one included
 //! - `nvidia-libs`: NVIDIA's libcuda1/libnvidia-ml1 535 from Debian non-free, unpacked under target/nvidia
 //! - `demo`: the real agent on the bundled synthetic driver: trace, leaks, health, a recording drawn as a report
 //! - `test`: setup, nvidia-libs, build, then every test (end-to-end ones as root, one at a time)
@@ -15,6 +15,7 @@
 //! - `soak`: `gpumem serve` for 10 minutes under process churn and a million live allocations
 mod bench;
 mod image;
+mod layers;
 mod setup;
 mod size;
 mod soak;
@@ -171,7 +172,10 @@ fn is_root() -> bool {
 /// with every target, and the eBPF crate for its own target (it builds core
 /// from source, on stable with RUSTC_BOOTSTRAP for that build only).
 fn lint() -> Result<()> {
-    size::check(&gpumem_tests::workspace())?;
+    let root = gpumem_tests::workspace();
+    size::check(&root)?;
+    layers::check_cycles(&root)?;
+    layers::check_engine_deps(&root)?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
     run(cargo().args(["clippy", "--workspace", "--exclude", "gpumem-ebpf", "--all-targets", "--", "-D", "warnings"]))?;
     let ebpf = gpumem_tests::workspace().join("gpumem-ebpf");

@@ -1,0 +1,22 @@
+//! Reads of the traced process's memory (`bpf_probe_read_user`), the one
+//! place eBPF code touches user memory: a read that fails is said, never
+//! a silent zero taken as a value.
+use aya_ebpf::helpers::bpf_probe_read_user;
+use gpumem_common::{flags, Event};
+
+/// Reads a value the call wrote through an out-pointer; a failed read
+/// flags the event (`OUT_READ_FAILED`) and gives 0.
+#[inline(always)]
+pub fn read_out(ptr: u64, ev: &mut Event) -> u64 {
+    if ptr == 0 {
+        return 0;
+    }
+    // SAFETY: bpf_probe_read_user validates the user address.
+    match unsafe { bpf_probe_read_user(ptr as *const u64) } {
+        Ok(v) => v,
+        Err(_) => {
+            ev.flags |= flags::OUT_READ_FAILED;
+            0
+        }
+    }
+}
