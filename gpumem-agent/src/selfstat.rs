@@ -14,8 +14,9 @@ pub fn status() -> AgentStatus {
 
 /// CPU seconds this process has used, user plus system (getrusage).
 pub fn cpu_seconds() -> f64 {
-    // SAFETY: getrusage fills the struct we pass.
+    // SAFETY: rusage is plain old data; all zeroes is a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct we pass.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(ru.ru_utime) + tv(ru.ru_stime)

@@ -4,7 +4,9 @@
 //! (never `bool` or Rust enums) so that both sides agree byte for byte.
 #![no_std]
 
+pub mod counters;
 pub mod live;
+pub mod names;
 pub mod python;
 pub mod sampling;
 pub mod usdt;
@@ -289,31 +291,6 @@ pub struct StackBudget {
 /// Processes whose stack budget and copy length are kept at once.
 pub const STACK_BUDGET_PIDS: u32 = 4096;
 
-/// Indices into the eBPF `STATS` per-CPU array: things the kernel side could
-/// not do. Every one is surfaced by the agent.
-pub mod stat {
-    /// Ring buffer full: event lost.
-    pub const RINGBUF_FULL: u32 = 0;
-    /// In-flight call table full: the call's return cannot be decoded.
-    pub const PENDING_FULL: u32 = 1;
-    /// Return seen without its entry (probe attached mid-call): event lost.
-    pub const RETURN_WITHOUT_ENTRY: u32 = 2;
-    /// Traced-process table full: exits of some processes may be missed.
-    pub const TRACKED_FULL: u32 = 3;
-    /// Pid filter table full: a child of a `-c` command is not followed.
-    pub const FILTER_FULL: u32 = 4;
-    /// Stack ring full (or the per-CPU scratch taken by a preempting probe):
-    /// the event went without its stack. Accounting is not affected.
-    pub const STACKS_DROPPED: u32 = 5;
-    /// The kernel's table of live entries was full: a restarted agent will
-    /// not know of the entry (its process is marked uncertain then).
-    pub const KERNEL_TABLE_FULL: u32 = 6;
-    pub const COUNT: u32 = 7;
-    /// Names for reports, in index order.
-    pub const NAMES: [&str; COUNT as usize] =
-        ["ringbuf_full", "pending_full", "return_without_entry", "tracked_full", "filter_full", "stacks_dropped", "kernel_table_full"];
-}
-
 /// Filter modes for the `FILTER_MODE` global.
 pub mod filter {
     /// Trace every process.
@@ -339,6 +316,7 @@ pub mod oom_field {
 }
 
 pub mod nv;
+pub mod payload;
 
 /// Values of the `NV_FDS` map: what kind of NVIDIA node a descriptor is.
 pub mod nv_fd {

@@ -10,14 +10,28 @@
 //! at close, and seeded by the agent from /proc/*/fd for files opened before
 //! it started (and on each rescan, for descriptors inherited or dup'ed).
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_str_bytes},
+    helpers::bpf_probe_read_user_str_bytes,
     macros::map,
     maps::HashMap,
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
-use gpumem_common::{api, nv, nv_fd, stat, Event, FdKey, NV_FDS_MAX, NV_PREFIX_MAX, PENDING_MAX};
+use gpumem_common::{
+    api,
+    counters::{Exit, Stat},
+    nv::{
+        self, MemoryAllocationParams, Nvos00, Nvos21, Nvos33WithFd, Nvos46, Nvos54, Nvos64, UvmFreeParams, UvmMapExternalAllocationParams,
+    },
+    nv_fd,
+    payload::{Payload, RmAlloc, RmControl, RmFree, RmMap, UvmRange},
+    Event, FdKey, NV_FDS_MAX, NV_PREFIX_MAX, PENDING_MAX,
+};
 
-use crate::maps::{count, lost, should_trace, submit_flags_for, track, EVENTS};
+use crate::{
+    emit,
+    maps::{count, exited, lost, should_trace, submit_flags_for, track},
+    task,
+    user::read,
+};
 
 /// Open NVIDIA descriptors: (tgid, fd) → `nv_fd::RM` or `nv_fd::UVM`.
 #[map]
@@ -61,21 +75,19 @@ fn volatile<T: Copy>(v: &T) -> T {
     unsafe { core::ptr::read_volatile(v) }
 }
 
-/// sys_enter_openat(dfd, filename, flags, mode): remember opens of NVIDIA nodes.
+/// A u64 field of a syscall tracepoint record.
 #[inline(always)]
-pub fn on_enter_openat(ctx: &TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if !should_trace((pid_tgid >> 32) as u32) {
-        return 0;
-    }
+fn record_u64(ctx: &TracePointContext, at: usize) -> Result<u64, Exit> {
     // SAFETY: bounded read from the tracepoint record.
-    let Ok(filename) = (unsafe { ctx.read_at::<u64>(ARG1) }) else { return 0 };
-    let mut buf = [0u8; NV_PREFIX_MAX + 8];
-    // SAFETY: the helper checks the user address.
-    let Ok(name) = (unsafe { bpf_probe_read_user_str_bytes(filename as *const u8, &mut buf) }) else { return 0 };
+    unsafe { ctx.read_at::<u64>(at) }.map_err(|_| Exit::RecordUnreadable)
+}
+
+/// Whether `name` starts with the device prefix; the node's kind if so.
+#[inline(always)]
+fn node_kind(buf: &[u8; NV_PREFIX_MAX + 8], name_len: usize) -> Result<u32, Exit> {
     let len = volatile(&NV_PREFIX_LEN) as usize;
-    if len == 0 || len > NV_PREFIX_MAX || name.len() < len {
-        return 0;
+    if len == 0 || len > NV_PREFIX_MAX || name_len < len {
+        return Err(Exit::NotNvidia);
     }
     let mut i = 0;
     while i < NV_PREFIX_MAX {
@@ -83,199 +95,202 @@ pub fn on_enter_openat(ctx: &TracePointContext) -> u32 {
             break;
         }
         if buf[i] != volatile(&NV_PREFIX[i]) {
-            return 0;
+            return Err(Exit::NotNvidia);
         }
         i += 1;
     }
     // `<prefix>-uvm` is the UVM node; every other match is an RM node.
-    let kind = if len + 4 <= NV_PREFIX_MAX && buf[len] == b'-' && buf[len + 1] == b'u' && buf[len + 2] == b'v' && buf[len + 3] == b'm' {
-        nv_fd::UVM
-    } else {
-        nv_fd::RM
-    };
-    if OPEN_PENDING.insert(&pid_tgid, &kind, 0).is_err() {
-        count(stat::PENDING_FULL);
+    let uvm = len + 4 <= NV_PREFIX_MAX && buf[len] == b'-' && buf[len + 1] == b'u' && buf[len + 2] == b'v' && buf[len + 3] == b'm';
+    Ok(if uvm { nv_fd::UVM } else { nv_fd::RM })
+}
+
+/// sys_enter_openat(dfd, filename, flags, mode): remember opens of NVIDIA nodes.
+#[inline(always)]
+pub fn try_enter_openat(ctx: &TracePointContext) -> Result<u32, Exit> {
+    let ids = task::ids();
+    if !should_trace(ids.tgid) {
+        return Err(Exit::NotTraced);
     }
-    0
+    let filename = record_u64(ctx, ARG1)?;
+    let mut buf = [0u8; NV_PREFIX_MAX + 8];
+    // SAFETY: the helper checks the user address and bounds the copy to `buf`.
+    let name_len = unsafe { bpf_probe_read_user_str_bytes(filename as *const u8, &mut buf) }.map_err(|_| Exit::UserUnreadable)?.len();
+    let kind = node_kind(&buf, name_len)?;
+    if OPEN_PENDING.insert(&ids.pid_tgid, &kind, 0).is_err() {
+        count(Stat::PendingFull);
+        return Err(Exit::PendingFull);
+    }
+    Ok(0)
 }
 
 /// sys_exit_openat: the open succeeded, the descriptor is an NVIDIA node.
 #[inline(always)]
-pub fn on_exit_openat(ctx: &TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
+pub fn try_exit_openat(ctx: &TracePointContext) -> Result<u32, Exit> {
+    let ids = task::ids();
     // SAFETY: value copied out.
-    let Some(kind) = (unsafe { OPEN_PENDING.get(&pid_tgid) }).copied() else { return 0 };
-    let _ = OPEN_PENDING.remove(&pid_tgid);
+    let kind = (unsafe { OPEN_PENDING.get(&ids.pid_tgid) }).copied().ok_or(Exit::NothingInFlight)?;
+    let _ = OPEN_PENDING.remove(&ids.pid_tgid);
     // SAFETY: bounded read from the tracepoint record.
-    let Ok(ret) = (unsafe { ctx.read_at::<i64>(RET) }) else { return 0 };
-    if ret >= 0 {
-        let key = FdKey { tgid: (pid_tgid >> 32) as u32, fd: ret as u32 };
-        if NV_FDS.insert(&key, &kind, 0).is_err() {
-            count(stat::FILTER_FULL);
-        }
+    let ret = unsafe { ctx.read_at::<i64>(RET) }.map_err(|_| Exit::RecordUnreadable)?;
+    if ret < 0 {
+        return Err(Exit::CallFailed);
     }
-    0
+    let key = FdKey { tgid: ids.tgid, fd: ret as u32 };
+    if NV_FDS.insert(&key, &kind, 0).is_err() {
+        count(Stat::FilterFull);
+    }
+    Ok(0)
 }
 
 /// sys_enter_close(fd): forget the descriptor.
 #[inline(always)]
-pub fn on_enter_close(ctx: &TracePointContext) -> u32 {
-    // SAFETY: bounded read from the tracepoint record.
-    let Ok(fd) = (unsafe { ctx.read_at::<u64>(ARG0) }) else { return 0 };
-    let key = FdKey { tgid: (bpf_get_current_pid_tgid() >> 32) as u32, fd: fd as u32 };
-    let _ = NV_FDS.remove(&key);
-    0
+pub fn try_enter_close(ctx: &TracePointContext) -> Result<u32, Exit> {
+    let fd = record_u64(ctx, ARG0)?;
+    let key = FdKey { tgid: task::ids().tgid, fd: fd as u32 };
+    NV_FDS.remove(&key).map_err(|_| Exit::NotNvidia)?;
+    Ok(0)
 }
 
 /// Saves an NVIDIA ioctl for decoding at its exit.
 #[inline(always)]
-fn save(pid_tgid: u64, cmd: u32, arg: u64, api_id: u32) {
-    let p = IoctlPending { ts_ns: unsafe { bpf_ktime_get_ns() }, arg, cmd, api: api_id };
-    if IOCTL_PENDING.insert(&pid_tgid, &p, 0).is_err() {
-        lost(stat::PENDING_FULL, (pid_tgid >> 32) as u32);
+fn save(ids: task::Ids, cmd: u32, arg: u64, api_id: u32) -> Result<u32, Exit> {
+    let p = IoctlPending { ts_ns: task::now_ns(), arg, cmd, api: api_id };
+    if IOCTL_PENDING.insert(&ids.pid_tgid, &p, 0).is_err() {
+        lost(Stat::PendingFull, ids.tgid);
+        return Err(Exit::PendingFull);
     }
+    Ok(0)
 }
 
 /// sys_enter_ioctl(fd, cmd, arg): the filter every ioctl on the host goes through.
 #[inline(always)]
-pub fn on_enter_ioctl(ctx: &TracePointContext) -> u32 {
-    // SAFETY: bounded read from the tracepoint record.
-    let Ok(cmd) = (unsafe { ctx.read_at::<u64>(ARG1) }) else { return 0 };
-    let cmd = cmd as u32;
+pub fn try_enter_ioctl(ctx: &TracePointContext) -> Result<u32, Exit> {
+    let cmd = record_u64(ctx, ARG1)? as u32;
     // Cheapest test first: not an NVIDIA command number, not ours.
     if nv::ioc_type(cmd) != nv::IOC_TYPE && cmd != nv::UVM_MAP_EXTERNAL_ALLOCATION && cmd != nv::UVM_FREE {
-        return 0;
+        return Err(Exit::NotNvidia);
     }
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if !should_trace((pid_tgid >> 32) as u32) {
-        return 0;
+    let ids = task::ids();
+    if !should_trace(ids.tgid) {
+        return Err(Exit::NotTraced);
     }
-    // SAFETY: bounded reads from the tracepoint record.
-    let (Ok(fd), Ok(arg)) = (unsafe { ctx.read_at::<u64>(ARG0) }, unsafe { ctx.read_at::<u64>(ARG2) }) else { return 0 };
-    let key = FdKey { tgid: (pid_tgid >> 32) as u32, fd: fd as u32 };
+    let (fd, arg) = (record_u64(ctx, ARG0)?, record_u64(ctx, ARG2)?);
+    let key = FdKey { tgid: ids.tgid, fd: fd as u32 };
     // SAFETY: value copied out.
-    let Some(kind) = (unsafe { NV_FDS.get(&key) }).copied() else { return 0 };
-    if let Some(api_id) = nv::classify(kind, cmd) {
-        save(pid_tgid, cmd, arg, api_id);
-    }
-    0
+    let kind = (unsafe { NV_FDS.get(&key) }).copied().ok_or(Exit::NotNvidia)?;
+    let api_id = nv::classify(kind, cmd).ok_or(Exit::UnknownCommand)?;
+    save(ids, cmd, arg, api_id)
 }
 
 /// sys_exit_ioctl: decode what the driver wrote back.
 #[inline(always)]
-pub fn on_exit_ioctl(_ctx: &TracePointContext) -> u32 {
-    finish(bpf_get_current_pid_tgid())
+pub fn try_exit_ioctl(_ctx: &TracePointContext) -> Result<u32, Exit> {
+    finish(task::ids())
 }
 
 /// kprobe on nvidia_unlocked_ioctl(file, cmd, arg): only NVIDIA files get here.
 #[inline(always)]
-pub fn on_kprobe(ctx: &ProbeContext, kind: u32) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if !should_trace((pid_tgid >> 32) as u32) {
-        return 0;
+pub fn try_kprobe(ctx: &ProbeContext, kind: u32) -> Result<u32, Exit> {
+    let ids = task::ids();
+    if !should_trace(ids.tgid) {
+        return Err(Exit::NotTraced);
     }
     let cmd = ctx.arg::<u64>(1).unwrap_or(0) as u32;
     let arg = ctx.arg::<u64>(2).unwrap_or(0);
-    if let Some(api_id) = nv::classify(kind, cmd) {
-        save(pid_tgid, cmd, arg, api_id);
+    let api_id = nv::classify(kind, cmd).ok_or(Exit::UnknownCommand)?;
+    save(ids, cmd, arg, api_id)
+}
+
+#[inline(always)]
+pub fn try_kretprobe(_ctx: &RetProbeContext) -> Result<u32, Exit> {
+    finish(task::ids())
+}
+
+/// Where the parameters' memory (class 0x40) says how much video memory
+/// was asked, and with which flags.
+#[inline(always)]
+fn memory_asked(class: u32, params: u64) -> (u64, u32) {
+    if class != nv::CLASS_MEMORY_LOCAL_USER || params == 0 {
+        return (0, 0);
     }
-    0
+    let size = read::<u64>(params + core::mem::offset_of!(MemoryAllocationParams, size) as u64).unwrap_or(0);
+    let flags = read::<u32>(params + core::mem::offset_of!(MemoryAllocationParams, flags) as u64).unwrap_or(0);
+    (size, flags)
 }
 
+/// A parameter struct as the driver wrote it back; zeroes if it cannot be
+/// read (counted: the event still goes, as the call happened).
 #[inline(always)]
-pub fn on_kretprobe(_ctx: &RetProbeContext) -> u32 {
-    finish(bpf_get_current_pid_tgid())
+fn written_back<T: Default>(addr: u64) -> T {
+    read::<T>(addr).unwrap_or_else(|why| {
+        exited(why);
+        T::default()
+    })
 }
 
+/// The event of a finished NVIDIA ioctl: its payload from the parameter
+/// struct the driver wrote back (the RM status is in it, not the return).
 #[inline(always)]
-fn u32_at(addr: u64) -> u32 {
-    // SAFETY: the helper checks the user address.
-    unsafe { bpf_probe_read_user((addr) as *const u32) }.unwrap_or(0)
-}
-
-#[inline(always)]
-fn u64_at(addr: u64) -> u64 {
-    // SAFETY: the helper checks the user address.
-    unsafe { bpf_probe_read_user((addr) as *const u64) }.unwrap_or(0)
-}
-
-#[inline(always)]
-fn finish(pid_tgid: u64) -> u32 {
-    // SAFETY: value copied out.
-    let Some(p) = (unsafe { IOCTL_PENDING.get(&pid_tgid) }).copied() else { return 0 };
-    let _ = IOCTL_PENDING.remove(&pid_tgid);
-    let now = unsafe { bpf_ktime_get_ns() };
+fn decode(p: &IoctlPending, ev: &mut Event) -> Result<(), Exit> {
     let a = p.arg;
-    let mut ev = Event {
-        ts_ns: now,
-        latency_ns: now.wrapping_sub(p.ts_ns),
-        pid: (pid_tgid >> 32) as u32,
-        tid: pid_tgid as u32,
-        comm: bpf_get_current_comm().unwrap_or([0u8; 16]),
-        ..Event::empty(p.api)
-    };
-    let parent_and_root = |a: u64| (u32_at(a + 4) as u64) | ((u32_at(a) as u64) << 32);
     match p.api {
+        api::RM_ALLOC if nv::ioc_size(p.cmd) == nv::NVOS64_SIZE => {
+            let s = written_back::<Nvos64>(a);
+            let (size, flags) = memory_asked(s.h_class, s.p_alloc_parms);
+            RmAlloc { object: s.h_object_new, parent: s.h_object_parent, root: s.h_root, class: s.h_class, flags, size }.pack(ev);
+            ev.result = s.status;
+        }
         api::RM_ALLOC => {
-            // NVOS21 { hRoot, hObjectParent, hObjectNew, hClass, pAllocParms, paramsSize, status }
-            // NVOS64 { ..., pAllocParms, pRightsRequested, paramsSize, flags, status }
-            ev.addr = parent_and_root(a);
-            ev.handle = u32_at(a + 8) as u64;
-            let class = u32_at(a + 12);
-            ev.result = if nv::ioc_size(p.cmd) == nv::NVOS64_SIZE { u32_at(a + 40) } else { u32_at(a + 28) };
-            let params = u64_at(a + 16);
-            let mut mem_flags = 0u32;
-            if class == nv::CLASS_MEMORY_LOCAL_USER && params != 0 {
-                ev.size = u64_at(params + nv::MEM_PARAMS_SIZE_OFFSET);
-                mem_flags = u32_at(params + nv::MEM_PARAMS_FLAGS_OFFSET);
-            }
-            ev.aux = class as u64 | ((mem_flags as u64) << 32);
+            let s = written_back::<Nvos21>(a);
+            let (size, flags) = memory_asked(s.h_class, s.p_alloc_parms);
+            RmAlloc { object: s.h_object_new, parent: s.h_object_parent, root: s.h_root, class: s.h_class, flags, size }.pack(ev);
+            ev.result = s.status;
         }
         api::RM_FREE => {
-            // NVOS00 { hRoot, hObjectParent, hObjectOld, status }
-            ev.addr = parent_and_root(a);
-            ev.handle = u32_at(a + 8) as u64;
-            ev.result = u32_at(a + 12);
+            let s = written_back::<Nvos00>(a);
+            RmFree { object: s.h_object_old, parent: s.h_object_parent, root: s.h_root }.pack(ev);
+            ev.result = s.status;
         }
         api::RM_CONTROL => {
-            // NVOS54 { hClient, hObject, cmd, flags, params, paramsSize, status }
-            ev.handle = u32_at(a + 4) as u64;
-            ev.aux = u32_at(a + 8) as u64;
-            ev.result = u32_at(a + 28);
+            let s = written_back::<Nvos54>(a);
+            RmControl { object: s.h_object, cmd: s.cmd as u64 }.pack(ev);
+            ev.result = s.status;
         }
         api::RM_MAP_MEMORY => {
-            // NVOS33 { hClient, hDevice, hMemory, offset@16, length@24, pLinearAddress@32, status@40, flags }
-            ev.handle = u32_at(a + 8) as u64;
-            ev.size = u64_at(a + 24);
-            ev.addr = u64_at(a + 32);
-            ev.result = u32_at(a + 40);
+            let s = written_back::<Nvos33WithFd>(a);
+            RmMap { memory: s.h_memory as u64, length: s.length, address: s.p_linear_address }.pack(ev);
+            ev.result = s.status;
         }
         api::RM_MAP_MEMORY_DMA => {
-            // NVOS46 { hClient, hDevice, hDma, hMemory, offset@16, length@24, flags, dmaOffset@40, status@48 }
-            ev.handle = u32_at(a + 12) as u64;
-            ev.size = u64_at(a + 24);
-            ev.addr = u64_at(a + 40);
-            ev.result = u32_at(a + 48);
+            let s = written_back::<Nvos46>(a);
+            RmMap { memory: s.h_memory as u64, length: s.length, address: s.dma_offset }.pack(ev);
+            ev.result = s.status;
         }
         api::UVM_MAP_EXTERNAL_ALLOCATION => {
-            ev.addr = u64_at(a);
-            ev.size = u64_at(a + 8);
-            ev.result = u32_at(a + nv::UVM_MAP_EXTERNAL_STATUS_OFFSET);
+            // The struct is 1200 bytes: only the range and the status are read.
+            let (base, length) = (written_back::<u64>(a), written_back::<u64>(a + 8));
+            UvmRange { base, length }.pack(ev);
+            ev.result = written_back::<u32>(a + core::mem::offset_of!(UvmMapExternalAllocationParams, rm_status) as u64);
         }
         api::UVM_FREE => {
-            ev.addr = u64_at(a);
-            ev.size = u64_at(a + 8);
-            ev.result = u32_at(a + nv::UVM_FREE_STATUS_OFFSET);
+            let s = written_back::<UvmFreeParams>(a);
+            UvmRange { base: s.base, length: s.length }.pack(ev);
+            ev.result = s.rm_status;
         }
-        _ => return 0,
+        _ => return Err(Exit::UnknownCommand),
     }
-    let flags = submit_flags_for(track((pid_tgid >> 32) as u32));
-    match EVENTS.reserve::<Event>(0) {
-        Some(mut entry) => {
-            entry.write(ev);
-            entry.submit(flags);
-        }
-        None => lost(stat::RINGBUF_FULL, (pid_tgid >> 32) as u32),
-    }
-    0
+    Ok(())
+}
+
+#[inline(always)]
+fn finish(ids: task::Ids) -> Result<u32, Exit> {
+    // SAFETY: value copied out.
+    let p = (unsafe { IOCTL_PENDING.get(&ids.pid_tgid) }).copied().ok_or(Exit::NothingInFlight)?;
+    let _ = IOCTL_PENDING.remove(&ids.pid_tgid);
+    let now = task::now_ns();
+    let mut ev = task::event(p.api, ids, now);
+    ev.latency_ns = now.wrapping_sub(p.ts_ns);
+    decode(&p, &mut ev)?;
+    emit::emit(&ev, submit_flags_for(track(ids.tgid)))?;
+    Ok(0)
 }

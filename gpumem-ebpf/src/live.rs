@@ -3,9 +3,10 @@
 //! that it is right whether or not an agent reads the ring.
 use aya_ebpf::{macros::map, maps::HashMap};
 use gpumem_common::{
+    counters::Stat,
     flags,
     live::{self, LiveEntry, LiveKey},
-    stat, Event,
+    Event,
 };
 
 use crate::maps::count;
@@ -65,7 +66,7 @@ pub fn record(ev: &mut Event) {
         entry.event.aux = 1;
     }
     if LIVE.insert(&key, &entry, 0).is_err() {
-        count(stat::KERNEL_TABLE_FULL);
+        count(Stat::KernelTableFull);
         ev.flags |= flags::NOT_IN_KERNEL_TABLE;
         match LIVE_MISSED.get_ptr_mut(&ev.pid) {
             // SAFETY: a value of this map; a lost update under a race only

@@ -5,7 +5,8 @@ use aya_ebpf::{
 };
 pub use gpumem_common::PendingKey;
 use gpumem_common::{
-    stat, StackBudget, FILTER_MAX, LOST_PIDS_MAX, PENDING_MAX, RINGBUF_BYTES, STACK_BUDGET_PIDS, STACK_RING_BYTES, TRACKED_MAX,
+    counters::{Exit, Stat},
+    StackBudget, FILTER_MAX, LOST_PIDS_MAX, PENDING_MAX, RINGBUF_BYTES, STACK_BUDGET_PIDS, STACK_RING_BYTES, TRACKED_MAX,
 };
 
 /// Every event to userspace: accounting only, small fixed-size records.
@@ -19,9 +20,13 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
 #[map]
 pub static STACKS: RingBuf = RingBuf::with_byte_size(STACK_RING_BYTES, 0);
 
-/// What the kernel side could not do (indexed by `gpumem_common::stat`).
+/// What the kernel side could not do (indexed by `Stat`).
 #[map]
-pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
+pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Stat::COUNT, 0);
+
+/// Why programs ended early (indexed by `Exit`).
+#[map]
+pub static EXITS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Exit::COUNT, 0);
 
 /// Events of each process that never reached the agent (ring buffer or
 /// in-flight table full): the agent marks those processes' accounting uncertain.
@@ -148,18 +153,44 @@ pub struct Pending {
 }
 
 #[inline(always)]
-pub fn count(stat_index: u32) {
-    if let Some(slot) = STATS.get_ptr_mut(stat_index) {
-        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+fn bump(map: &PerCpuArray<u64>, index: u32) {
+    if let Some(slot) = map.get_ptr_mut(index) {
+        // SAFETY: this CPU's slot; no other writer runs on this CPU meanwhile
+        // (the agent sums the CPUs' slots).
         unsafe { *slot += 1 };
     }
+}
+
+/// Something the kernel side could not do.
+#[inline(always)]
+pub fn count(stat: Stat) {
+    bump(&STATS, stat as u32);
+}
+
+/// A program's outcome: its value, or its early exit counted by reason
+/// (the aya-template idiom: bodies use `?`, nothing leaves uncounted).
+#[inline(always)]
+pub fn done(r: Result<u32, Exit>) -> u32 {
+    match r {
+        Ok(v) => v,
+        Err(why) => {
+            bump(&EXITS, why as u32);
+            0
+        }
+    }
+}
+
+/// A step that ended early inside a program that goes on (a helper's walk).
+#[inline(always)]
+pub fn exited(why: Exit) {
+    bump(&EXITS, why as u32);
 }
 
 /// An event of process `tgid` is lost (`stat_index`: why): counted in total
 /// and for the process.
 #[inline(always)]
-pub fn lost(stat_index: u32, tgid: u32) {
-    count(stat_index);
+pub fn lost(stat: Stat, tgid: u32) {
+    count(stat);
     // Per-CPU values: no two CPUs write one slot (the agent sums them).
     match LOST_BY_PID.get_ptr_mut(&tgid) {
         // SAFETY: this CPU's slot of a value of this map.
@@ -198,7 +229,7 @@ pub fn track(tgid: u32) -> bool {
         return false;
     }
     if TRACKED.insert(&tgid, &1, 0).is_err() {
-        count(gpumem_common::stat::TRACKED_FULL);
+        count(Stat::TrackedFull);
     }
     true
 }

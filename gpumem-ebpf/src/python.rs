@@ -5,21 +5,25 @@
 //! frame that cannot be read ends the walk.
 use core::ffi::c_void;
 
-use aya_ebpf::helpers::{bpf_probe_read_user, generated::bpf_loop};
-use gpumem_common::python::{entry_kind, PyFrameRef, PyLayout, ENTRY, FRAME_OWNED_BY_CSTACK, NO_CFRAME, PY_FRAMES_MAX};
+use aya_ebpf::helpers::generated::bpf_loop;
+use gpumem_common::{
+    counters::Exit,
+    python::{entry_kind, PyFrameRef, PyLayout, ENTRY, FRAME_OWNED_BY_CSTACK, NO_CFRAME, PY_FRAMES_MAX},
+};
 
-use crate::maps::{PY_LAYOUTS, PY_THREADS};
+use crate::{
+    maps::{exited, PY_LAYOUTS, PY_THREADS},
+    user::read,
+};
 
 #[inline(always)]
 fn read_u64(addr: u64) -> Option<u64> {
-    // SAFETY: the helper checks the user address.
-    unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+    read::<u64>(addr).ok()
 }
 
 #[inline(always)]
 fn read_u8(addr: u64) -> Option<u8> {
-    // SAFETY: the helper checks the user address.
-    unsafe { bpf_probe_read_user(addr as *const u8) }.ok()
+    read::<u8>(addr).ok()
 }
 
 /// The walk's state, in the caller's stack (bpf_loop's context).
@@ -38,16 +42,31 @@ struct Walk {
 /// walk runs in `bpf_loop`, so that the verifier checks one step, not each.
 #[inline(always)]
 pub fn walk(pid_tgid: u64, out: *mut PyFrameRef) -> u32 {
-    // SAFETY: plain lookups, values copied.
-    let Some(&tstate) = (unsafe { PY_THREADS.get(&pid_tgid) }) else { return 0 };
-    let Some(&layout) = (unsafe { PY_LAYOUTS.get(&((pid_tgid >> 32) as u32)) }) else { return 0 };
-    let Some(mut frame) = read_u64(tstate + layout.tstate_frame as u64) else { return 0 };
-    if layout.cframe_current != NO_CFRAME {
-        frame = match read_u64(frame + layout.cframe_current as u64) {
-            Some(f) => f,
-            None => return 0,
-        };
+    match first_frame(pid_tgid) {
+        Ok((frame, layout)) => walk_from(frame, layout, out),
+        Err(why) => {
+            exited(why);
+            0
+        }
     }
+}
+
+/// The thread's innermost frame, and its process's layout.
+#[inline(always)]
+fn first_frame(pid_tgid: u64) -> Result<(u64, PyLayout), Exit> {
+    // SAFETY: plain lookup, value copied.
+    let tstate = (unsafe { PY_THREADS.get(&pid_tgid) }).copied().ok_or(Exit::PyNoThreadState)?;
+    // SAFETY: plain lookup, value copied.
+    let layout = (unsafe { PY_LAYOUTS.get(&((pid_tgid >> 32) as u32)) }).copied().ok_or(Exit::PyNoLayout)?;
+    let mut frame = read_u64(tstate + layout.tstate_frame as u64).ok_or(Exit::PyFrameUnreadable)?;
+    if layout.cframe_current != NO_CFRAME {
+        frame = read_u64(frame + layout.cframe_current as u64).ok_or(Exit::PyFrameUnreadable)?;
+    }
+    Ok((frame, layout))
+}
+
+#[inline(always)]
+fn walk_from(frame: u64, layout: PyLayout, out: *mut PyFrameRef) -> u32 {
     let mut w = Walk { frame, n: 0, last: PY_FRAMES_MAX as u32, layout, out };
     // The callback is passed as the function itself (a BPF_PSEUDO_FUNC
     // relocation), never through an integer.
@@ -72,6 +91,7 @@ unsafe extern "C" fn step(_index: u64, ctx: *mut c_void) -> i64 {
         read_u8(frame + l.entry_byte as u64),
         read_u64(frame + l.frame_previous as u64),
     ) else {
+        exited(Exit::PyFrameUnreadable);
         return 1;
     };
     w.frame = previous;

@@ -10,15 +10,17 @@ use aya_ebpf::{
     helpers::{bpf_get_prandom_u32, generated::bpf_probe_read_user},
 };
 use gpumem_common::{
+    counters::{Exit, Stat},
     flags,
     python::{PY_FRAMES_MAX, PY_FRAME_SIZE},
-    sampling, stat, Event, StackBudget, STACK_BYTES, STACK_CHUNK, STACK_HEADER_SIZE,
+    sampling, Event, StackBudget, STACK_BYTES, STACK_CHUNK, STACK_HEADER_SIZE,
 };
 
 use crate::{
+    emit,
     maps::{
-        count, load_time_u64, lost, BPF_RB_NO_WAKEUP, EVENTS, STACKS, STACK_BUDGET, STACK_BUDGET_PER_S, STACK_COPY_BYTES,
-        STACK_SAMPLE_BYTES, STACK_SCRATCH,
+        count, load_time_u64, BPF_RB_NO_WAKEUP, STACKS, STACK_BUDGET, STACK_BUDGET_PER_S, STACK_COPY_BYTES, STACK_SAMPLE_BYTES,
+        STACK_SCRATCH,
     },
     python,
 };
@@ -31,11 +33,8 @@ const NS_PER_S: u64 = 1_000_000_000;
 /// the agent finds the stack when it reads the event). `submit`: the ring
 /// buffer flags (wakeup policy) for the event.
 #[inline(always)]
-pub fn emit_with_stack(regs: *const pt_regs, mut ev: Event, submit: u64) {
-    let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
-        lost(stat::RINGBUF_FULL, ev.pid);
-        return;
-    };
+pub fn emit_with_stack(regs: *const pt_regs, mut ev: Event, submit: u64) -> Result<(), Exit> {
+    let mut entry = emit::reserve(ev.pid)?;
     let take = if under_budget(ev.pid, ev.ts_ns) {
         true
     } else if sampled(ev.size) {
@@ -49,11 +48,12 @@ pub fn emit_with_stack(regs: *const pt_regs, mut ev: Event, submit: u64) {
         if send_stack(regs, &ev) {
             ev.flags |= flags::HAS_STACK;
         } else {
-            count(stat::STACKS_DROPPED);
+            count(Stat::StacksDropped);
         }
     }
     entry.write(ev);
     entry.submit(submit);
+    Ok(())
 }
 
 /// Takes one stack from the process's budget if it has one left. Threads of

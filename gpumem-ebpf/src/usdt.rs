@@ -1,21 +1,20 @@
 //! PyTorch's caching-allocator probes (`pytorch:malloc`, `pytorch:free`):
 //! one program for every probe site, the site's spec (which probe, where
 //! its arguments are) found by the attach cookie in `USDT_SPECS`.
-use aya_ebpf::{
-    bindings::pt_regs,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user},
-    programs::ProbeContext,
-};
+use aya_ebpf::{bindings::pt_regs, helpers::bpf_probe_read_kernel, programs::ProbeContext};
 use gpumem_common::{
-    api, flags, stat,
+    api,
+    counters::Exit,
+    flags,
+    payload::{Payload, TensorAlloc, TensorFree},
     usdt::{arg_kind, UsdtArgSpec},
-    Event, DEVICE_UNKNOWN,
+    DEVICE_UNKNOWN,
 };
 
 use crate::{
-    live,
-    maps::{capture_stacks, lost, should_trace, submit_flags_for, track, EVENTS, USDT_SPECS},
-    stack,
+    emit, live,
+    maps::{capture_stacks, should_trace, submit_flags_for, track, USDT_SPECS},
+    stack, task, user,
 };
 
 /// One argument, widened to 64 bits as its size and sign say.
@@ -35,8 +34,7 @@ fn read_arg(regs: *const pt_regs, a: &UsdtArgSpec) -> u64 {
         arg_kind::CONSTANT => a.value as u64,
         arg_kind::MEMORY => {
             let at = register().wrapping_add(a.value as u64);
-            // SAFETY: the helper validates the user address.
-            unsafe { bpf_probe_read_user(at as *const u64) }.unwrap_or(0)
+            user::read::<u64>(at).unwrap_or(0)
         }
         _ => 0,
     };
@@ -49,41 +47,31 @@ fn read_arg(regs: *const pt_regs, a: &UsdtArgSpec) -> u64 {
 }
 
 #[inline(always)]
-pub fn on_probe(ctx: &ProbeContext, spec_index: u32) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    if !should_trace(tgid) {
-        return 0;
+pub fn try_probe(ctx: &ProbeContext, spec_index: u32) -> Result<u32, Exit> {
+    let ids = task::ids();
+    if !should_trace(ids.tgid) {
+        return Err(Exit::NotTraced);
     }
-    let Some(spec) = USDT_SPECS.get(spec_index) else { return 0 };
+    let spec = USDT_SPECS.get(spec_index).ok_or(Exit::NoUsdtSpec)?;
     let regs = ctx.regs as *const pt_regs;
-    let mut ev = Event::empty(spec.probe);
-    ev.ts_ns = unsafe { bpf_ktime_get_ns() };
-    ev.pid = tgid;
-    ev.tid = pid_tgid as u32;
-    ev.comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
-    ev.addr = read_arg(regs, &spec.args[0]);
-    let flags = submit_flags_for(track(tgid));
+    let mut ev = task::event(spec.probe, ids, task::now_ns());
+    let addr = read_arg(regs, &spec.args[0]);
+    let flags = submit_flags_for(track(ids.tgid));
     if spec.probe == api::TENSOR_ALLOC {
         ev.device = read_arg(regs, &spec.args[1]) as i32;
-        ev.size = read_arg(regs, &spec.args[2]);
-        ev.aux = read_arg(regs, &spec.args[3]);
+        TensorAlloc { addr, size: read_arg(regs, &spec.args[2]), stream: read_arg(regs, &spec.args[3]) }.pack(&mut ev);
         ev.flags |= flags::DEVICE_FROM_ARGS;
         if ev.device < 0 {
             ev.device = DEVICE_UNKNOWN;
         }
+    } else {
+        TensorFree { addr }.pack(&mut ev);
     }
     live::record(&mut ev);
     if spec.probe == api::TENSOR_ALLOC && capture_stacks() {
-        stack::emit_with_stack(regs, ev, flags);
-        return 0;
+        stack::emit_with_stack(regs, ev, flags)?;
+    } else {
+        emit::emit(&ev, flags)?;
     }
-    match EVENTS.reserve::<Event>(0) {
-        Some(mut entry) => {
-            entry.write(ev);
-            entry.submit(flags);
-        }
-        None => lost(stat::RINGBUF_FULL, tgid),
-    }
-    0
+    Ok(0)
 }

@@ -109,7 +109,9 @@ pub fn fixtures() -> &'static Fixtures {
             "-lpthread",
         ]);
         let nvioctl = dir.join("nvioctl");
-        cc(&["-O2", "-Wall", "-o", nvioctl.to_str().unwrap(), src.join("nvioctl.c").to_str().unwrap()]);
+        let include = nv_abi_header(&dir);
+        let include = format!("-I{}", include.display());
+        cc(&["-O2", "-Wall", &include, "-o", nvioctl.to_str().unwrap(), src.join("nvioctl.c").to_str().unwrap()]);
         let nvml_dir = dir.join("fake-nvml");
         std::fs::create_dir_all(&nvml_dir).unwrap();
         let nvml = nvml_dir.join("libnvidia-ml.so.1");
@@ -124,6 +126,19 @@ pub fn fixtures() -> &'static Fixtures {
         std::fs::rename(&torch_tmp, &torch).expect("installing the test allocator");
         Fixtures { dir, libcuda, workload, nvioctl, nvml, torch }
     })
+}
+
+/// Writes `gpumem_nv_abi.h` (NVIDIA's ioctl numbers and layouts as
+/// gpumem_common::nv has them) under `dir`/include; that folder.
+fn nv_abi_header(dir: &Path) -> PathBuf {
+    let include = dir.join("include");
+    std::fs::create_dir_all(&include).expect("creating the include dir");
+    let mut h = String::from("/* Written by the test harness from gpumem_common::nv: do not edit. */\n#pragma once\n");
+    for (name, value) in gpumem_common::nv::C_HEADER_FIELDS {
+        h.push_str(&format!("#define GPUMEM_{name} {value}\n"));
+    }
+    std::fs::write(include.join("gpumem_nv_abi.h"), h).expect("writing gpumem_nv_abi.h");
+    include
 }
 
 /// NVIDIA's real NVML (fetched with libcuda by `cargo xtask nvidia-libs`).

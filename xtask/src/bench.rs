@@ -136,7 +136,7 @@ fn under_bpftrace(f: &gpumem_tests::Fixtures, churn: &Churn, n: &str, what: Loop
 }
 
 pub fn overhead(pairs: u64, rounds: u32, what: Loop) -> Result<()> {
-    let bin = crate::build_agent()?;
+    let bin = crate::build_agent_for_bench()?;
     let f = gpumem_tests::fixtures();
     let lib = f.libcuda.to_str().unwrap();
     let churn = Churn::new(f, what);

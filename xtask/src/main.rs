@@ -213,6 +213,13 @@ pub fn build_agent() -> Result<std::path::PathBuf> {
     Ok(gpumem_tests::target_dir().join("debug/gpumem"))
 }
 
+/// Builds the agent (debug) with the overhead benchmark's empty programs
+/// (`--probe-set empty`), and returns its path.
+pub fn build_agent_for_bench() -> Result<std::path::PathBuf> {
+    run(cargo().args(["build", "-p", "gpumem-agent", "--features", "bench"]))?;
+    Ok(gpumem_tests::target_dir().join("debug/gpumem"))
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {

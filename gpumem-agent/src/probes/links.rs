@@ -11,6 +11,7 @@ use aya::{
     programs::{uprobe::UProbeError, ProgramError},
     sys::{is_uprobe_multi_supported, UProbeMultiFeature},
 };
+use gpumem_common::names::program;
 
 /// `--uprobe-links`: how to link uprobes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -84,10 +85,10 @@ pub fn simulated_refusal() -> ProgramError {
 pub fn programs(set: super::ProbeSet, mode: LinkMode) -> [&'static str; 2] {
     use super::ProbeSet::*;
     match (set, mode) {
-        (Full, LinkMode::Multi) => ["cuda_m_entry", "cuda_m_return"],
-        (Full, LinkMode::PerPoint) => ["cuda_entry", "cuda_return"],
-        (Empty, LinkMode::Multi) => ["empty_m_entry", "empty_m_return"],
-        (Empty, LinkMode::PerPoint) => ["empty_entry", "empty_return"],
+        (Full, LinkMode::Multi) => [program::CUDA_MULTI_ENTRY, program::CUDA_MULTI_RETURN],
+        (Full, LinkMode::PerPoint) => [program::CUDA_ENTRY, program::CUDA_RETURN],
+        (Empty, LinkMode::Multi) => [program::bench::MULTI_ENTRY, program::bench::MULTI_RETURN],
+        (Empty, LinkMode::PerPoint) => [program::bench::ENTRY, program::bench::RETURN],
     }
 }
 

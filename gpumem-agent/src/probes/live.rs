@@ -2,6 +2,7 @@
 //! (`gpumem_common::live`): read whole when pinned state is adopted, the
 //! stack id and device written back as events are applied, and the entries
 //! of processes that are gone removed.
+use gpumem_common::names::map;
 use std::collections::BTreeMap;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
@@ -17,12 +18,12 @@ const BPF_EXIST: u64 = 2;
 impl Agent {
     fn live_map(&self) -> Option<BpfHashMap<&MapData, LiveKey, LiveEntry>> {
         self.options.kernel_table?;
-        BpfHashMap::try_from(self.ebpf.map("LIVE")?).ok()
+        BpfHashMap::try_from(self.ebpf.map(map::LIVE)?).ok()
     }
 
     fn live_map_mut(&mut self) -> Option<BpfHashMap<&mut MapData, LiveKey, LiveEntry>> {
         self.options.kernel_table?;
-        BpfHashMap::try_from(self.ebpf.map_mut("LIVE")?).ok()
+        BpfHashMap::try_from(self.ebpf.map_mut(map::LIVE)?).ok()
     }
 
     /// Every entry of the table (an entry removed while the walk runs may
@@ -33,7 +34,7 @@ impl Agent {
 
     /// Entries of each process that did not fit in the table.
     pub fn live_missed(&self) -> BTreeMap<u32, u64> {
-        let Some(Ok(m)) = self.ebpf.map("LIVE_MISSED").map(BpfHashMap::<_, u32, u64>::try_from) else { return BTreeMap::new() };
+        let Some(Ok(m)) = self.ebpf.map(map::LIVE_MISSED).map(BpfHashMap::<_, u32, u64>::try_from) else { return BTreeMap::new() };
         m.iter().filter_map(Result::ok).collect()
     }
 
@@ -51,7 +52,7 @@ impl Agent {
         let Some(mut m) = self.live_map_mut() else { return 0 };
         let stale: Vec<LiveKey> = m.keys().filter_map(Result::ok).filter(|k| gone(k.tgid)).collect();
         let removed = stale.iter().filter(|k| m.remove(k).is_ok()).count();
-        if let Some(Ok(mut missed)) = self.ebpf.map_mut("LIVE_MISSED").map(BpfHashMap::<_, u32, u64>::try_from) {
+        if let Some(Ok(mut missed)) = self.ebpf.map_mut(map::LIVE_MISSED).map(BpfHashMap::<_, u32, u64>::try_from) {
             let pids: Vec<u32> = missed.keys().filter_map(Result::ok).filter(|&p| gone(p)).collect();
             for pid in pids {
                 let _ = missed.remove(&pid);

@@ -14,7 +14,7 @@ use super::{discover::Library, symbols, Agent, ProbeError};
 
 /// The debugger hook every loader calls when its link map changes.
 pub const HOOK: &str = "_dl_debug_state";
-const PROGRAM: &str = "dl_debug_state";
+const PROGRAM: &str = gpumem_common::names::program::LINK_MAP;
 
 /// One loader copy and whether its hook is attached.
 #[derive(Clone, Debug, Serialize)]

@@ -1,7 +1,11 @@
 //! The agent's side of the kernel's maps: the pid filter, the event ring,
 //! the loss counters, the in-flight call tables and the NVIDIA descriptors.
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
-use gpumem_common::{filter, stat};
+use gpumem_common::names::map;
+use gpumem_common::{
+    counters::{Exit, Stat},
+    filter,
+};
 
 use super::{ioctl, Agent, ProbeError};
 
@@ -13,7 +17,7 @@ impl Agent {
             return;
         }
         let found = ioctl::scan_fds(&self.ioctl.prefix);
-        let Some(map) = self.ebpf.map_mut("NV_FDS") else { return };
+        let Some(map) = self.ebpf.map_mut(map::NV_FDS) else { return };
         let Ok(mut fds) = BpfHashMap::<_, gpumem_common::FdKey, u32>::try_from(map) else { return };
         for (key, kind) in found {
             if self.seeded.0.insert((key.tgid, key.fd)) && fds.insert(&key, &kind, 0).is_ok() {
@@ -24,17 +28,17 @@ impl Agent {
 
     /// Traces this process (and with `follow`, the children it forks).
     pub fn add_pid(&mut self, pid: u32, follow: bool) -> Result<(), ProbeError> {
-        let map = self.ebpf.map_mut("FILTER_PIDS").ok_or(ProbeError::MissingMap("FILTER_PIDS"))?;
+        let map = self.ebpf.map_mut(map::FILTER_PIDS).ok_or(ProbeError::MissingMap(map::FILTER_PIDS))?;
         let mut pids: BpfHashMap<_, u32, u32> =
-            BpfHashMap::try_from(map).map_err(|source| ProbeError::Map { map: "FILTER_PIDS", source: Box::new(source) })?;
+            BpfHashMap::try_from(map).map_err(|source| ProbeError::Map { map: map::FILTER_PIDS, source: Box::new(source) })?;
         let value = if follow { filter::FOLLOW_CHILDREN } else { 0 };
-        pids.insert(&pid, &value, 0).map_err(|source| ProbeError::Map { map: "FILTER_PIDS", source: Box::new(source) })
+        pids.insert(&pid, &value, 0).map_err(|source| ProbeError::Map { map: map::FILTER_PIDS, source: Box::new(source) })
     }
 
     /// Tells the kernel how many stack bytes to copy for these processes
     /// (learned from their unwinds). A failed update leaves the full copy.
     pub fn set_stack_copy_bytes(&mut self, updates: &[(u32, u32)]) {
-        let Some(map) = self.ebpf.map_mut("STACK_COPY_BYTES") else { return };
+        let Some(map) = self.ebpf.map_mut(map::STACK_COPY_BYTES) else { return };
         let Ok(mut m) = BpfHashMap::<_, u32, u32>::try_from(map) else { return };
         for (pid, bytes) in updates {
             let _ = m.insert(pid, bytes, 0);
@@ -43,7 +47,7 @@ impl Agent {
 
     /// Where this Python process's version keeps its frames.
     pub fn set_python_layout(&mut self, pid: u32, layout: &gpumem_common::python::PyLayout) {
-        if let Some(Ok(mut m)) = self.ebpf.map_mut("PY_LAYOUTS").map(BpfHashMap::<_, u32, gpumem_common::python::PyLayout>::try_from) {
+        if let Some(Ok(mut m)) = self.ebpf.map_mut(map::PY_LAYOUTS).map(BpfHashMap::<_, u32, gpumem_common::python::PyLayout>::try_from) {
             let _ = m.insert(&pid, layout, 0);
         }
     }
@@ -52,7 +56,7 @@ impl Agent {
     /// threads that are gone. A failed update leaves those threads without
     /// Python frames.
     pub fn set_python_threads(&mut self, pid: u32, now: &[(u32, u64)], gone: &[u32]) {
-        let Some(Ok(mut m)) = self.ebpf.map_mut("PY_THREADS").map(BpfHashMap::<_, u64, u64>::try_from) else { return };
+        let Some(Ok(mut m)) = self.ebpf.map_mut(map::PY_THREADS).map(BpfHashMap::<_, u64, u64>::try_from) else { return };
         let key = |tid: u32| (pid as u64) << 32 | tid as u64;
         for &tid in gone {
             let _ = m.remove(&key(tid));
@@ -65,14 +69,14 @@ impl Agent {
     /// A Python process is gone: its layout and threads leave the kernel's tables.
     pub fn forget_python(&mut self, pid: u32, tids: &[u32]) {
         self.set_python_threads(pid, &[], tids);
-        if let Some(Ok(mut m)) = self.ebpf.map_mut("PY_LAYOUTS").map(BpfHashMap::<_, u32, gpumem_common::python::PyLayout>::try_from) {
+        if let Some(Ok(mut m)) = self.ebpf.map_mut(map::PY_LAYOUTS).map(BpfHashMap::<_, u32, gpumem_common::python::PyLayout>::try_from) {
             let _ = m.remove(&pid);
         }
     }
 
     /// The event ring and the stack ring, handed to the reader once.
     pub fn take_rings(&mut self) -> Result<(RingBuf<MapData>, RingBuf<MapData>), ProbeError> {
-        Ok((self.take_ring("EVENTS")?, self.take_ring("STACKS")?))
+        Ok((self.take_ring(map::EVENTS)?, self.take_ring(map::STACKS)?))
     }
 
     fn take_ring(&mut self, name: &'static str) -> Result<RingBuf<MapData>, ProbeError> {
@@ -88,16 +92,22 @@ impl Agent {
         self.duplicate_returns += n;
     }
 
-    pub fn kernel_stats(&self) -> Result<[u64; stat::COUNT as usize], ProbeError> {
-        let map = self.ebpf.map("STATS").ok_or(ProbeError::MissingMap("STATS"))?;
-        let stats: PerCpuArray<_, u64> =
-            PerCpuArray::try_from(map).map_err(|source| ProbeError::Map { map: "STATS", source: Box::new(source) })?;
-        let mut out = [0u64; stat::COUNT as usize];
+    /// A per-CPU counter array, each slot summed over the CPUs.
+    fn summed<const N: usize>(&self, name: &'static str) -> Result<[u64; N], ProbeError> {
+        let map = self.ebpf.map(name).ok_or(ProbeError::MissingMap(name))?;
+        let counts: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(map).map_err(|source| ProbeError::Map { map: name, source: Box::new(source) })?;
+        let mut out = [0u64; N];
         for (i, slot) in out.iter_mut().enumerate() {
-            let values = stats.get(&(i as u32), 0).map_err(|source| ProbeError::Map { map: "STATS", source: Box::new(source) })?;
+            let values = counts.get(&(i as u32), 0).map_err(|source| ProbeError::Map { map: name, source: Box::new(source) })?;
             *slot = values.iter().sum();
         }
-        let rwe = &mut out[stat::RETURN_WITHOUT_ENTRY as usize];
+        Ok(out)
+    }
+
+    pub fn kernel_stats(&self) -> Result<[u64; Stat::COUNT as usize], ProbeError> {
+        let mut out = self.summed::<{ Stat::COUNT as usize }>(map::STATS)?;
+        let rwe = &mut out[Stat::ReturnWithoutEntry.index()];
         *rwe = rwe.saturating_sub(self.duplicate_returns);
         Ok(out)
     }
@@ -109,12 +119,13 @@ impl Agent {
         reader: gpumem_engine::model::lost::ReaderCounts,
     ) -> Result<gpumem_engine::model::lost::KernelCounters, ProbeError> {
         let stats = self.kernel_stats()?;
-        let map = self.ebpf.map("LOST_BY_PID").ok_or(ProbeError::MissingMap("LOST_BY_PID"))?;
-        let by_pid: aya::maps::PerCpuHashMap<_, u32, u64> =
-            aya::maps::PerCpuHashMap::try_from(map).map_err(|source| ProbeError::Map { map: "LOST_BY_PID", source: Box::new(source) })?;
+        let exits = self.summed::<{ Exit::COUNT as usize }>(map::EXITS)?;
+        let map = self.ebpf.map(map::LOST_BY_PID).ok_or(ProbeError::MissingMap(map::LOST_BY_PID))?;
+        let by_pid: aya::maps::PerCpuHashMap<_, u32, u64> = aya::maps::PerCpuHashMap::try_from(map)
+            .map_err(|source| ProbeError::Map { map: map::LOST_BY_PID, source: Box::new(source) })?;
         // An entry removed while iterating ends the walk early; the next read has it.
         let by_pid = by_pid.iter().filter_map(Result::ok).map(|(pid, per_cpu)| (pid, per_cpu.iter().sum())).collect();
-        Ok(gpumem_engine::model::lost::KernelCounters::from_stats(&stats, reader, by_pid))
+        Ok(gpumem_engine::model::lost::KernelCounters::from_stats(&stats, &exits, reader, by_pid))
     }
 
     /// Removes the saved entries of calls whose thread is gone: a thread
@@ -123,9 +134,9 @@ impl Agent {
     /// is counted for such a call: only a return says what it did.
     pub fn sweep_stale_calls(&mut self) {
         // Value types only need the maps' value sizes: only keys are read.
-        let removed = self.remove_dead_threads::<gpumem_common::PendingKey, [u64; 8]>("PENDING", |k| k.pid_tgid)
-            + self.remove_dead_threads::<u64, [u64; 3]>("IOCTL_PENDING", |&k| k)
-            + self.remove_dead_threads::<u64, u32>("OPEN_PENDING", |&k| k);
+        let removed = self.remove_dead_threads::<gpumem_common::PendingKey, [u64; 8]>(map::PENDING, |k| k.pid_tgid)
+            + self.remove_dead_threads::<u64, [u64; 3]>(map::IOCTL_PENDING, |&k| k)
+            + self.remove_dead_threads::<u64, u32>(map::OPEN_PENDING, |&k| k);
         self.stale_calls_removed += removed as u64;
     }
 
@@ -142,7 +153,7 @@ impl Agent {
     /// longer in the agent's state, so that the kernel table (LOST_PIDS_MAX)
     /// does not fill up over a daemon's life.
     pub fn forget_lost(&mut self, keep: impl Fn(u32) -> bool) {
-        let Some(map) = self.ebpf.map_mut("LOST_BY_PID") else { return };
+        let Some(map) = self.ebpf.map_mut(map::LOST_BY_PID) else { return };
         let Ok(mut by_pid) = aya::maps::PerCpuHashMap::<_, u32, u64>::try_from(map) else { return };
         let gone: Vec<u32> =
             by_pid.keys().filter_map(Result::ok).filter(|&pid| !keep(pid) && !gpumem_engine::procfs::alive(pid, None)).collect();

@@ -17,6 +17,7 @@ pub mod torch;
 pub mod tracefs;
 pub mod usdt;
 
+use gpumem_common::names::{global, map, program};
 use std::{collections::HashSet, path::Path};
 
 use aya::{
@@ -50,6 +51,10 @@ pub enum ProbeError {
     Hook(String),
     #[error("pinning: {0}")]
     Pin(String),
+    #[error(
+        "the overhead benchmark's empty programs are not in this build: build gpumem with `--features bench` (cargo xtask bench does)"
+    )]
+    NoBenchPrograms,
     /// Tests' fault injection (hidden options): what was made to fail.
     #[error("{0} failed (fault injected)")]
     Injected(&'static str),
@@ -182,6 +187,9 @@ fn attach_order() -> Vec<&'static ApiInfo> {
 impl Agent {
     /// Loads (verifies) every program; attaches nothing yet.
     pub fn load(options: Options) -> Result<Agent, ProbeError> {
+        if options.probe_set == ProbeSet::Empty && !cfg!(feature = "bench") {
+            return Err(ProbeError::NoBenchPrograms);
+        }
         let mut notes = Vec::new();
         match tracefs::ensure_mounted() {
             Ok(Some(note)) => notes.push(note),
@@ -212,21 +220,21 @@ impl Agent {
         let mut loader = EbpfLoader::new();
         pin::share_maps(&mut loader, options.pin.as_ref());
         let ebpf = loader
-            .override_global("NV_PREFIX", &prefix_bytes, true)
-            .override_global("KEEP_LIVE", &keep_live, true)
-            .map_max_entries("LIVE", options.kernel_table.unwrap_or(1))
-            .override_global("NV_PREFIX_LEN", &prefix_len, true)
-            .override_global("FILTER_MODE", &mode, true)
-            .override_global("CAPTURE_STACKS", &(options.stacks.capture as u32), true)
-            .override_global("STACK_BUDGET_PER_S", &(options.stacks.budget_per_s as u64), true)
-            .override_global("STACK_SAMPLE_BYTES", &options.stacks.sample_bytes, true)
+            .override_global(global::NV_PREFIX, &prefix_bytes, true)
+            .override_global(global::KEEP_LIVE, &keep_live, true)
+            .map_max_entries(map::LIVE, options.kernel_table.unwrap_or(1))
+            .override_global(global::NV_PREFIX_LEN, &prefix_len, true)
+            .override_global(global::FILTER_MODE, &mode, true)
+            .override_global(global::CAPTURE_STACKS, &(options.stacks.capture as u32), true)
+            .override_global(global::STACK_BUDGET_PER_S, &(options.stacks.budget_per_s as u64), true)
+            .override_global(global::STACK_SAMPLE_BYTES, &options.stacks.sample_bytes, true)
             // Wake the reader at an eighth of the ring; below, it polls (POLL_MS).
-            .override_global("WAKEUP_BYTES", &(options.ringbuf_bytes as u64 / 8), true)
-            .override_global("FORK_CHILD_PID_OFFSET", &fork_offset, true)
-            .override_global("OOM_OFFSETS", &oom_offsets, true)
-            .map_max_entries("EVENTS", options.ringbuf_bytes)
+            .override_global(global::WAKEUP_BYTES, &(options.ringbuf_bytes as u64 / 8), true)
+            .override_global(global::FORK_CHILD_PID_OFFSET, &fork_offset, true)
+            .override_global(global::OOM_OFFSETS, &oom_offsets, true)
+            .map_max_entries(map::EVENTS, options.ringbuf_bytes)
             // A page when stacks are off: the ring must exist, nothing goes to it.
-            .map_max_entries("STACKS", if options.stacks.capture { options.stacks.ring_bytes } else { 4096 })
+            .map_max_entries(map::STACKS, if options.stacks.capture { options.stacks.ring_bytes } else { 4096 })
             .load(EBPF_OBJECT)
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
         let (path, why) = ioctl::choose(options.ioctl_mode, features::detect().kprobes, ioctl::nvidia_module_loaded(), &prefix);
@@ -274,30 +282,30 @@ impl Agent {
 
     fn attach_tracepoints(&mut self, fork_known: bool, oom_known: bool) {
         // Exec: a discovery signal (the new program's libraries and loader).
-        let mut wanted = vec![("sched", "sched_process_exit"), ("sched", "sched_process_exec")];
+        let mut wanted = vec![("sched", program::PROCESS_EXIT), ("sched", program::PROCESS_EXEC)];
         if self.options.filter_pids && fork_known {
-            wanted.push(("sched", "sched_process_fork"));
+            wanted.push(("sched", program::PROCESS_FORK));
         }
         // Host OOM kills. Kernels with kprobes could also use oom_kill_process;
         // the tracepoint runs in the triggering task, which names it just as well.
         if oom_known {
-            wanted.push(("oom", "mark_victim"));
+            wanted.push(("oom", program::OOM_VICTIM));
         } else {
             self.notes.push("oom:mark_victim has no pid field here: host OOM kills are not traced".into());
         }
         for (category, name) in wanted {
             let result = self.attach_tracepoint(category, name);
             let tracepoint = match name {
-                "sched_process_exit" => "sched:sched_process_exit",
-                "sched_process_exec" => "sched:sched_process_exec",
-                "sched_process_fork" => "sched:sched_process_fork",
+                program::PROCESS_EXIT => "sched:sched_process_exit",
+                program::PROCESS_EXEC => "sched:sched_process_exec",
+                program::PROCESS_FORK => "sched:sched_process_fork",
                 _ => "oom:mark_victim",
             };
             if let Err(e) = &result {
                 let consequence = match name {
-                    "sched_process_exit" => "exits will not release memory",
-                    "sched_process_exec" => "new programs are found by the periodic scan only",
-                    "sched_process_fork" => "children of -c commands are not followed",
+                    program::PROCESS_EXIT => "exits will not release memory",
+                    program::PROCESS_EXEC => "new programs are found by the periodic scan only",
+                    program::PROCESS_FORK => "children of -c commands are not followed",
                     _ => "host OOM kills are not traced",
                 };
                 self.notes.push(format!("{tracepoint} not attached ({e}): {consequence}"));
@@ -337,10 +345,10 @@ impl Agent {
     }
 
     fn attach_ioctl_kprobes(&mut self) -> Result<(), ProbeError> {
-        for (prog, func) in [("nv_rm_ioctl", "nvidia_unlocked_ioctl"), ("nv_uvm_ioctl", "uvm_unlocked_ioctl_entry")] {
+        for (prog, func) in [(program::NV_RM_IOCTL, "nvidia_unlocked_ioctl"), (program::NV_UVM_IOCTL, "uvm_unlocked_ioctl_entry")] {
             self.attach_kprobe(prog, &[func])?;
         }
-        self.attach_kprobe("nv_ioctl_return", &["nvidia_unlocked_ioctl", "uvm_unlocked_ioctl_entry"])
+        self.attach_kprobe(program::NV_IOCTL_RETURN, &["nvidia_unlocked_ioctl", "uvm_unlocked_ioctl_entry"])
     }
 
     fn attach_kprobe(&mut self, prog: &str, funcs: &[&str]) -> Result<(), ProbeError> {
@@ -357,7 +365,7 @@ impl Agent {
     }
 
     fn attach_ioctl_tracepoints(&mut self) -> Result<(), ProbeError> {
-        for name in ["sys_enter_openat", "sys_exit_openat", "sys_enter_close", "sys_enter_ioctl", "sys_exit_ioctl"] {
+        for name in [program::ENTER_OPENAT, program::EXIT_OPENAT, program::ENTER_CLOSE, program::ENTER_IOCTL, program::EXIT_IOCTL] {
             self.attach_tracepoint("syscalls", name)?;
         }
         Ok(())
@@ -489,5 +497,29 @@ impl Agent {
 
     pub fn attached_probe_count(&self) -> usize {
         self.libraries.iter().map(LibraryReport::attached).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use gpumem_common::names::{global, map, program};
+    use object::{Object as _, ObjectSymbol as _};
+
+    /// The built object has every map, global and program the agent finds
+    /// by name (gpumem_common::names), and the benchmark's programs only
+    /// in a `bench` build.
+    #[test]
+    fn the_object_has_every_name_the_agent_uses() {
+        let elf = object::File::parse(super::EBPF_OBJECT).expect("the eBPF object parses");
+        let symbols: BTreeSet<&str> = elf.symbols().filter_map(|s| s.name().ok()).collect();
+        for name in map::ALL.iter().chain(&global::ALL).chain(&program::ALL) {
+            assert!(symbols.contains(name), "{name} is not in the eBPF object: its name changed on one side only");
+        }
+        for name in program::bench::ALL {
+            assert_eq!(symbols.contains(name), cfg!(feature = "bench"), "{name} is in the object exactly when built with `bench`");
+        }
+        assert!(map::PINNED.iter().all(|m| map::ALL.contains(m)));
     }
 }

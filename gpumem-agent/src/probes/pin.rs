@@ -11,16 +11,13 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use gpumem_common::{live, stat, Event, PendingKey, StackEvent};
+use gpumem_common::{counters::Stat, live, Event, PendingKey, StackEvent};
 
 /// Where `serve` pins by default (a DaemonSet mounts the host's /sys/fs/bpf).
 pub const DEFAULT_ROOT: &str = "/sys/fs/bpf/gpumem";
 
-/// The maps shared across agents: what is live, what is in flight, the
-/// rings and the loss counters. The others (load-time settings, the Python
-/// and PyTorch tables the agent fills, scratch) belong to one load.
-pub const PINNED_MAPS: &[&str] =
-    &["EVENTS", "STACKS", "STATS", "LOST_BY_PID", "LIVE", "LIVE_MISSED", "PENDING", "TRACKED", "NV_FDS", "IOCTL_PENDING", "OPEN_PENDING"];
+/// The maps shared across agents (see `gpumem_common::names::map::PINNED`).
+pub const PINNED_MAPS: &[&str] = &gpumem_common::names::map::PINNED;
 
 const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 
@@ -65,7 +62,7 @@ pub fn layout_name() -> String {
         std::mem::size_of::<live::LiveKey>(),
         std::mem::size_of::<live::LiveEntry>(),
         std::mem::size_of::<PendingKey>(),
-        stat::COUNT as usize,
+        Stat::COUNT as usize,
     ];
     // FNV-1a: stable across builds and Rust versions (unlike DefaultHasher).
     let mut h: u32 = 0x811c9dc5;
@@ -93,7 +90,7 @@ impl Pinned {
 
     /// Whether a previous agent left maps to adopt.
     pub fn has_state(&self) -> bool {
-        self.maps.join("LIVE").exists()
+        self.maps.join(gpumem_common::names::map::LIVE).exists()
     }
 
     /// Links pinned now (by a previous agent, before this one pins its own).

@@ -11,6 +11,7 @@
 //! without uprobe_multi links (before 6.6) get one perf-event uprobe per
 //! site, its `ref_ctr_offset` in the event's config, linked with a cookie
 //! (5.15+).
+use gpumem_common::names::{map, program};
 use std::{
     ffi::CString,
     os::{
@@ -284,7 +285,7 @@ impl Agent {
             return Err(format!("more than {SPECS_MAX} PyTorch probe sites across libraries: not attached"));
         }
         let mut table: aya::maps::Array<_, UsdtSpec> = aya::maps::Array::try_from(
-            self.ebpf.map_mut("USDT_SPECS").ok_or(ProbeError::MissingMap("USDT_SPECS")).map_err(|e| e.to_string())?,
+            self.ebpf.map_mut(map::USDT_SPECS).ok_or(ProbeError::MissingMap(map::USDT_SPECS)).map_err(|e| e.to_string())?,
         )
         .map_err(|e| e.to_string())?;
         for (i, spec) in specs.iter().enumerate() {
@@ -292,10 +293,10 @@ impl Agent {
         }
         let multi = self.uprobe_links.mode == super::links::LinkMode::Multi;
         let program = match (self.options.probe_set, multi) {
-            (ProbeSet::Empty, true) => "empty_usdt",
-            (ProbeSet::Empty, false) => "empty_usdt_p",
-            (ProbeSet::Full, true) => "torch_usdt",
-            (ProbeSet::Full, false) => "torch_usdt_p",
+            (ProbeSet::Empty, true) => program::bench::USDT_MULTI,
+            (ProbeSet::Empty, false) => program::bench::USDT,
+            (ProbeSet::Full, true) => program::TORCH_USDT_MULTI,
+            (ProbeSet::Full, false) => program::TORCH_USDT,
         };
         let prog: &mut UProbe = self.program(program).map_err(|e| e.to_string())?;
         if prog.fd().is_err() {

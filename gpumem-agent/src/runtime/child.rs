@@ -43,6 +43,8 @@ pub fn start_blocked(cmd: &str) -> Result<Child> {
         return Err(std::io::Error::last_os_error()).context("fork");
     }
     if pid == 0 {
+        // SAFETY: in the child before exec: only async-signal-safe calls,
+        // on descriptors and strings made before the fork.
         unsafe {
             libc::close(write_end.as_raw_fd());
             let mut b = 0u8;

@@ -297,7 +297,7 @@ impl Continuity {
 
 /// The kernel's count of returns without their entry (0 if unreadable).
 pub fn returns_without_entry(agent: &Agent) -> u64 {
-    agent.kernel_stats().map_or(0, |s| s[gpumem_common::stat::RETURN_WITHOUT_ENTRY as usize])
+    agent.kernel_stats().map_or(0, |s| s[gpumem_common::counters::Stat::ReturnWithoutEntry.index()])
 }
 
 /// Liveness of processes, each looked up once per sweep.

@@ -5,7 +5,10 @@
 //! by event by the pipeline when an export asks for it.
 use std::collections::{BTreeMap, VecDeque};
 
-use gpumem_common::{ApiClass, Event, DEVICE_UNKNOWN};
+use gpumem_common::{
+    payload::{Payload, TensorAlloc},
+    ApiClass, Event, DEVICE_UNKNOWN,
+};
 use rustc_hash::FxHashMap;
 
 use crate::{
@@ -204,7 +207,7 @@ impl History {
             self.totals.entry(key).or_default().add(ev.size, sampling, sample_bytes);
         }
         if let Some(action) = action {
-            let stream = if *kind == Kind::TensorAlloc { ev.aux } else { 0 };
+            let stream = if *kind == Kind::TensorAlloc { TensorAlloc::unpack(ev).stream } else { 0 };
             self.log(device, TraceEntry { action, stream, ..entry(ev, stack) });
         }
     }

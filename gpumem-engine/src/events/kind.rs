@@ -1,9 +1,12 @@
-//! What an event is, with its overloaded fields decoded: the one place that
-//! knows how the kernel side packs RM handles, OOM figures and UVM ranges
-//! into `Event` (see gpumem_common's `Event` and `nv` docs). Everything
-//! downstream (state, analyses, outputs) matches on `Kind`; arithmetic on
-//! untrusted figures is checked.
-use gpumem_common::{api, api_info, ApiClass, ApiInfo, Event};
+//! What an event is, with its overloaded fields decoded by the payloads the
+//! kernel side packed them with (gpumem_common::payload: RM handles, OOM
+//! figures, UVM ranges). Everything downstream (state, analyses, outputs)
+//! matches on `Kind`; arithmetic on untrusted figures is checked.
+use gpumem_common::{
+    api, api_info,
+    payload::{OomFigures, Payload, PitchAlloc, RmAlloc, RmControl, RmFree, RmMap, UvmRange},
+    ApiClass, ApiInfo, Event,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -63,14 +66,6 @@ fn kib(v: u64) -> Option<u64> {
     v.checked_mul(1024)
 }
 
-fn low(v: u64) -> u32 {
-    v as u32
-}
-
-fn high(v: u64) -> u32 {
-    (v >> 32) as u32
-}
-
 impl Kind {
     pub fn of(ev: &Event) -> Kind {
         if let Some(info) = api_info(ev.api) {
@@ -78,28 +73,38 @@ impl Kind {
         }
         match ev.api {
             api::PROCESS_EXIT => Kind::Exit,
-            api::OOM_KILL => Kind::OomKill(OomKill {
-                trigger_tid: ev.tid,
-                total_vm_bytes: kib(ev.addr),
-                anon_rss_bytes: kib(ev.size),
-                file_rss_bytes: kib(ev.handle),
-                shmem_rss_bytes: kib(ev.aux),
-            }),
-            api::RM_ALLOC => Kind::Rm(Rm::Alloc {
-                object: low(ev.handle),
-                parent: low(ev.addr),
-                root: high(ev.addr),
-                class: low(ev.aux),
-                flags: high(ev.aux),
-                size: ev.size,
-            }),
-            api::RM_FREE => Kind::Rm(Rm::Free { object: low(ev.handle), parent: low(ev.addr), root: high(ev.addr) }),
-            api::RM_CONTROL => Kind::Rm(Rm::Control { object: low(ev.handle), cmd: ev.aux }),
-            api::RM_MAP_MEMORY | api::RM_MAP_MEMORY_DMA => {
-                Kind::Rm(Rm::Map { memory: low(ev.handle), length: ev.size, address: ev.addr, dma: ev.api == api::RM_MAP_MEMORY_DMA })
+            api::OOM_KILL => {
+                let f = OomFigures::unpack(ev);
+                Kind::OomKill(OomKill {
+                    trigger_tid: ev.tid,
+                    total_vm_bytes: kib(f.total_vm_kib),
+                    anon_rss_bytes: kib(f.anon_rss_kib),
+                    file_rss_bytes: kib(f.file_rss_kib),
+                    shmem_rss_bytes: kib(f.shmem_rss_kib),
+                })
             }
-            api::UVM_MAP_EXTERNAL_ALLOCATION => Kind::Uvm(Uvm::Map { base: ev.addr, length: ev.size }),
-            api::UVM_FREE => Kind::Uvm(Uvm::Free { base: ev.addr }),
+            api::RM_ALLOC => {
+                let RmAlloc { object, parent, root, class, flags, size } = RmAlloc::unpack(ev);
+                Kind::Rm(Rm::Alloc { object, parent, root, class, flags, size })
+            }
+            api::RM_FREE => {
+                let RmFree { object, parent, root } = RmFree::unpack(ev);
+                Kind::Rm(Rm::Free { object, parent, root })
+            }
+            api::RM_CONTROL => {
+                let RmControl { object, cmd } = RmControl::unpack(ev);
+                Kind::Rm(Rm::Control { object, cmd })
+            }
+            api::RM_MAP_MEMORY | api::RM_MAP_MEMORY_DMA => {
+                let m = RmMap::unpack(ev);
+                // RM handles are 32 bits.
+                Kind::Rm(Rm::Map { memory: m.memory as u32, length: m.length, address: m.address, dma: ev.api == api::RM_MAP_MEMORY_DMA })
+            }
+            api::UVM_MAP_EXTERNAL_ALLOCATION => {
+                let r = UvmRange::unpack(ev);
+                Kind::Uvm(Uvm::Map { base: r.base, length: r.length })
+            }
+            api::UVM_FREE => Kind::Uvm(Uvm::Free { base: UvmRange::unpack(ev).base }),
             api::TENSOR_ALLOC => Kind::TensorAlloc,
             api::TENSOR_FREE => Kind::TensorFree,
             _ => Kind::Unknown,
@@ -113,7 +118,7 @@ impl Kind {
 
     /// The row pitch of a cuMemAllocPitch_v2 (its `aux`; `size` is pitch × height).
     pub fn pitch(&self, ev: &Event) -> Option<u64> {
-        matches!(self, Kind::Cuda(info) if info.id == api::CU_MEM_ALLOC_PITCH_V2).then_some(ev.aux)
+        matches!(self, Kind::Cuda(info) if info.id == api::CU_MEM_ALLOC_PITCH_V2).then(|| PitchAlloc::unpack(ev).pitch)
     }
 
     /// Whether applying it can free memory implicitly (what it released is

@@ -2,7 +2,11 @@
 //! line for machines.
 use std::io::{self, Write};
 
-use gpumem_common::{api, ApiClass, Event, DEVICE_UNKNOWN};
+use gpumem_common::{
+    api,
+    payload::{Payload, PitchAlloc, TensorAlloc},
+    ApiClass, Event, DEVICE_UNKNOWN,
+};
 use serde_json::{json, Value};
 
 use crate::names::{api_name, bytes, event_type, printable, result_name};
@@ -122,7 +126,7 @@ pub fn event_json(ev: &Event, kind: &Kind, applied: &Applied, container: Option<
         obj.insert("handle".into(), hex(ev.handle));
     }
     if ev.api == api::CU_MEM_ALLOC_PITCH_V2 {
-        obj.insert("pitch".into(), json!(ev.aux));
+        obj.insert("pitch".into(), json!(PitchAlloc::unpack(ev).pitch));
     }
     // Events that can free memory implicitly always say what they freed.
     if !applied.released.is_empty()
@@ -135,7 +139,7 @@ pub fn event_json(ev: &Event, kind: &Kind, applied: &Applied, container: Option<
         Kind::Uvm(_) => ioctl_status(obj, ev),
         Kind::OomKill(k) => oom_fields(obj, k, applied),
         Kind::TensorAlloc => {
-            obj.insert("stream".into(), hex(ev.aux));
+            obj.insert("stream".into(), hex(TensorAlloc::unpack(ev).stream));
             obj.remove("latency_ns");
         }
         Kind::TensorFree => {

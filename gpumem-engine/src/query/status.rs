@@ -6,7 +6,7 @@ use super::Asked;
 use crate::{
     model::{
         agent::{ContinuityReport, KernelTable},
-        lost::TablesFull,
+        lost::{ProbeExits, TablesFull},
     },
     pipeline::Pipeline,
 };
@@ -32,6 +32,9 @@ pub struct DaemonStatus {
     pub kernel_table: Option<KernelTable>,
     pub kernel_tables_full: TablesFull,
     pub lost_events: u64,
+    /// The eBPF programs' early exits, by reason.
+    #[serde(default)]
+    pub probe_exits: ProbeExits,
 }
 
 /// The status of the daemon that asks (its facts in `at.serving`).
@@ -49,5 +52,6 @@ pub fn of(p: &Pipeline, at: &Asked<'_>) -> DaemonStatus {
         kernel_table: a.kernel_table.clone(),
         kernel_tables_full: a.kernel.tables_full.clone(),
         lost_events: a.kernel.lost.total(),
+        probe_exits: a.kernel.exits.clone(),
     }
 }

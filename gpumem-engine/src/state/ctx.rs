@@ -2,7 +2,10 @@
 //! context takes with it when it is destroyed.
 use std::collections::BTreeMap;
 
-use gpumem_common::{ApiClass, Event, DEVICE_UNKNOWN};
+use gpumem_common::{
+    payload::{MemInfo, Payload},
+    ApiClass, Event, DEVICE_UNKNOWN,
+};
 
 use super::{
     process::{Memory, PrimaryCtx, Process},
@@ -111,7 +114,8 @@ impl Process {
             ApiClass::MemGetInfo => {
                 let device = self.current_device(ev.tid);
                 out.device = device;
-                self.held.reported_free.insert(device, (ev.size, ev.aux));
+                let info = MemInfo::unpack(ev);
+                self.held.reported_free.insert(device, (info.free, info.total));
             }
             _ => {}
         }

@@ -17,7 +17,9 @@ use std::{
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, INodeNo, IoctlFlags, ReplyAttr, ReplyDirectory, ReplyEntry, ReplyIoctl, Request,
 };
-use gpumem_common::nv;
+use std::mem::offset_of;
+
+use gpumem_common::nv::{self, Nvos00, Nvos21, Nvos33WithFd, Nvos54, Nvos64};
 
 const TTL: Duration = Duration::from_secs(60);
 const FILES: [(u64, &str); 3] = [(2, "nvidiactl"), (3, "nvidia0"), (4, "nvidia-uvm")];
@@ -119,30 +121,34 @@ impl Filesystem for FakeNvidia {
         p.resize(out_size.max(in_data.len() as u32) as usize, 0);
         match (nv::ioc_nr(cmd), nv::ioc_size(cmd)) {
             (nv::ESC_RM_ALLOC, size @ (nv::NVOS21_SIZE | nv::NVOS64_SIZE)) => {
-                let status_at = if size == nv::NVOS64_SIZE { 40 } else { 28 };
-                if u32_at(&p, 4) == BAD_PARENT {
+                // The two forms share their first fields (checked in gpumem_common::nv).
+                let status_at = if size == nv::NVOS64_SIZE { offset_of!(Nvos64, status) } else { offset_of!(Nvos21, status) };
+                let new_at = offset_of!(Nvos21, h_object_new);
+                if u32_at(&p, offset_of!(Nvos21, h_object_parent)) == BAD_PARENT {
                     put_u32(&mut p, status_at, STATUS_BAD_PARENT);
                 } else {
-                    let mut handle = u32_at(&p, 8);
+                    let mut handle = u32_at(&p, new_at);
                     if handle == 0 {
                         let mut next = self.next_handle.lock().expect("lock");
                         *next += 1;
                         handle = *next;
                     }
                     self.live.lock().expect("lock").insert(handle);
-                    put_u32(&mut p, 8, handle);
+                    put_u32(&mut p, new_at, handle);
                     put_u32(&mut p, status_at, 0);
                 }
             }
             (nv::ESC_RM_FREE, nv::NVOS00_SIZE) => {
-                let known = self.live.lock().expect("lock").remove(&u32_at(&p, 8));
-                put_u32(&mut p, 12, if known { 0 } else { STATUS_NOT_FOUND });
+                let known = self.live.lock().expect("lock").remove(&u32_at(&p, offset_of!(Nvos00, h_object_old)));
+                put_u32(&mut p, offset_of!(Nvos00, status), if known { 0 } else { STATUS_NOT_FOUND });
             }
-            (nv::ESC_RM_CONTROL, nv::NVOS54_SIZE) => put_u32(&mut p, 28, 0),
+            (nv::ESC_RM_CONTROL, nv::NVOS54_SIZE) => put_u32(&mut p, offset_of!(Nvos54, status), 0),
             (nv::ESC_RM_MAP_MEMORY, nv::NVOS33_WITH_FD_SIZE) => {
-                let offset = u64::from_ne_bytes(p[16..24].try_into().expect("8 bytes"));
-                p[32..40].copy_from_slice(&(0x7f00_0000_0000u64 + offset).to_ne_bytes());
-                put_u32(&mut p, 40, 0);
+                let at = offset_of!(Nvos33WithFd, offset);
+                let offset = u64::from_ne_bytes(p[at..at + 8].try_into().expect("8 bytes"));
+                let at = offset_of!(Nvos33WithFd, p_linear_address);
+                p[at..at + 8].copy_from_slice(&(0x7f00_0000_0000u64 + offset).to_ne_bytes());
+                put_u32(&mut p, offset_of!(Nvos33WithFd, status), 0);
             }
             _ => return reply.error(Errno::ENOTTY),
         }

@@ -66,6 +66,7 @@ catalog! {
     LOST_EVENTS, Counter, "gpumem_lost_events", "Events that never reached the agent, by reason";
     STACKS_SAMPLING, Counter, "gpumem_stack_sampling", "Allocations over their process's stack budget, by outcome (sampled: stack taken and weighed; not_sampled: stood for by the sampled ones)";
     STACKS_DROPPED, Counter, "gpumem_stacks_dropped", "Allocations that reached the agent without their stack, by reason (their bytes are counted)";
+    PROBE_EXITS, Counter, "gpumem_probe_exits", "Early exits of the eBPF programs, by reason: most are the programs doing their job (not_traced, not_nvidia, thread_exit), the *_unreadable, *_full and field_absent ones say what could not be done";
     TABLE_OVERFLOW, Counter, "gpumem_table_overflow", "Records not kept because a bounded table was full, by table (kernel_* tables are the eBPF side's)";
     IMPLAUSIBLE_EVENTS, Counter, "gpumem_implausible_events", "Successful calls with a size no GPU could hold (an ABI mismatch or garbled read): not applied";
     UNKNOWN_EVENTS, Counter, "gpumem_unknown_events", "Events of an id this agent does not know (a newer eBPF object): not applied";

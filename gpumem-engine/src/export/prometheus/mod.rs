@@ -13,6 +13,7 @@ pub mod text;
 
 use std::collections::BTreeMap;
 
+use gpumem_common::counters::Exit;
 use gpumem_common::DEVICE_UNKNOWN;
 
 use crate::names::{api_name, result_name};
@@ -340,6 +341,10 @@ fn self_families(fams: &mut Families, s: &Scrape<'_>) {
     let d = &a.kernel.stacks_dropped;
     let reasons = [("ring_full", d.ring_full), ("unmatched", d.unmatched)];
     fams.add(m::STACKS_DROPPED).extend(reasons.iter().map(|&(r, n)| (vec![("reason", r.to_string())], Value::Count(n))));
+    let exits = &a.kernel.exits.0;
+    fams.add(m::PROBE_EXITS).extend(
+        Exit::ALL.iter().map(|e| (vec![("reason", e.name().to_string())], Value::Count(exits.get(e.name()).copied().unwrap_or(0)))),
+    );
     let o = &s.state.overflow;
     let tables = [
         ("allocations", o.entries_dropped),
