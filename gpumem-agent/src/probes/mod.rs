@@ -196,21 +196,7 @@ impl Agent {
             Ok(None) => {}
             Err(e) => notes.push(e.to_string()),
         }
-        let fork_offset = match tracefs::field_offset("sched", "sched_process_fork", "child_pid") {
-            Ok(off) => off,
-            Err(e) => {
-                notes.push(format!("child processes will not be followed: {e}"));
-                0
-            }
-        };
-        // Where oom:mark_victim keeps its fields on this kernel; a field it
-        // lacks (older kernels have only pid) is left out of the events.
-        let mut oom_offsets = [oom_field::FIELD_ABSENT; oom_field::COUNT];
-        for (i, name) in oom_field::NAMES.iter().enumerate() {
-            if let Ok(off) = tracefs::field_offset("oom", "mark_victim", name) {
-                oom_offsets[i] = off;
-            }
-        }
+        let (fork_offset, oom_offsets) = tracefs::record_offsets(&mut notes);
         let mode = if options.filter_pids { filter::PIDS } else { filter::ALL };
         let prefix = options.nvidia_prefix.clone();
         let mut prefix_bytes = [0u8; gpumem_common::NV_PREFIX_MAX];

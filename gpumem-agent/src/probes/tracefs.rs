@@ -75,6 +75,28 @@ pub fn parse_field_offset(format: &str, field: &str) -> Option<u32> {
     None
 }
 
+/// Where this kernel's records keep what the programs read: the fork
+/// record's `child_pid` (0, with a note, when unknown: children are then
+/// not followed) and each oom:mark_victim field (`FIELD_ABSENT` for one it
+/// lacks: older kernels have only pid).
+pub fn record_offsets(notes: &mut Vec<String>) -> (u32, [u32; gpumem_common::oom_field::COUNT]) {
+    use gpumem_common::oom_field;
+    let fork_offset = match field_offset("sched", "sched_process_fork", "child_pid") {
+        Ok(off) => off,
+        Err(e) => {
+            notes.push(format!("child processes will not be followed: {e}"));
+            0
+        }
+    };
+    let mut oom_offsets = [oom_field::FIELD_ABSENT; oom_field::COUNT];
+    for (i, name) in oom_field::NAMES.iter().enumerate() {
+        if let Ok(off) = field_offset("oom", "mark_victim", name) {
+            oom_offsets[i] = off;
+        }
+    }
+    (fork_offset, oom_offsets)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
