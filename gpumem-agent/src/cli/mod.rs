@@ -132,6 +132,11 @@ pub struct ProbeArgs {
     /// (discovery falls back to scanning every process).
     #[arg(long, hide = true)]
     pub refuse_loader_hooks: bool,
+    /// Tests: a `gpumem: milestone …` line on stderr when a reading (NVML,
+    /// host memory, a growth sample) has been applied and after each
+    /// maintenance tick: what a test waits for instead of a fixed time.
+    #[arg(long, hide = true)]
+    pub milestones: bool,
 }
 
 /// What to trace and for how long (shared by trace and leaks).

@@ -46,6 +46,7 @@ impl ProbeArgs {
             uprobe_links: self.uprobe_links,
             refuse_uprobe_multi: self.refuse_uprobe_multi,
             refuse_loader_hooks: self.refuse_loader_hooks,
+            milestones: self.milestones,
         }
     }
 }

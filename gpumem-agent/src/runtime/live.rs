@@ -284,6 +284,7 @@ impl<'o, O: Output> Live<'o, O> {
         self.hand_over_interpreters();
         let elapsed_s = self.elapsed_s();
         let flow = self.out.tick(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s })?;
+        self.milestone("tick");
         Ok(if gone { Some(Ended::Done) } else { flow.stopped(Ended::ByOutput) })
     }
 
@@ -291,13 +292,23 @@ impl<'o, O: Output> Live<'o, O> {
         let t = self.elapsed_s();
         self.pipeline.sample_growth(t);
         self.out.sampled(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s: t }, t)?;
+        self.milestone("growth-sample");
         Ok(Flow::Continue)
     }
 
     fn read_host(&mut self) -> Result<()> {
         let t = self.elapsed_s();
         self.pipeline.sample_host(t);
-        self.out.host(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s: t }, t)
+        self.out.host(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s: t }, t)?;
+        self.milestone("host-reading");
+        Ok(())
+    }
+
+    /// `--milestones`: says that something was applied (what tests wait for).
+    fn milestone(&self, what: &str) {
+        if self.s.probing.milestones {
+            eprintln!("gpumem: milestone {what}");
+        }
     }
 
     /// What is in the ring counts for the answer, and so does a fresh status.
@@ -330,7 +341,9 @@ impl<'o, O: Output> Live<'o, O> {
         }
         let elapsed_s = self.elapsed_s();
         self.out.nvml(&mut Ctx { pipeline: &mut self.pipeline, agent: &self.status, elapsed_s }, &m, elapsed_s)?;
+        let what = m.name();
         self.pipeline.nvml(m);
+        self.milestone(what);
         Ok(())
     }
 

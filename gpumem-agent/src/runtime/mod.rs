@@ -53,6 +53,9 @@ pub struct Probing {
     pub refuse_uprobe_multi: bool,
     /// Tests and benchmarks: act as if no dynamic loader could be hooked.
     pub refuse_loader_hooks: bool,
+    /// Tests: say on stderr when readings are applied and ticks run
+    /// (`gpumem: milestone …`), so that a test waits for them, not for a time.
+    pub milestones: bool,
 }
 
 /// When the probes go at the end.

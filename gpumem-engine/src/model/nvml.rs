@@ -74,6 +74,17 @@ pub enum Message {
     Xid(XidEvent),
 }
 
+impl Message {
+    /// What it is, in a word (`nvml-reading`, `nvml-unavailable`, `nvml-xid`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Message::Reading { .. } => "nvml-reading",
+            Message::Unavailable(_) => "nvml-unavailable",
+            Message::Xid(_) => "nvml-xid",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct XidEvent {
     pub gpu: u32,
