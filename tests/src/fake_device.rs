@@ -20,13 +20,9 @@ impl FakeDevice {
         // Owned at once: dropping the device kills and reaps the server, on every path.
         let device = FakeDevice { dir, server };
         let ctl = device.dir.join("nvidiactl");
-        for _ in 0..100 {
-            if ctl.exists() {
-                return device;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        panic!("the stand-in device did not appear at {}", device.dir.display());
+        let what = format!("the stand-in device at {}", device.dir.display());
+        crate::poll(5, &what, || ctl.exists().then_some(()), String::new);
+        device
     }
 
     /// The `--nvidia-dev-prefix` that names its nodes.

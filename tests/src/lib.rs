@@ -15,19 +15,23 @@ use serde_json::Value;
 mod browser;
 mod fake_device;
 mod http;
+mod lines;
 mod prometheus;
 mod receiver;
 pub mod runc;
 pub mod soak;
 mod tools;
+mod wait;
 
 pub use browser::*;
 pub use fake_device::*;
 pub use http::*;
+pub use lines::Lines;
 pub use prometheus::*;
 pub use receiver::*;
 pub use runc::*;
 pub use tools::*;
+pub use wait::*;
 
 pub const MIB: u64 = 1024 * 1024;
 pub const KIB: u64 = 1024;
@@ -261,47 +265,6 @@ pub fn released(ev: &Value) -> Vec<(i64, u64, u64)> {
         .collect()
 }
 
-/// A finished gpumem leaves a child that removes its uprobes (a few seconds
-/// on this kernel, holding a kernel lock that attaching also takes). Until it
-/// is gone the probes still fire and a new agent attaches slowly, so tests
-/// and benchmarks wait for it.
-/// Names of loaded BPF programs that are gpumem's (the kernel truncates names to 15 bytes).
-pub fn gpumem_programs() -> Vec<String> {
-    aya::programs::loaded_programs()
-        .filter_map(|p| p.ok())
-        .filter_map(|p| p.name_as_str().map(str::to_string))
-        .filter(|n| n.starts_with("cuda_") || n == "mark_victim" || n.starts_with("sched_process_"))
-        .collect()
-}
-
-pub fn wait_for_detach() {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let busy = std::fs::read_dir("/proc")
-            .expect("/proc")
-            .flatten()
-            .any(|e| std::fs::read_to_string(e.path().join("comm")).map(|c| c.trim() == "gpumem").unwrap_or(false));
-        if !busy {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "a gpumem process is still running after 60 s");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-}
-
-/// Polls `f` every 200 ms for up to `secs` seconds; at the deadline fails
-/// naming `what`, with what `context` says then.
-pub fn poll<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>, context: impl Fn() -> String) -> T {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(std::time::Instant::now() < deadline, "timed out after {secs} s waiting for {what}{}", context());
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-}
-
 /// Runs a command to its end: (success, stdout, stderr).
 pub fn command_output(cmd: &mut Command) -> (bool, String, String) {
     let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
@@ -384,6 +347,20 @@ pub fn spawn_workload(scenario: &str, envs: &[(&str, &str)]) -> std::process::Ch
     cmd.spawn().expect("starting the workload")
 }
 
+/// Starts one workload scenario on the synthetic driver in the background,
+/// its stderr watched (scenarios say "phase N" as they go).
+pub fn spawn_workload_watched(scenario: &str, envs: &[(&str, &str)]) -> (std::process::Child, Lines) {
+    let f = fixtures();
+    let mut cmd = Command::new(&f.workload);
+    cmd.args([f.libcuda.to_str().unwrap(), scenario]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("starting the workload");
+    let lines = Lines::spawn(child.stderr.take().expect("piped"));
+    (child, lines)
+}
+
 /// Traces one workload scenario against the synthetic driver (attached by path).
 pub fn trace_workload(scenario: &str, envs: &[(&str, &str)]) -> Trace {
     let f = fixtures();
@@ -407,29 +384,14 @@ pub fn results(events: &[&Value]) -> Vec<u64> {
     events.iter().map(|e| e["result"].as_u64().unwrap()).collect()
 }
 
-/// Reads the child's stderr until a line starting with `ready` (the agent's
-/// "everything is attached" line); the rest is collected on a thread whose
-/// result is all of stderr. Panics if stderr ends first.
-pub fn stderr_after_line(child: &mut std::process::Child, ready: &str) -> std::thread::JoinHandle<String> {
-    use std::io::{BufRead as _, BufReader};
-    let mut stderr = BufReader::new(child.stderr.take().expect("stderr piped"));
-    let mut seen = String::new();
-    loop {
-        let mut line = String::new();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "gpumem ended before `{ready}`: {seen}");
-        seen.push_str(&line);
-        if line.starts_with(ready) {
-            break;
-        }
-    }
-    std::thread::spawn(move || {
-        let mut s = seen;
-        for line in stderr.lines() {
-            s.push_str(&line.unwrap_or_default());
-            s.push('\n');
-        }
-        s
-    })
+/// Watches the child's stderr (piped) and waits until a line starting with
+/// `ready` (the agent's "everything is attached" line); the watcher goes on
+/// collecting, to wait on later lines and to return all of stderr at the end.
+/// Fails if stderr ends first.
+pub fn stderr_after_line(child: &mut std::process::Child, ready: &str) -> Lines {
+    let lines = Lines::spawn(child.stderr.take().expect("stderr piped"));
+    lines.wait_for_start(ready, 120);
+    lines
 }
 
 /// A memory cgroup (v1) limited to 64 MiB and a shell command that runs the
@@ -448,12 +410,12 @@ pub fn hog_in_memory_cgroup(name: &str) -> (PathBuf, String) {
 
 /// Starts `gpumem trace --json ARGS` in the background and waits until it
 /// traces (its "tracing" line on stderr).
-pub fn start_agent(args: &[&str]) -> (std::process::Child, std::thread::JoinHandle<String>) {
+pub fn start_agent(args: &[&str]) -> (std::process::Child, Lines) {
     start_agent_with(args, &[])
 }
 
 /// `start_agent` with environment variables (for the synthetic driver and NVML).
-pub fn start_agent_with(args: &[&str], envs: &[(&str, &str)]) -> (std::process::Child, std::thread::JoinHandle<String>) {
+pub fn start_agent_with(args: &[&str], envs: &[(&str, &str)]) -> (std::process::Child, Lines) {
     wait_for_detach();
     let mut child = std::process::Command::new(gpumem_bin())
         .args(["trace", "--json"])
@@ -467,7 +429,13 @@ pub fn start_agent_with(args: &[&str], envs: &[(&str, &str)]) -> (std::process::
     (child, rest)
 }
 
-pub fn finish_agent(child: std::process::Child, stderr: std::thread::JoinHandle<String>) -> (Vec<Value>, String) {
+/// Ends a session started in the background (SIGINT): it reports on what it saw.
+pub fn interrupt(child: &std::process::Child) {
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+}
+
+pub fn finish_agent(child: std::process::Child, stderr: Lines) -> (Vec<Value>, String) {
     let out = child.wait_with_output().unwrap();
     let stderr = stderr.join().unwrap();
     assert!(out.status.success(), "{stderr}");

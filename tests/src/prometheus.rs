@@ -10,7 +10,7 @@ use crate::{free_port, gpumem_bin, http_get, stderr_after_line, target_dir, url_
 pub struct Serve {
     pub child: std::process::Child,
     pub port: u16,
-    stderr: Option<std::thread::JoinHandle<String>>,
+    stderr: Option<crate::Lines>,
     /// Its pinned state, removed when the test is done with it.
     pub state: Option<ServeState>,
 }
@@ -103,6 +103,11 @@ impl Serve {
         let status = self.child.wait().unwrap();
         self.state = None;
         (status, self.stderr.take().unwrap().join().unwrap())
+    }
+
+    /// What it said on stderr so far, to wait on (`--milestones` lines).
+    pub fn stderr(&self) -> &crate::Lines {
+        self.stderr.as_ref().expect("serve's stderr")
     }
 
     /// The exposition in the classic text format (what curl and promtool get).

@@ -137,7 +137,10 @@ impl Container {
 impl Drop for Container {
     fn drop(&mut self) {
         let _ = Command::new("runc").args(["kill", &self.id, "TERM"]).output();
-        std::thread::sleep(std::time::Duration::from_secs(1));
+        // It stops on SIGTERM (its state says so); one that does not is killed by the forced delete.
+        let state = || crate::command_output(Command::new("runc").args(["state", &self.id])).1;
+        let stopped = || state().is_empty() || state().contains("\"stopped\"");
+        let _ = crate::try_poll(5, || stopped().then_some(()));
         let _ = Command::new("runc").args(["delete", "--force", &self.id]).output();
     }
 }

@@ -199,11 +199,16 @@ fn xids_from_the_kernel_log_reach_the_xid_and_health_actions() {
             &xid_hook,
             "--action",
             &health_hook,
+            "--milestones",
         ],
         &[("GPUMEM_FAKE_NVML_NO_EVENTS", "1")],
     );
-    // The driver logs an XID for GPU 0 (PCI 0000:10:00, healthy until then) after the agent started.
-    std::thread::sleep(std::time::Duration::from_secs(2));
+    // The driver logs an XID for GPU 0 (PCI 0000:10:00, healthy until then)
+    // once the agent follows the log and a reading and a tick have judged the GPUs.
+    let said = serve.stderr();
+    said.wait_for("XIDs: NVML's XID events are not available", 20);
+    let read = said.wait_for_mark("milestone nvml-reading", 20);
+    said.wait_after(read, "milestone tick", 20);
     let mut log = std::fs::OpenOptions::new().append(true).open(&kmsg).unwrap();
     std::io::Write::write_all(
         &mut log,

@@ -257,9 +257,22 @@ fn metrics_and_top_show_allocated_beside_reserved() {
     // The loop starts its CUDA calls 0.3 s in: after serve attached.
     let mut err = BufReader::new(workload.stderr.take().unwrap());
     let own = read_figures(&mut err);
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    let text = serve.metrics();
     let pid = workload.id();
+    // What the loop allocated, as the daemon applied it.
+    let text = poll(
+        10,
+        "the loop's tensors on /metrics",
+        || {
+            let t = serve.metrics();
+            let matches = |name: &str, key: &str| pid_series(&t, name, pid) == own[key].as_f64();
+            (matches("gpumem_process_allocated_bytes", "allocated")
+                && matches("gpumem_process_memory_bytes", "reserved")
+                && matches("gpumem_process_reserved_unused_bytes", "unused")
+                && matches("gpumem_process_largest_free_block_bytes", "largest_free"))
+            .then_some(t)
+        },
+        || serve.metrics(),
+    );
     let series = |name: &str| pid_series(&text, name, pid).unwrap_or_else(|| panic!("no {name} for pid {pid} in\n{text}"));
     assert_eq!(series("gpumem_process_allocated_bytes"), own["allocated"].as_f64().unwrap());
     assert_eq!(series("gpumem_process_memory_bytes"), own["reserved"].as_f64().unwrap());

@@ -138,12 +138,14 @@ fn mount_tracefs() {
 #[test]
 fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() {
     require_root();
+    let steps = steps();
     let bundle = unpack("serve");
     let state = ServeState::new("image");
     let dirs = [state.state_dir.clone(), state.socket.parent().unwrap().join("image-run")];
     for d in &dirs {
         std::fs::create_dir_all(d).unwrap();
     }
+    steps.step("the agent in its image, on a pod network");
     // The pod's own network, its metrics port the chart's, scraped from the host.
     let network = PodNetwork::create();
     let port = 9400;
@@ -179,6 +181,7 @@ fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() 
     let container = Container::start(&bundle, &id, out.into(), std::fs::File::create(&log).unwrap().into());
     let said = || std::fs::read_to_string(&log).unwrap_or_default();
     poll(30, "the agent in the container to serve", || said().contains("gpumem: serving").then_some(()), || format!(": {}", said()));
+    steps.step("a host workload, exact");
     // A workload on the host, its process found through the host's /proc (hostPID).
     let mut w = spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", "8000")]);
     let pid = w.id();
@@ -192,6 +195,7 @@ fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() 
     );
     w.kill().unwrap();
     w.wait().unwrap();
+    steps.step("a CUDA OOM cordons the node");
     // A CUDA OOM on the host: the node is cordoned through the API.
     let mut oom = spawn_workload("oom", &[("GPUMEM_FAKE_CAPACITY", "67108864")]);
     oom.wait().unwrap();
@@ -200,6 +204,7 @@ fn gpumem_serve_in_its_image_as_the_daemonset_runs_it_traces_the_host_exactly() 
     assert_eq!(patch.header("authorization"), Some("Bearer image-token"));
     assert_eq!(patch.json()["spec"]["unschedulable"], true);
 
+    steps.step("a workload in a container");
     // A workload in a container of its own (a pod's, with its driver library
     // at a path only it sees), found by the agent in its container.
     let cid = container_id(0xe5);

@@ -5,8 +5,11 @@ use std::{process::Command, time::Duration};
 
 use gpumem_tests::*;
 
+/// The `hold` workload, returned once its allocations are made.
 fn spawn_hold(hold_ms: u32) -> std::process::Child {
-    spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", &hold_ms.to_string())])
+    let (child, said) = spawn_workload_watched("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", &hold_ms.to_string())]);
+    said.wait_for("workload: holding", 10);
+    child
 }
 
 /// The rows of a `top --once` snapshot for one pid: (GPU, live, allocations).
@@ -81,15 +84,7 @@ impl Tmux {
 
     /// Polls the screen until `f` accepts it.
     fn wait_for(&self, what: &str, f: impl Fn(&str) -> bool) -> String {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            let s = self.screen();
-            if f(&s) {
-                return s;
-            }
-            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}; the screen:\n{s}");
-            std::thread::sleep(Duration::from_millis(150));
-        }
+        poll(20, what, || Some(self.screen()).filter(|s| f(s)), || format!("; the screen:\n{}", self.screen()))
     }
 }
 
@@ -169,11 +164,7 @@ fn top_in_a_real_terminal_sorts_filters_switches_gpu_shows_stacks_and_quits() {
     let busy = events_in_title(&tmux.screen());
     assert!(busy > before + 20_000, "the churn kept running meanwhile: {before} → {busy} events");
     tmux.keys(&["q"]);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !exit_file.exists() {
-        assert!(std::time::Instant::now() < deadline, "top did not quit; screen:\n{}", tmux.screen());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    poll(20, "top to quit", || exit_file.exists().then_some(()), || format!("; the screen:\n{}", tmux.screen()));
     assert_eq!(std::fs::read_to_string(&exit_file).unwrap().trim(), "0");
     for c in [&mut hold, &mut churn] {
         let _ = c.kill();
@@ -223,7 +214,18 @@ fn top_under_process_churn_forgets_exited_processes_everywhere() {
     // 300 short-lived CUDA processes, 100 at a time, each holding memory on
     // two GPUs; exited ones are forgotten 1 s after their exit.
     let mut top = Command::new(gpumem_bin())
-        .args(["top", "--once", "--duration", "25", "--exited-grace", "1", "--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"])
+        .args([
+            "top",
+            "--once",
+            "--duration",
+            "60",
+            "--exited-grace",
+            "1",
+            "--milestones",
+            "--libcuda",
+            f.libcuda.to_str().unwrap(),
+            "--no-nvml",
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -231,12 +233,23 @@ fn top_under_process_churn_forgets_exited_processes_everywhere() {
     let stderr = stderr_after_line(&mut top, "gpumem: tracing for");
     let started = std::time::Instant::now();
     for _ in 0..3 {
-        let children: Vec<_> = (0..100).map(|_| spawn_hold(3_000)).collect();
+        let children: Vec<_> = (0..100).map(|_| spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", "3000")])).collect();
         for mut c in children {
             assert!(c.wait().unwrap().success());
         }
     }
     assert!(started.elapsed() < Duration::from_secs(20), "the churn must end well before the snapshot");
+    // Every one has exited; a tick that runs once the grace (1 s) is over
+    // forgets them: ticks are waited for until one began after it, then the
+    // snapshot is taken (top --once reports when interrupted).
+    let grace_over = std::time::Instant::now() + Duration::from_secs(1);
+    while std::time::Instant::now() < grace_over {
+        stderr.wait_after(stderr.mark(), "milestone tick", 10);
+    }
+    for _ in 0..2 {
+        stderr.wait_after(stderr.mark(), "milestone tick", 10);
+    }
+    interrupt(&top);
     let out = top.wait_with_output().unwrap();
     let stderr = stderr.join().unwrap();
     assert!(out.status.success(), "{stderr}");
@@ -257,7 +270,6 @@ fn top_and_leaks_list_what_nvml_says_a_process_held_before_tracing_began() {
     let f = fixtures();
     // A job that allocated before top started: no call of it is traced.
     let mut hold = spawn_hold(20_000);
-    std::thread::sleep(Duration::from_millis(500));
     let listed = format!("{}:{}", hold.id(), 123u64 << 20);
     let out = run_gpumem(
         &["top", "--once", "--duration", "2", "--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap()],
@@ -296,7 +308,12 @@ fn the_live_top_over_a_running_daemon_shows_what_was_allocated_before_it_started
     // Allocated before top starts: the daemon saw it, top asks the daemon.
     let mut hold = spawn_hold(30_000);
     let pid = hold.id().to_string();
-    std::thread::sleep(Duration::from_secs(1));
+    poll(
+        10,
+        "the daemon to see the workload's 9 MiB",
+        || (pid_series(&serve.metrics(), "gpumem_process_memory_bytes", hold.id()) == Some((9 * MIB) as f64)).then_some(()),
+        || serve.metrics(),
+    );
     let exit_file = target_dir().join("gpumem-fixtures/top-daemon.exit");
     let _ = std::fs::remove_file(&exit_file);
     let cmd = format!(
@@ -311,11 +328,7 @@ fn the_live_top_over_a_running_daemon_shows_what_was_allocated_before_it_started
     let s = tmux.wait_for("the stacks", |s| s.contains("largest live allocation stacks"));
     assert!(s.contains("workload.c"), "the stacks of what was allocated before top started: {s}");
     tmux.keys(&["x", "q"]);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !exit_file.exists() {
-        assert!(std::time::Instant::now() < deadline, "top did not quit; screen:\n{}", tmux.screen());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    poll(20, "top to quit", || exit_file.exists().then_some(()), || format!("; the screen:\n{}", tmux.screen()));
     assert_eq!(std::fs::read_to_string(&exit_file).unwrap().trim(), "0");
     let _ = hold.kill();
     let _ = hold.wait();

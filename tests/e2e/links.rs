@@ -76,16 +76,10 @@ fn a_process_calling_while_gpumem_attaches_sees_all_or_none_of_the_probes() {
     let threads = 2u64;
     let untracked_frees = |extra: &[&str]| -> u64 {
         let f = fixtures();
-        let mut w = spawn_workload("race", &[("GPUMEM_THREADS", "2"), ("GPUMEM_SECONDS", "5")]);
+        let (mut w, said) = spawn_workload_watched("race", &[("GPUMEM_THREADS", "2"), ("GPUMEM_SECONDS", "5")]);
         let pid = w.id();
-        let maps = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !maps().contains(f.libcuda.to_str().unwrap()) {
-            assert!(std::time::Instant::now() < deadline, "the workload did not load the library");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
         // Its threads are in their loop before the agent attaches.
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        said.wait_for("racing", 10);
         let mut args = vec!["--libcuda", f.libcuda.to_str().unwrap(), "--no-discover", "--min-size", "1PiB", "--duration", "2"];
         args.extend_from_slice(extra);
         let t = trace(&args, &[]);

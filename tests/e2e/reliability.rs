@@ -185,20 +185,10 @@ fn series(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
-fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
-    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(std::time::Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-}
-
 #[test]
 fn after_an_agent_restart_older_memory_is_untracked_never_negative_or_leaked_and_nvml_may_fail() {
     require_root();
+    let steps = steps();
     let f = fixtures();
     let lib = f.libcuda.to_str().unwrap();
     let dir = target_dir().join("gpumem-fixtures");
@@ -206,6 +196,7 @@ fn after_an_agent_restart_older_memory_is_untracked_never_negative_or_leaked_and
     std::fs::write(&pids_file, "").unwrap();
     let _ = std::fs::remove_file(&fail_file);
 
+    steps.step("the first agent sees 16 MiB, then is killed");
     // The first agent sees 2 × 8 MiB allocated, then crashes (SIGKILL: no clean detach).
     let first = Serve::start(&["--libcuda", lib, "--no-nvml"], &[]);
     // It moves on at each SIGUSR1 (and is killed if the test fails first).
@@ -214,50 +205,74 @@ fn after_an_agent_restart_older_memory_is_untracked_never_negative_or_leaked_and
     let step = |w: &Reaped| unsafe { libc::kill(w.0.id() as i32, libc::SIGUSR1) };
     let pid = workload.0.id().to_string();
     let mine = [("pid", pid.as_str()), ("gpu", "0")];
-    wait_until("the first agent to see 16 MiB", 10, || {
-        series(&first.metrics(), "gpumem_process_memory_bytes", &mine).filter(|&v| v == (16 * MIB) as f64)
-    });
+    poll(
+        10,
+        "the first agent to see 16 MiB",
+        || series(&first.metrics(), "gpumem_process_memory_bytes", &mine).filter(|&v| v == (16 * MIB) as f64),
+        String::new,
+    );
     drop(first);
 
+    steps.step("a second agent: NVML's figure is untracked");
     // The second agent starts while that memory is held: it never saw it.
     // NVML says the process holds it (and 300 MiB of context).
     std::fs::write(&pids_file, format!("{pid}:{}", 16 * MIB + 300 * MIB)).unwrap();
     let envs = [("GPUMEM_FAKE_NVML_PIDS_FILE", pids_file.to_str().unwrap()), ("GPUMEM_FAKE_NVML_FAIL_FILE", fail_file.to_str().unwrap())];
     let second = Serve::start(&["--libcuda", lib, "--nvml", f.nvml.to_str().unwrap(), "--nvml-interval", "1"], &envs);
-    let text = wait_until("NVML's figure as untracked", 10, || {
-        let t = second.metrics();
-        series(&t, "gpumem_process_untracked_bytes", &mine).filter(|&v| v == (316 * MIB) as f64).map(|_| t)
-    });
+    let text = poll(
+        10,
+        "NVML's figure as untracked",
+        || {
+            let t = second.metrics();
+            series(&t, "gpumem_process_untracked_bytes", &mine).filter(|&v| v == (316 * MIB) as f64).map(|_| t)
+        },
+        String::new,
+    );
     assert!(series(&text, "gpumem_process_memory_bytes", &mine).unwrap_or(0.0) == 0.0, "{text}");
 
+    steps.step("frees of what it never saw");
     // Then the workload frees the two allocations the agent never saw and
     // allocates 1 MiB: traced 1 MiB, not 1 − 16 MiB; no leak; the rest untracked.
     step(&workload);
-    let text = wait_until("the 1 MiB allocated after the restart", 15, || {
-        let t = second.metrics();
-        series(&t, "gpumem_process_memory_bytes", &mine).filter(|&v| v == MIB as f64).map(|_| t)
-    });
+    let text = poll(
+        15,
+        "the 1 MiB allocated after the restart",
+        || {
+            let t = second.metrics();
+            series(&t, "gpumem_process_memory_bytes", &mine).filter(|&v| v == MIB as f64).map(|_| t)
+        },
+        String::new,
+    );
     std::fs::write(&pids_file, format!("{pid}:{}", MIB + 300 * MIB)).unwrap();
-    wait_until("the untracked bytes to follow NVML", 10, || {
-        series(&second.metrics(), "gpumem_process_untracked_bytes", &mine).filter(|&v| v == (300 * MIB) as f64)
-    });
+    poll(
+        10,
+        "the untracked bytes to follow NVML",
+        || series(&second.metrics(), "gpumem_process_untracked_bytes", &mine).filter(|&v| v == (300 * MIB) as f64),
+        String::new,
+    );
     assert_eq!(series(&text, "gpumem_process_leak_suspected", &mine), Some(0.0));
     assert_eq!(series(&text, "gpumem_process_allocations", &mine), Some(1.0));
     for l in text.lines().filter(|l| l.contains(&format!("pid=\"{pid}\""))) {
         assert!(!l.rsplit(' ').next().unwrap().starts_with('-'), "a negative figure: {l}");
     }
 
+    steps.step("NVML fails, then answers again");
     // NVML starts failing (GPU lost): the agent says so and keeps serving
     // what it traced; when NVML answers again, so do its series.
     std::fs::write(&fail_file, "").unwrap();
-    let text = wait_until("gpumem_nvml_up 0", 10, || {
-        let t = second.metrics();
-        (sample(&t, "gpumem_nvml_up") == Some(0.0)).then_some(t)
-    });
+    let text = poll(
+        10,
+        "gpumem_nvml_up 0",
+        || {
+            let t = second.metrics();
+            (sample(&t, "gpumem_nvml_up") == Some(0.0)).then_some(t)
+        },
+        String::new,
+    );
     assert_eq!(series(&text, "gpumem_process_memory_bytes", &mine), Some(MIB as f64), "traced figures stay");
     std::fs::remove_file(&fail_file).unwrap();
-    wait_until("gpumem_nvml_up 1 again", 10, || (sample(&second.metrics(), "gpumem_nvml_up") == Some(1.0)).then_some(()));
-    wait_until("untracked bytes again", 10, || series(&second.metrics(), "gpumem_process_untracked_bytes", &mine));
+    poll(10, "gpumem_nvml_up 1 again", || (sample(&second.metrics(), "gpumem_nvml_up") == Some(1.0)).then_some(()), String::new);
+    poll(10, "untracked bytes again", || series(&second.metrics(), "gpumem_process_untracked_bytes", &mine), String::new);
     step(&workload);
     assert!(workload.0.wait().unwrap().success(), "every call returned what the workload expects");
     let (status, stderr) = second.stop();
@@ -271,9 +286,10 @@ fn a_process_killed_inside_an_allocation_call_leaves_nothing_behind() {
     let f = fixtures();
     let (agent, stderr) = start_agent(&["--no-discover", "--duration", "6", "--libcuda", f.libcuda.to_str().unwrap()]);
     // Its first allocation takes 30 s in the driver; it is killed 1 s into it.
-    let mut victim = Reaped(spawn_workload("hold", &[("GPUMEM_FAKE_ALLOC_DELAY_MS", "30000")]));
+    let (victim, said) = spawn_workload_watched("hold", &[("GPUMEM_FAKE_ALLOC_DELAY_MS", "30000")]);
+    let mut victim = Reaped(victim);
     let pid = victim.0.id() as u64;
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    said.wait_for("fake_libcuda: in cuMemAlloc_v2", 10);
     victim.0.kill().unwrap();
     victim.0.wait().unwrap();
     // A process after it is traced as usual.
@@ -303,27 +319,30 @@ fn a_library_replaced_on_disk_while_in_use_is_still_traced() {
     std::fs::create_dir_all(&dir).unwrap();
     let lib = dir.join("libcuda.so.1");
     std::fs::copy(&f.libcuda, &lib).unwrap();
-    let mut workload = Reaped(
-        std::process::Command::new(&f.workload)
-            .args([lib.to_str().unwrap(), "restart"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut child = std::process::Command::new(&f.workload)
+        .args([lib.to_str().unwrap(), "restart"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let said = Lines::spawn(child.stderr.take().unwrap());
+    let mut workload = Reaped(child);
     let pid = workload.0.id() as u64;
     // SAFETY: signals our own child.
     let step = |w: &Reaped| unsafe { libc::kill(w.0.id() as i32, libc::SIGUSR1) };
     let maps = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    wait_until("the workload to load the library", 10, || maps().contains(lib.to_str().unwrap()).then_some(()));
+    said.wait_for("phase 0", 10);
     std::fs::remove_file(&lib).unwrap();
     std::fs::copy(&f.nvml, &lib).unwrap();
     assert!(maps().contains(" (deleted)"), "{}", maps());
 
-    let (agent, stderr) = start_agent(&["--duration", "5"]);
+    let (agent, stderr) = start_agent(&[]);
     step(&workload); // frees the 2 × 8 MiB (unseen), allocates 1 MiB
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    said.wait_for("phase 1", 10);
     step(&workload);
     assert!(workload.0.wait().unwrap().success());
+    // Its exit is in the ring: the session can end.
+    interrupt(&agent);
     let (lines, stderr) = finish_agent(agent, stderr);
     assert!(stderr.contains("deleted or replaced on disk"), "the agent says what it attached to: {stderr}");
     let allocs: Vec<u64> = lines.iter().filter(|e| e["type"] == "alloc" && e["pid"] == pid).map(|e| e["size"].as_u64().unwrap()).collect();
@@ -410,10 +429,15 @@ fn hostile_process_names_cannot_break_the_output_formats() {
     let serve = Serve::start(&["--libcuda", lib, "--no-nvml"], &[]);
     let mut hold = Reaped(spawn_workload("evil_name", &[("GPUMEM_WORKLOAD_HOLD_MS", "20000")]));
     let pid = hold.0.id().to_string();
-    let text = wait_until("the process's series", 10, || {
-        let t = serve.metrics();
-        series(&t, "gpumem_process_memory_bytes", &[("pid", &pid)]).map(|_| t)
-    });
+    let text = poll(
+        10,
+        "the process's series",
+        || {
+            let t = serve.metrics();
+            series(&t, "gpumem_process_memory_bytes", &[("pid", &pid)]).map(|_| t)
+        },
+        String::new,
+    );
     let line = text.lines().find(|l| l.starts_with("gpumem_process_memory_bytes{") && l.contains(&format!("pid=\"{pid}\""))).unwrap();
     assert!(line.contains("comm=\"ev\x1b[2J\\\"\\\\\\n{}\""), "{line:?}");
     let (code, report) = promtool_check_metrics(&text);
@@ -461,7 +485,7 @@ fn stacks_through_files_replaced_on_disk_unwind_and_are_symbolized() {
     // SAFETY: signals our own child.
     let step = |w: &Reaped| unsafe { libc::kill(w.0.id() as i32, libc::SIGUSR1) };
     let maps = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    wait_until("the workload to load the library", 10, || maps().contains(lib.to_str().unwrap()).then_some(()));
+    poll(10, "the workload to load the library", || maps().contains(lib.to_str().unwrap()).then_some(()), String::new);
     for file in [&lib, &program] {
         std::fs::remove_file(file).unwrap();
         std::fs::copy(&f.nvml, file).unwrap();

@@ -7,7 +7,6 @@
 use std::{
     io::{BufRead as _, BufReader},
     process::{Child, ChildStderr, Command, Stdio},
-    time::{Duration, Instant},
 };
 
 use gpumem_tests::*;
@@ -76,14 +75,20 @@ fn memory_bytes(serve: &Serve, pid: u32) -> Option<u64> {
 /// Waits until serve exports these bytes for the process (events are read
 /// within a poll interval).
 fn wait_for_bytes(serve: &Serve, pid: u32, bytes: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = memory_bytes(serve, pid);
-        if now == Some(bytes) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "pid {pid}: {now:?} bytes exported, {bytes} expected\n{}", serve.metrics());
-        std::thread::sleep(Duration::from_millis(100));
+    let what = format!("pid {pid}'s {bytes} bytes exported");
+    poll(
+        10,
+        &what,
+        || (memory_bytes(serve, pid) == Some(bytes)).then_some(()),
+        || format!(": {:?}\n{}", memory_bytes(serve, pid), serve.metrics()),
+    );
+}
+
+/// Waits for two maintenance ticks from now (`--milestones`): what the
+/// agent learned is in the kernel's table (written back at each tick).
+fn two_ticks(serve: &Serve) {
+    for _ in 0..2 {
+        serve.stderr().wait_after(serve.stderr().mark(), "milestone tick", 10);
     }
 }
 
@@ -114,7 +119,7 @@ fn daemon_leaks(state: &ServeState, pid: u32) -> Value {
 fn restart_loses_nothing(signal: i32) {
     require_root();
     let state = ServeState::new(&format!("restart-{signal}"));
-    let args = serve_args(&state, &[]);
+    let args = serve_args(&state, &["--milestones"]);
     let first = start(&args);
     // Phase 0 before the agent: 8 MiB, a 4 MiB VMM handle mapped, 64 KiB pinned.
     let mut w = Phases::start();
@@ -122,7 +127,7 @@ fn restart_loses_nothing(signal: i32) {
     // What the agent learned (devices, stack ids) reaches the kernel's table
     // at its next tick (0.5 s): an allocation younger than that at a SIGKILL
     // keeps its bytes, not its stack.
-    std::thread::sleep(Duration::from_secs(1));
+    two_ticks(&first);
     let (_, said) = first.signal(signal);
     if signal == libc::SIGTERM {
         assert!(said.contains("probes stay attached and keep counting"), "{said}");
@@ -186,11 +191,12 @@ fn restart_loses_nothing(signal: i32) {
     // allocations get theirs from the ring.
     assert!(said.contains("(1 with their stacks"), "{said}");
     // `serve --cleanup` (what stop ran) detaches them all.
-    let t = Instant::now();
-    while !gpumem_programs().is_empty() {
-        assert!(t.elapsed() < Duration::from_secs(10), "still loaded after serve --cleanup: {:?}", gpumem_programs());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll(
+        10,
+        "every program gone after serve --cleanup",
+        || gpumem_programs().is_empty().then_some(()),
+        || format!(": {:?}", gpumem_programs()),
+    );
 }
 
 #[test]
@@ -318,7 +324,7 @@ fn sockets_that_are_stale_foreign_or_of_another_version_are_not_used() {
 fn pytorch_tensors_held_across_a_restart_stay_exact() {
     require_root();
     let state = ServeState::new("tensors");
-    let args = serve_args(&state, &[]);
+    let args = serve_args(&state, &["--milestones"]);
     let first = start(&args);
     let mut workload = Command::new("sh")
         .args(["-c", &format!("exec {}", torch_cmd())])
@@ -330,12 +336,14 @@ fn pytorch_tensors_held_across_a_restart_stay_exact() {
     let own = read_figures(&mut err);
     let pid = workload.id();
     let series = |serve: &Serve, name: &str| pid_series(&serve.metrics(), name, pid);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while series(&first, "gpumem_process_allocated_bytes") != own["allocated"].as_f64() {
-        assert!(Instant::now() < deadline, "{}", first.metrics());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_secs(1));
+    poll(
+        10,
+        "the loop's tensors on /metrics",
+        || (series(&first, "gpumem_process_allocated_bytes") == own["allocated"].as_f64()).then_some(()),
+        || first.metrics(),
+    );
+    // The stacks the agent learned reach the kernel's table at its ticks.
+    two_ticks(&first);
     first.signal(libc::SIGKILL);
     let mut second = start(&args);
     // Tensors and segments both come back from the kernel's table.

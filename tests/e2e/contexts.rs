@@ -25,24 +25,22 @@ fn two_devices_through_two_contexts() {
 
 /// The `restart` workload on the synthetic driver: it retains its context and
 /// allocates 2 × 8 MiB, then at each SIGUSR1 moves on (frees both and
-/// allocates 1 MiB; then exits). Returned once its context exists.
-fn workload_with_an_old_context() -> std::process::Child {
-    let f = fixtures();
-    let child = spawn_workload("restart", &[]);
-    let maps = || std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap_or_default();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !maps().contains(f.libcuda.to_str().unwrap()) {
-        assert!(std::time::Instant::now() < deadline, "the workload did not load the library");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    // Its context and first allocations are made right after the load.
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    child
+/// allocates 1 MiB; then exits), saying "phase N" after each step. Returned
+/// once its context and first allocations exist.
+fn workload_with_an_old_context() -> (std::process::Child, Lines) {
+    let (child, lines) = spawn_workload_watched("restart", &[]);
+    lines.wait_for("phase 0", 10);
+    (child, lines)
 }
 
-fn step(child: &std::process::Child) {
+/// The workload's next step, once the last one is done (a second SIGUSR1
+/// sent before it took the first would merge with it).
+fn step(child: &std::process::Child, said: &Lines, phase: u32) {
     // SAFETY: signals our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+    if phase > 0 {
+        said.wait_for(&format!("phase {phase}"), 10);
+    }
 }
 
 /// NVML (synthetic) lists `pid` on GPU 1, with what it holds.
@@ -53,24 +51,26 @@ fn nvml_lists_on_gpu_1(name: &str, pid: u32) -> (std::path::PathBuf, Vec<(&'stat
     (file, envs)
 }
 
+/// A context made before the agent started is placed on the GPU NVML lists
+/// the process on: in trace (and its recording's replay), ...
 #[test]
-fn a_context_made_before_the_agent_is_placed_on_the_gpu_nvml_lists_in_trace_top_and_metrics() {
+fn a_context_made_before_the_agent_is_placed_on_the_gpu_nvml_lists_in_trace() {
     require_root();
     let f = fixtures();
     let (lib, nvml) = (f.libcuda.to_str().unwrap(), f.nvml.to_str().unwrap());
-
-    // trace: the allocation made after the agent started is on GPU 1, and so is what its exit releases.
-    let mut w = workload_with_an_old_context();
+    // The allocation made after the agent started is on GPU 1, and so is what its exit releases.
+    let (mut w, said) = workload_with_an_old_context();
     let pid = w.id();
     let (_, envs) = nvml_lists_on_gpu_1("ctx-trace-pids", pid);
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let rec = target_dir().join("gpumem-fixtures").join("ctx-trace.gpumem");
     let record = rec.to_str().unwrap();
-    let (agent, stderr) = start_agent_with(&["--libcuda", lib, "--nvml", nvml, "-p", &pid.to_string(), "--record", record], &envs);
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    step(&w);
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    step(&w);
+    let args = ["--libcuda", lib, "--nvml", nvml, "-p", &pid.to_string(), "--record", record, "--milestones"];
+    let (agent, stderr) = start_agent_with(&args, &envs);
+    // NVML's reading (the process on GPU 1) is applied before the allocation.
+    stderr.wait_for("milestone nvml-reading", 20);
+    step(&w, &said, 1);
+    step(&w, &said, 0);
     assert!(w.wait().unwrap().success());
     let (lines, stderr) = finish_agent(agent, stderr);
     let allocs: Vec<(u64, i64)> =
@@ -84,51 +84,65 @@ fn a_context_made_before_the_agent_is_placed_on_the_gpu_nvml_lists_in_trace_top_
         replayed.of_type("alloc").iter().map(|e| (e["size"].as_u64().unwrap(), e["device"].as_i64().unwrap_or(-1))).collect();
     assert_eq!(allocs, [(MIB, 1)], "replay of {record}");
     assert_eq!(released(replayed.of_type("exit")[0]), [(1, MIB, 1)]);
+}
 
-    // top: its row is on GPU 1.
-    let mut w = workload_with_an_old_context();
+/// ... in top (its row is on GPU 1) ...
+#[test]
+fn a_context_made_before_the_agent_is_placed_on_the_gpu_nvml_lists_in_top() {
+    require_root();
+    let f = fixtures();
+    let (lib, nvml) = (f.libcuda.to_str().unwrap(), f.nvml.to_str().unwrap());
+    let (mut w, said) = workload_with_an_old_context();
     let pid = w.id();
     let (_, envs) = nvml_lists_on_gpu_1("ctx-top-pids", pid);
     let mut top = std::process::Command::new(gpumem_bin())
-        .args(["top", "--once", "--duration", "4", "--libcuda", lib, "--nvml", nvml])
+        .args(["top", "--once", "--duration", "4", "--libcuda", lib, "--nvml", nvml, "--milestones"])
         .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let stderr = stderr_after_line(&mut top, "gpumem: tracing for");
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    step(&w);
+    stderr.wait_for("milestone nvml-reading", 20);
+    step(&w, &said, 1);
     let out = top.wait_with_output().unwrap();
     let stderr = stderr.join().unwrap();
-    step(&w);
+    step(&w, &said, 0);
     assert!(w.wait().unwrap().success());
     let text = String::from_utf8(out.stdout).unwrap();
     let row = text.lines().find(|l| l.split_whitespace().next() == Some(&pid.to_string())).unwrap_or_else(|| panic!("{text}\n{stderr}"));
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!((cols[3], cols[4], cols[5]), ("1", "1.0", "MiB"), "{text}");
+}
 
-    // /metrics: its series is on GPU 1.
-    let mut w = workload_with_an_old_context();
+/// ... and on /metrics (its series is on GPU 1).
+#[test]
+fn a_context_made_before_the_agent_is_placed_on_the_gpu_nvml_lists_in_metrics() {
+    require_root();
+    let f = fixtures();
+    let (lib, nvml) = (f.libcuda.to_str().unwrap(), f.nvml.to_str().unwrap());
+    let (mut w, said) = workload_with_an_old_context();
     let pid = w.id();
     let (_, envs) = nvml_lists_on_gpu_1("ctx-serve-pids", pid);
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let serve = Serve::start(&["--libcuda", lib, "--nvml", nvml, "--nvml-interval", "1"], &envs);
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    step(&w);
+    let serve = Serve::start(&["--libcuda", lib, "--nvml", nvml, "--nvml-interval", "1", "--milestones"], &envs);
+    serve.stderr().wait_for("milestone nvml-reading", 20);
+    step(&w, &said, 1);
     let series = format!("pid=\"{pid}\"");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let text = serve.metrics();
-        let mine: Vec<&str> = text.lines().filter(|l| l.starts_with("gpumem_process_memory_bytes{") && l.contains(&series)).collect();
-        if mine.iter().any(|l| l.contains("gpu=\"1\"") && l.ends_with(&format!(" {MIB}"))) {
-            assert!(!mine.iter().any(|l| l.contains("gpu=\"unknown\"")), "{mine:?}");
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "no 1 MiB on GPU 1 for pid {pid}:\n{}", mine.join("\n"));
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-    step(&w);
+    poll(
+        10,
+        "1 MiB on GPU 1",
+        || {
+            let text = serve.metrics();
+            let mine: Vec<String> =
+                text.lines().filter(|l| l.starts_with("gpumem_process_memory_bytes{") && l.contains(&series)).map(str::to_string).collect();
+            mine.iter().any(|l| l.contains("gpu=\"1\"") && l.ends_with(&format!(" {MIB}"))).then_some(mine)
+        },
+        || serve.metrics(),
+    )
+    .iter()
+    .for_each(|l| assert!(!l.contains("gpu=\"unknown\""), "{l}"));
+    step(&w, &said, 0);
     assert!(w.wait().unwrap().success());
     let (status, stderr) = serve.stop();
     assert!(status.success(), "{stderr}");

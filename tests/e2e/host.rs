@@ -15,7 +15,7 @@ fn status_bytes(pid: u32, key: &str) -> u64 {
 fn host_resident_and_swap_bytes_of_a_traced_process_match_proc_within_a_page() {
     require_root();
     let f = fixtures();
-    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"], &[]);
+    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml", "--milestones"], &[]);
     let mut w = spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", "12000")]);
     let pid = w.id();
     // Its allocations are done and it sleeps: its resident memory stays put.
@@ -25,7 +25,9 @@ fn host_resident_and_swap_bytes_of_a_traced_process_match_proc_within_a_page() {
         || (pid_series(&serve.metrics(), "gpumem_process_memory_bytes", pid) == Some((9 * MIB) as f64)).then_some(()),
         || serve.metrics(),
     );
-    std::thread::sleep(std::time::Duration::from_secs(6));
+    // The next reading of the host memory (every 5 s) has the traced process.
+    let traced = serve.stderr().mark();
+    serve.stderr().wait_after(traced, "milestone host-reading", 10);
     let m = serve.metrics();
     let resident = pid_series(&m, "gpumem_process_host_resident_bytes", pid).unwrap_or_else(|| panic!("no host series: {m}")) as u64;
     let swap = pid_series(&m, "gpumem_process_host_swap_bytes", pid).unwrap() as u64;

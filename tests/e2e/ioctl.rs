@@ -76,7 +76,12 @@ fn nvidia_descriptors_opened_before_the_agent_are_seeded_from_proc() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Both nodes open before the agent starts (what it seeds from /proc).
+    let open_nodes = || {
+        let fds = std::fs::read_dir(format!("/proc/{}/fd", client.id())).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default();
+        fds.iter().filter_map(|e| std::fs::read_link(e.path()).ok()).filter(|t| t.starts_with(&dev.dir)).count()
+    };
+    poll(10, "the client's two NVIDIA descriptors", || (open_nodes() >= 2).then_some(()), String::new);
     let pid = client.id().to_string();
     let (agent, stderr) = start_agent(&["-p", &pid, "--nvidia-dev-prefix", &dev.prefix(), "--no-discover"]);
     std::fs::write(&go, b"go").unwrap();

@@ -31,6 +31,7 @@ fn provoke_host_oom_kill() {
 #[test]
 fn prometheus_scrapes_exact_bytes_histograms_ooms_alerts_and_nvml() {
     require_root();
+    let steps = steps();
     let f = fixtures();
     let pids_file = target_dir().join("gpumem-fixtures/nvml-pids");
     std::fs::write(&pids_file, "").unwrap();
@@ -42,6 +43,7 @@ fn prometheus_scrapes_exact_bytes_histograms_ooms_alerts_and_nvml() {
     );
     let prom = Prometheus::start("serve", &[format!("127.0.0.1:{}", serve.port)], &[rules_file()]);
 
+    steps.step("workloads run while Prometheus scrapes");
     // Holds 9 MiB (2 allocations) on GPU 0, 2 MiB on GPU 1 and 64 KiB pinned.
     let mut hold = spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", "120000")]);
     let pid = hold.id();
@@ -74,11 +76,13 @@ fn prometheus_scrapes_exact_bytes_histograms_ooms_alerts_and_nvml() {
     assert_eq!(labels["pci_bus_id"], "00000000:11:00.0");
     assert_eq!(labels["modelName"], "Fake H200");
 
+    steps.step("exact bytes and reconciliation");
     // Reconciliation with NVML, exact.
     let untracked = |gpu| prom.wait_for(20, "untracked bytes", || prom.value(&proc_series("gpumem_process_untracked_bytes", gpu)));
     assert_eq!(untracked(0), (100 * MIB - 9 * MIB) as f64);
     assert_eq!(untracked(1), (50 * MIB - 2 * MIB) as f64);
 
+    steps.step("histograms and counters");
     // Histograms: device allocations of hold (8, 16, 1, 2 MiB), oom (48, 32 MiB) and hog (100 MiB).
     let count = |q: &str| prom.value(q).unwrap_or_else(|| panic!("no value for {q}"));
     // Scraped after the last of them (each scrape is one consistent snapshot).
@@ -109,6 +113,7 @@ fn prometheus_scrapes_exact_bytes_histograms_ooms_alerts_and_nvml() {
     // The oom workload and the killed hog both exited holding memory on GPU 0.
     assert_eq!(count("gpumem_process_exits_total{gpu=\"0\"}"), 2.0);
 
+    steps.step("NVML series");
     // NVML series from the synthetic driver's three cards.
     assert_eq!(count("gpumem_gpu_memory_total_bytes{gpu=\"0\"}"), (144u64 << 30) as f64);
     assert_eq!(count("gpumem_gpu_temperature_celsius{gpu=\"0\"}"), 60.0);
@@ -144,6 +149,7 @@ fn prometheus_scrapes_exact_bytes_histograms_ooms_alerts_and_nvml() {
     assert!(count("gpumem_events_processed_total") >= 25.0);
     assert!(count("gpumem_agent_resident_memory_bytes") > 1e6);
 
+    steps.step("alerting rules fire");
     // The rules file, loaded by the same Prometheus, fires on what happened.
     for alert in ["GpumemCudaOutOfMemory", "GpumemHostOomKill", "GpumemCriticalXid"] {
         prom.wait_for(20, alert, || {
@@ -288,19 +294,18 @@ fn three_hundred_short_lived_processes_stay_under_the_series_cap_and_then_go() {
     let mut most_series = 0;
     for wave in 0..3 {
         // 100 at a time, each holding 9 MiB on GPU 0 and 2 MiB on GPU 1: 200 (process, GPU) pairs.
-        let mut children: Vec<_> = (0..100).map(|_| spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", "6000")])).collect();
+        // Each holds until told to go (SIGUSR1), once the figures are checked.
+        let mut children: Vec<_> = (0..100).map(|_| spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_SIGNAL", "1")])).collect();
         all_pids.extend(children.iter().map(|c| c.id()));
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let text = loop {
-            let text = serve.metrics();
-            let total0: f64 =
-                series_of(&text, "gpumem_process_memory_bytes").iter().filter(|l| l.contains("gpu=\"0\"")).map(|l| value_of(l)).sum();
-            if total0 == (100 * 9 * MIB) as f64 {
-                break text;
-            }
-            assert!(std::time::Instant::now() < deadline, "wave {wave}: GPU 0 total stayed at {total0}");
-            std::thread::sleep(Duration::from_millis(200));
+        let gpu0_total = |text: &str| -> f64 {
+            series_of(text, "gpumem_process_memory_bytes").iter().filter(|l| l.contains("gpu=\"0\"")).map(|l| value_of(l)).sum()
         };
+        let text = poll(
+            30,
+            &format!("wave {wave}'s 100 × 9 MiB on GPU 0"),
+            || Some(serve.metrics()).filter(|t| gpu0_total(t) == (100 * 9 * MIB) as f64),
+            || format!(": GPU 0 total {}", gpu0_total(&serve.metrics())),
+        );
         let rows = series_of(&text, "gpumem_process_memory_bytes");
         most_series = most_series.max(rows.len());
         // 50 processes' own series and one "other" per GPU; the sums stay exact.
@@ -310,25 +315,24 @@ fn three_hundred_short_lived_processes_stay_under_the_series_cap_and_then_go() {
         let total1: f64 = rows.iter().filter(|l| l.contains("gpu=\"1\"")).map(|l| value_of(l)).sum();
         assert_eq!(total1, (100 * 2 * MIB) as f64);
         assert!(sample(&text, "gpumem_exporter_aggregated_process_series").unwrap() >= 150.0);
+        for c in &children {
+            // SAFETY: signals our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGUSR1) };
+        }
         for c in &mut children {
             assert!(c.wait().unwrap().success());
         }
     }
     assert_eq!(all_pids.len(), 300);
     // After the grace period every one of them is gone from the exposition.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let text = loop {
-        let text = serve.metrics();
-        if series_of(&text, "gpumem_process_memory_bytes").is_empty() && sample(&text, "gpumem_tracked_processes") == Some(0.0) {
-            break text;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "exited processes' series are still there:\n{}",
-            series_of(&text, "gpumem_process_memory_bytes").join("\n")
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    };
+    let gone =
+        |text: &String| series_of(text, "gpumem_process_memory_bytes").is_empty() && sample(text, "gpumem_tracked_processes") == Some(0.0);
+    let text = poll(
+        20,
+        "exited processes' series to go",
+        || Some(serve.metrics()).filter(gone),
+        || format!(":\n{}", series_of(&serve.metrics(), "gpumem_process_memory_bytes").join("\n")),
+    );
     assert_eq!(sample(&text, "gpumem_lost_events_total{reason=\"ringbuf_full\"}"), Some(0.0));
     assert_eq!(sample(&text, "gpumem_process_exits_total{gpu=\"0\",UUID=\"\",pci_bus_id=\"\",modelName=\"\"}"), Some(300.0));
     assert!(most_series <= 52);
@@ -364,15 +368,12 @@ fn sigterm_detaches_every_probe_within_a_second_and_exits_zero() {
         .collect();
     assert!(leftovers.is_empty(), "gpumem processes left: {leftovers:?}");
     // ...and the kernel frees the programs once the last link is gone (after an RCU grace period).
-    while !gpumem_programs().is_empty() {
-        assert!(
-            sigterm.elapsed() < Duration::from_secs(1),
-            "programs still loaded {:?} after SIGTERM: {:?}",
-            sigterm.elapsed(),
-            gpumem_programs()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    poll(
+        1,
+        "every program to be unloaded after SIGTERM",
+        || gpumem_programs().is_empty().then_some(()),
+        || format!(": {:?}", gpumem_programs()),
+    );
     let gone = sigterm.elapsed();
     assert!(gone < Duration::from_secs(1), "exit after {exited:?}, probes gone after {gone:?}");
     eprintln!("SIGTERM → exit {:.0} ms, every program gone {:.0} ms", exited.as_secs_f64() * 1e3, gone.as_secs_f64() * 1e3);
@@ -441,10 +442,10 @@ fn a_failed_rendering_answers_500_and_failed_counter_reads_keep_the_daemon_servi
     let (status, _, body) = http_get(serve.port, "/metrics", None).unwrap();
     assert_eq!(status, 500, "{body}");
     assert!(body.contains("rendering the metrics failed"), "{body}");
-    // The daemon goes on: the next scrape is whole, and says what failed.
-    std::thread::sleep(Duration::from_secs(3));
-    let text = serve.metrics();
-    assert_eq!(sample(&text, "gpumem_agent_errors_total{operation=\"read_kernel_counters\"}"), Some(3.0), "{text}");
+    // The daemon goes on: the next scrapes are whole, and say what failed
+    // (each scrape and tick reads the counters again, until the three failures are spent).
+    let errors = |text: &str| sample(text, "gpumem_agent_errors_total{operation=\"read_kernel_counters\"}");
+    let text = poll(10, "the three failed reads counted", || Some(serve.metrics()).filter(|t| errors(t) == Some(3.0)), || serve.metrics());
     assert!(sample(&text, "gpumem_lost_events_total{reason=\"ringbuf_full\"}").is_some(), "the counters are read again: {text}");
     let (code, out) = promtool_check_metrics(&text);
     assert_eq!(code, Some(0), "{out}");
