@@ -4,7 +4,7 @@
 //! - `lint`: module and function sizes, no import cycle between modules, no aya or tokio under the engine, rustfmt's check and clippy (warnings are errors) on every crate, the eBPF one included
 //! - `nvidia-libs`: NVIDIA's libcuda1/libnvidia-ml1 535 from Debian non-free, unpacked under target/nvidia
 //! - `demo`: the real agent on the bundled synthetic driver: trace, leaks, health, a recording drawn as a report
-//! - `test`: setup, nvidia-libs, build, then every test (end-to-end ones as root, one at a time)
+//! - `test`: setup, test-deps, the source rules, one build linted by clippy as it compiles, the image, then every test (unit tests in parallel, end-to-end ones as root, one at a time)
 //! - `bench`: probe overhead as a ratio to empty probes on the same symbols
 //! - `bench-export`: `gpumem export`'s time and size per format for a 1 M-event recording
 //! - `bench-engine`: events/s through the pipeline (decode → lookups → stacks → state → analyses) from a recording; bytes per live allocation
@@ -168,22 +168,45 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// The size rules, rustfmt's check, then clippy with warnings as errors: the host crates
-/// with every target, and the eBPF crate for its own target (it builds core
-/// from source, on stable with RUSTC_BOOTSTRAP for that build only).
+/// The size rules, the direction of imports, rustfmt's check, then clippy
+/// with warnings as errors: the host crates with every target, and the eBPF
+/// crate for its own target.
 fn lint() -> Result<()> {
+    lint_source()?;
+    run(cargo().args(["clippy", "--workspace", "--exclude", "gpumem-ebpf", "--all-targets", "--", "-D", "warnings"]))
+}
+
+/// What lint checks without building the host crates: sizes, import
+/// cycles, the engine's dependencies, formatting, and clippy on the eBPF
+/// crate (it builds core from source, on stable with RUSTC_BOOTSTRAP for
+/// that build only), with and without the benchmark's programs.
+fn lint_source() -> Result<()> {
     let root = gpumem_tests::workspace();
     size::check(&root)?;
     layers::check_cycles(&root)?;
     layers::check_engine_deps(&root)?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
-    run(cargo().args(["clippy", "--workspace", "--exclude", "gpumem-ebpf", "--all-targets", "--", "-D", "warnings"]))?;
-    let ebpf = gpumem_tests::workspace().join("gpumem-ebpf");
-    run(cargo()
-        .args(["clippy", "--target", "bpfel-unknown-none", "-Z", "build-std=core", "--", "-D", "warnings"])
-        .current_dir(ebpf)
-        .env("RUSTC_BOOTSTRAP", "1")
-        .env("CARGO_TARGET_DIR", gpumem_tests::target_dir().join("ebpf-lint")))
+    for features in ["", "bench"] {
+        run(cargo()
+            .args(["clippy", "--target", "bpfel-unknown-none", "-Z", "build-std=core", "--features", features, "--", "-D", "warnings"])
+            .current_dir(root.join("gpumem-ebpf"))
+            .env("RUSTC_BOOTSTRAP", "1")
+            .env("CARGO_TARGET_DIR", gpumem_tests::target_dir().join("ebpf-lint")))?;
+    }
+    Ok(())
+}
+
+/// `cmd` (a cargo build of the host crates) with clippy linting each
+/// workspace crate as it is compiled, warnings as errors: what `cargo
+/// clippy` does, without a second, check-only compilation of everything.
+/// Every build in `cargo xtask test` goes through it, so they share artifacts.
+fn linted(cmd: &mut Command) -> Result<&mut Command> {
+    let out = Command::new("rustup").args(["which", "clippy-driver"]).current_dir(gpumem_tests::workspace()).output()?;
+    if !out.status.success() {
+        bail!("clippy-driver is not installed for this toolchain: rustup component add clippy");
+    }
+    let driver = String::from_utf8(out.stdout)?.trim().to_string();
+    Ok(cmd.env("RUSTC_WORKSPACE_WRAPPER", driver).env("CLIPPY_ARGS", "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"))
 }
 
 /// The plain manifest: the chart's defaults rendered with a Namespace.
@@ -275,23 +298,33 @@ fn main() -> Result<()> {
             println!("$ gpumem report {} -o {}", rec.display(), html.display());
             run(Command::new(&bin).args(["report", rec.to_str().unwrap(), "-o", html.to_str().unwrap()]))
         }
-        Cmd::Test { args } => {
-            require_root("the test suite")?;
-            setup::setup()?;
-            setup::test_deps()?;
-            build_agent()?;
-            // The image the image tests unpack and run.
-            image::build()?;
-            // End-to-end tests load eBPF and mount/unmount tracefs: one at a time.
-            let mut test = cargo();
-            test.args(["test", "--workspace", "--no-fail-fast", "--exclude", "gpumem-ebpf", "--", "--test-threads=1"]).args(&args);
-            run(&mut test)
-        }
+        Cmd::Test { args } => test(&args),
         Cmd::BenchEngine { events } => run(&mut engine_bench(&["engine", "--events", &events.to_string()])),
         Cmd::BenchExport { events } => run(&mut engine_bench(&["export", "--events", &events.to_string()])),
         Cmd::BenchStacks { rounds } => run(&mut engine_bench(&["stacks", "--rounds", &rounds.to_string()])),
         measurement => measure(measurement),
     }
+}
+
+/// Everything CI runs: set-up, the source rules, one build of every host
+/// crate linted as it compiles (the agent and every test target), the image,
+/// then the unit tests (in parallel) and the end-to-end ones (one at a time:
+/// they load eBPF and mount tracefs). Both test runs go to the end; either
+/// failing fails the whole.
+fn test(args: &[String]) -> Result<()> {
+    require_root("the test suite")?;
+    setup::setup()?;
+    setup::test_deps()?;
+    lint_source()?;
+    run(linted(cargo().args(["build", "-p", "gpumem-agent"]))?)?;
+    run(linted(cargo().args(["test", "--workspace", "--exclude", "gpumem-ebpf", "--all-targets", "--no-run"]))?)?;
+    // The image the image tests unpack and run.
+    image::build()?;
+    let unit = run(linted(
+        cargo().args(["test", "--workspace", "--exclude", "gpumem-ebpf", "--exclude", "gpumem-tests", "--no-fail-fast", "--"]).args(args),
+    )?);
+    let e2e = run(linted(cargo().args(["test", "-p", "gpumem-tests", "--no-fail-fast", "--", "--test-threads=1"]).args(args))?);
+    unit.and(e2e)
 }
 
 /// The benchmarks and the soak that run the agent: as root, set up first.

@@ -1,5 +1,5 @@
 //! The house's size rules, checked by `cargo xtask lint`: no module over 500
-//! lines and no function over 80, outside tests (`tests/tests`,
+//! lines and no function over 80, outside tests (`tests/e2e`,
 //! `#[cfg(test)]` modules, `tests.rs` files and `#[test]` functions).
 use std::path::{Path, PathBuf};
 
