@@ -105,6 +105,7 @@ fn render_all(p: &mut Pipeline, end: &End) {
         lost_events: 0,
         distributions: p.distributions.summary(),
         held_before_tracing: view.untraced.clone(),
+        exited: p.wound_down.iter().cloned().collect(),
     };
     report.write_human(&mut Vec::new()).unwrap();
     report.write_json(&mut Vec::new()).unwrap();

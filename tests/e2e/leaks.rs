@@ -16,8 +16,9 @@ fn leaks_names_the_leaking_function_and_its_callers_without_frame_pointers() {
     let _ = std::fs::remove_file(&log);
     let cmd = workload_cmd("deep_leak");
     let v = leaks(
-        &["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0.5", "--duration", "3", "-c", &cmd],
-        &[("GPUMEM_LEAK_LOG", log.to_str().unwrap()), ("GPUMEM_STEPS", "60")],
+        // The detector calls a leak after 6 s of growth, read up to 2 s back.
+        &["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0.5", "--duration", "10", "-c", &cmd],
+        &[("GPUMEM_LEAK_LOG", log.to_str().unwrap()), ("GPUMEM_STEPS", "150")],
     );
     let procs = v["processes"].as_array().unwrap();
     assert_eq!(procs.len(), 1, "{v:#}");
@@ -59,9 +60,14 @@ fn leaks_names_the_leaking_function_and_its_callers_without_frame_pointers() {
     assert_eq!(class(256 * MIB), Some(1));
     assert!(class(4 * MIB).unwrap() >= count, "{layout:#}");
 
-    // Growth: the leak (40 MiB/s), not the weights.
+    // Growth: the leak (40 MiB/s), not the weights: each group judged on its own.
+    assert_eq!(leak["verdict"]["verdict"], "leak", "{leak:#}");
+    let leak_rate = leak["verdict"]["rate_bytes_per_s"].as_f64().unwrap() / MIB as f64;
+    assert!((30.0..50.0).contains(&leak_rate), "{leak_rate} MiB/s");
+    assert!(["none", "insufficient"].contains(&weights["verdict"]["verdict"].as_str().unwrap()), "{weights:#}");
+    assert!(leak["trend"].as_array().is_some_and(|t| t.len() >= 10), "{leak:#}");
     let g = &p["growth"];
-    assert_eq!(g["leaking"], true, "{g}");
+    assert_eq!((g["verdict"].as_str(), g["leaking"].as_bool()), (Some("leak"), Some(true)), "{g}");
     let rate = g["rate_bytes_per_s"].as_f64().unwrap() / MIB as f64;
     assert!((30.0..50.0).contains(&rate), "{rate} MiB/s");
 
@@ -85,15 +91,20 @@ fn leaks_after_exit_reports_nothing() {
 fn growth_detector_ignores_a_warm_up_that_plateaus() {
     require_root();
     let f = fixtures();
-    // 10 steps (1 s) of leaking, then 3 s quiet: the live bytes plateau.
+    // 10 steps (1 s) of leaking, then quiet: the live bytes plateau once
+    // they have not risen for the detector's 10 s (read up to 2 s back).
     let cmd = workload_cmd("deep_leak");
     let v = leaks(
-        &["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0", "--duration", "4", "-c", &cmd],
-        &[("GPUMEM_STEPS", "10"), ("GPUMEM_WORKLOAD_HOLD_MS", "6000")],
+        &["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0", "--duration", "14", "-c", &cmd],
+        &[("GPUMEM_STEPS", "10"), ("GPUMEM_WORKLOAD_HOLD_MS", "16000")],
     );
     let g = &v["processes"][0]["growth"];
-    assert_eq!(g["leaking"], false, "{g}");
-    assert_eq!(g["reason"], "plateau", "{g}");
+    assert_eq!(
+        (g["verdict"].as_str(), g["leaking"].as_bool(), g["reason"].as_str()),
+        (Some("plateau"), Some(false), Some("plateau")),
+        "{g}"
+    );
+    assert!(g["for_s"].as_f64().unwrap() >= 10.0, "{g}");
 }
 
 #[test]

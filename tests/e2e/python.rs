@@ -225,3 +225,42 @@ fn a_python_version_gpumem_cannot_walk_is_named_and_its_memory_stays_exact() {
     let u = unwalked.iter().find(|u| u["pid"] == pid).unwrap_or_else(|| panic!("{unwalked:?}"));
     assert!(u["why"].as_str().unwrap().contains("no Py_Version"), "{u}");
 }
+
+#[test]
+fn a_leak_freed_at_interpreter_exit_is_still_named_with_its_peak_and_its_growth() {
+    require_root();
+    let cmd = train_cmd(&pyenv_python());
+    // 1 MiB kept per step for 700 steps (about 14 s), all freed just before
+    // the interpreter exits: `leaks -c` reports after the exit.
+    let steps = 700u64;
+    let v =
+        leaks(&["--older-than", "0", "-c", &cmd], &[("GPUMEM_STEPS", &steps.to_string()), ("GPUMEM_FREE_ALL", "1"), ("GPUMEM_HOLD", "0")]);
+    assert_eq!(v["processes"], serde_json::json!([]), "nothing outstanding after the exit: {v:#}");
+    let exited = v["exited"].as_array().unwrap();
+    assert_eq!(exited.len(), 1, "{v:#}");
+    let w = &exited[0];
+    let groups = w["groups"].as_array().unwrap();
+    let leak = groups
+        .iter()
+        .find(|g| python_frames(g).get(1).is_some_and(|f| f.0 == "train_step" && f.2 == 38))
+        .unwrap_or_else(|| panic!("no wound-down group from train_step's line 38: {w:#}"));
+    assert_eq!(leak["held_at_wind_down_bytes"].as_u64(), Some(steps * MIB), "{leak:#}");
+    assert_eq!(leak["freed_at_exit_bytes"].as_u64(), Some(steps * MIB), "{leak:#}");
+    assert_eq!((leak["released_only_at_exit"].as_bool(), leak["still_growing"].as_bool()), (Some(true), Some(true)), "{leak:#}");
+    assert!(leak["peak_bytes"].as_u64().unwrap() >= (steps - 4) * MIB, "{leak:#}");
+    assert_eq!(leak["verdict"]["verdict"], "leak", "{leak:#}");
+    let weights = groups.iter().find(|g| python_frames(g).get(1).is_some_and(|f| f.0 == "Model.load_weights")).expect("the weights");
+    assert_eq!((weights["released_only_at_exit"].as_bool(), weights["still_growing"].as_bool()), (Some(true), Some(false)), "{weights:#}");
+    let wind_down = w["wind_down_s"].as_f64().unwrap();
+    assert!(wind_down > 0.0 && wind_down < 2.0, "from the last allocation to the exit: {w:#}");
+
+    // The same, for people.
+    let out =
+        run_gpumem(&["leaks", "--older-than", "0", "-c", &cmd], &[("GPUMEM_STEPS", "300"), ("GPUMEM_FREE_ALL", "1"), ("GPUMEM_HOLD", "0")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("exited; its last") && text.contains("STILL GROWING when the program wound down; released only at exit"),
+        "{text}"
+    );
+}

@@ -16,7 +16,7 @@ fn record_session(name: &str) -> std::path::PathBuf {
     let xids = dir.join("report-xids");
     std::fs::write(&xids, "1:48").unwrap();
     let script = format!(
-        "GPUMEM_STEPS=60 {w} {l} deep_leak & GPUMEM_FAKE_CAPACITY={cap} {w} {l} oom; wait",
+        "GPUMEM_STEPS=150 {w} {l} deep_leak & GPUMEM_FAKE_CAPACITY={cap} {w} {l} oom; wait",
         w = f.workload.display(),
         l = f.libcuda.display(),
         cap = 64 * MIB
@@ -26,8 +26,9 @@ fn record_session(name: &str) -> std::path::PathBuf {
             "record",
             "-o",
             rec.to_str().unwrap(),
+            // Long enough for the growth detector's verdict (6 s of growth, read 2 s back).
             "--duration",
-            "3",
+            "10",
             "--libcuda",
             f.libcuda.to_str().unwrap(),
             "--nvml",

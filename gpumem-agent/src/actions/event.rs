@@ -29,6 +29,8 @@ pub struct Stack {
     pub estimated: bool,
     /// Innermost first: `function+0x1c (file.c:42) [module]`.
     pub frames: Vec<String>,
+    /// The group's own growth verdict (`leak`, `plateau`, ...), where it is tracked.
+    pub verdict: Option<&'static str>,
 }
 
 /// What an action is told.
@@ -68,15 +70,22 @@ impl ActionEvent {
         let container = process.and_then(|p| p.container.as_ref());
         let workload = Workload::of(container);
         let stacks = match (process, t.device) {
-            (Some(proc), Some(device)) => leaks::top_stacks(proc, device, &mut p.stacks, TOP_STACKS, t.ts_ns)
-                .into_iter()
-                .map(|g| Stack {
-                    bytes: g.bytes,
-                    allocations: g.count,
-                    estimated: g.estimated,
-                    frames: g.frames.iter().map(|f| f.display()).collect(),
-                })
-                .collect(),
+            (Some(proc), Some(device)) => {
+                // All of them: the leaking groups come first, then the largest.
+                let mut groups = leaks::top_stacks(proc, device, &mut p.stacks, &mut p.growth, usize::MAX, t.ts_ns);
+                groups.sort_by_key(|g| !g.verdict.as_ref().is_some_and(|v| v.leaking));
+                groups
+                    .into_iter()
+                    .take(TOP_STACKS)
+                    .map(|g| Stack {
+                        bytes: g.bytes,
+                        allocations: g.count,
+                        estimated: g.estimated,
+                        frames: g.frames.iter().map(|f| f.display()).collect(),
+                        verdict: g.verdict.map(|v| v.verdict.name()),
+                    })
+                    .collect()
+            }
             _ => Vec::new(),
         };
         ActionEvent {

@@ -355,8 +355,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 600.0, value_parser = parse_age, allow_negative_numbers = true)]
     pub leak_age: f64,
     /// Seconds between samples of live bytes for the growth detector (it
-    /// looks at the last 600 samples: 10 minutes at the default).
-    #[arg(long, value_name = "SECONDS", default_value_t = 1.0, value_parser = parse_duration, allow_negative_numbers = true)]
+    /// judges the last 5 minutes; the default is every other command's).
+    #[arg(long, value_name = "SECONDS", default_value_t = gpumem_engine::analysis::growth::SAMPLE_INTERVAL_S, value_parser = parse_duration, allow_negative_numbers = true)]
     pub growth_interval: f64,
     /// Most live allocations, VMM handles, mappings and reservations kept in memory;
     /// beyond it they are counted in gpumem_table_overflow_total.

@@ -23,9 +23,6 @@ use gpumem_engine::{
     },
 };
 
-/// How often live bytes are sampled for the growth detector.
-pub const GROWTH_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
-
 pub struct Leaks {
     older_than_s: f64,
     top: usize,
@@ -99,7 +96,7 @@ pub fn run(a: LeaksArgs) -> Result<ExitCode> {
         return runtime::replay(&mut super::open_recording(path)?, super::replay_options(a.max_allocations), &mut out);
     }
     let mut s = super::session(&a.probes, &a.target, a.max_allocations);
-    s.growth_every = Some(GROWTH_SAMPLE_INTERVAL);
+    s.growth_every = Some(runtime::GROWTH_SAMPLE_INTERVAL);
     super::record::run_recorded(s, out, a.record.as_deref(), "leaks")
 }
 

@@ -13,7 +13,6 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::leaks::GROWTH_SAMPLE_INTERVAL;
 use crate::{
     cli::RecordArgs,
     runtime::{self, Ctx, End, Flow, Output, Session},
@@ -40,7 +39,7 @@ pub struct Recorder {
 /// growth samples, NVML and the host memory every second, NVML at the end.
 pub fn prepare(s: &mut Session) {
     s.record_lookups = true;
-    s.growth_every = Some(GROWTH_SAMPLE_INTERVAL);
+    s.growth_every = Some(runtime::GROWTH_SAMPLE_INTERVAL);
     s.nvml_every = NVML_RECORD_INTERVAL;
     s.host_every = Some(HOST_RECORD_INTERVAL);
     s.reconcile_at_end = true;

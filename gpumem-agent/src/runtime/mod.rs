@@ -67,6 +67,10 @@ pub enum Detach {
     Now,
 }
 
+/// How often every command samples live bytes for the growth detector:
+/// the same data gives the same verdict in `leaks`, `top`, `serve` and a recording's replay.
+pub const GROWTH_SAMPLE_INTERVAL: Duration = Duration::from_millis((gpumem_engine::analysis::growth::SAMPLE_INTERVAL_S * 1000.0) as u64);
+
 /// A live session.
 #[derive(Clone, Debug)]
 pub struct Session {
@@ -84,7 +88,8 @@ pub struct Session {
     /// Exited processes are forgotten this long after their exit; None: kept
     /// (within the process table's bound) until the end.
     pub forget_after: Option<Duration>,
-    /// Live bytes sampled for the growth detector this often; None: not sampled.
+    /// Live bytes sampled for the growth detector this often (every command
+    /// that judges growth uses [`GROWTH_SAMPLE_INTERVAL`]); None: not sampled.
     pub growth_every: Option<Duration>,
     pub nvml_every: Duration,
     /// The traced processes' host memory (and the node's swap, their

@@ -25,8 +25,6 @@ use crate::{
     runtime::{self, Detach, Session},
 };
 
-/// Samples per growth series (the detector's window: 10 min at 1 s).
-const GROWTH_SAMPLES: usize = 600;
 /// Memory actions the daemon keeps for exports' traces (about 64 bytes each).
 const HISTORY_ENTRIES: usize = 1 << 16;
 /// How often the traced processes' host memory, swap and cgroups are read.
@@ -91,7 +89,6 @@ fn session(args: &ServeArgs, probing: runtime::Probing) -> Session {
     let mut s = Session::new(probing);
     s.ringbuf_bytes = args.ringbuf_bytes;
     s.pipeline.limits.max_entries = args.max_allocations;
-    s.pipeline.growth_samples = GROWTH_SAMPLES;
     s.pipeline.history = Some(HISTORY_ENTRIES);
     s.growth_every = Some(Duration::from_secs_f64(args.growth_interval));
     s.nvml_every = Duration::from_secs_f64(args.nvml_interval);

@@ -24,12 +24,22 @@ pub const TRACE_CAP: usize = 1 << 21;
 pub const TOTALS_CAP: usize = 1 << 20;
 
 /// Which allocator an allocation was made by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Layer {
     /// The CUDA driver: cuMemAlloc and friends, VMM handles, pinned host memory.
     Driver,
     /// PyTorch's caching allocator (its USDT probes): a tensor's block.
     Tensor,
+}
+
+impl Layer {
+    pub fn name(self) -> &'static str {
+        match self {
+            Layer::Driver => "driver",
+            Layer::Tensor => "tensor",
+        }
+    }
 }
 
 /// Whose allocations a total is of.

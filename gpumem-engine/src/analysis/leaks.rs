@@ -7,8 +7,9 @@ use serde::Serialize;
 
 use super::{
     fragmentation::{self, DeviceLayout},
-    growth::{GrowthConfig, Series, Verdict},
+    growth::Verdict,
     history::Totals,
+    series::{GrowthTracker, Layer, OtherGroups},
 };
 use crate::{
     stacks::{Frame, Sampling, StackId, Stacks},
@@ -27,7 +28,17 @@ pub struct LeakGroup {
     pub estimated: bool,
     pub oldest_age_s: f64,
     pub frames: Vec<Frame>,
+    /// The group's own growth verdict (from its outstanding bytes over
+    /// time), where it is among the largest groups tracked.
+    #[serde(default)]
+    pub verdict: Option<Verdict>,
+    /// The group's outstanding bytes at its last samples, oldest first (for sparklines).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trend: Vec<u64>,
 }
+
+/// Samples of a group's bytes given with it.
+pub const GROUP_TREND: usize = 60;
 
 #[derive(Debug, Serialize)]
 pub struct ProcessLeaks {
@@ -47,6 +58,8 @@ pub struct ProcessLeaks {
     pub stacks: Vec<LeakGroup>,
     /// Groups beyond `top`, not shown.
     pub more_stacks: usize,
+    /// Groups too small to have a growth series of their own.
+    pub untracked_groups: OtherGroups,
     /// Of the outstanding allocations, those over the stack budget whose
     /// stacks were not sampled (exact): the estimated groups stand for them.
     pub not_sampled_allocs: u64,
@@ -73,70 +86,6 @@ struct DeviceGroups {
     groups: HashMap<Option<StackId>, Group>,
     /// Over the stack budget and not sampled: (allocations, bytes).
     not_sampled: (u64, u64),
-}
-
-/// Live bytes per (pid, device), sampled over the session for the growth
-/// detector; and the allocated bytes of processes whose tensors are seen.
-pub struct GrowthTracker {
-    series: BTreeMap<(u32, i32), Series>,
-    allocated: BTreeMap<(u32, i32), Series>,
-    /// Samples kept per series: the detector's window is cap × the sampling interval.
-    cap: usize,
-}
-
-impl Default for GrowthTracker {
-    fn default() -> Self {
-        GrowthTracker::with_capacity(SERIES_CAP)
-    }
-}
-
-/// Samples kept per (pid, device): 4 minutes at the 0.1 s sampling interval.
-pub const SERIES_CAP: usize = 2400;
-
-impl GrowthTracker {
-    pub fn with_capacity(cap: usize) -> Self {
-        GrowthTracker { series: BTreeMap::new(), allocated: BTreeMap::new(), cap }
-    }
-
-    /// Drops a process's series (it is gone from state).
-    pub fn forget(&mut self, pid: u32) {
-        let devices: Vec<(u32, i32)> = self.series.range((pid, i32::MIN)..=(pid, i32::MAX)).map(|(&k, _)| k).collect();
-        for k in devices {
-            self.series.remove(&k);
-            self.allocated.remove(&k);
-        }
-    }
-
-    /// Series kept: one per (process, device) sampled.
-    pub fn len(&self) -> usize {
-        self.series.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.series.is_empty()
-    }
-
-    pub fn sample(&mut self, state: &State, t_s: f64) {
-        for p in state.processes.values().filter(|p| !p.exited) {
-            for (&dev, totals) in &p.held.devices {
-                self.series.entry((p.pid, dev)).or_insert_with(|| Series::new(self.cap)).push(t_s, totals.live_bytes);
-                if p.tensor_probes {
-                    self.allocated.entry((p.pid, dev)).or_insert_with(|| Series::new(self.cap)).push(t_s, totals.allocated_bytes);
-                }
-            }
-        }
-    }
-
-    /// The last `n` samples of a process's live bytes on a device, oldest first.
-    pub fn recent(&self, pid: u32, device: i32, n: usize) -> Vec<u64> {
-        self.series.get(&(pid, device)).map(|s| s.recent(n)).unwrap_or_default()
-    }
-
-    pub fn verdict(&mut self, pid: u32, device: i32) -> Option<Verdict> {
-        let cfg = GrowthConfig::default();
-        let reserved = self.series.get_mut(&(pid, device))?.assess(&cfg);
-        Some(Verdict::of(reserved, self.allocated.get_mut(&(pid, device)).map(|s| s.assess(&cfg))))
-    }
 }
 
 /// One live block for grouping: device, stack, size, time, how its stack was taken.
@@ -189,6 +138,14 @@ pub struct TensorLeaks {
     pub more_stacks: usize,
 }
 
+/// Where a group's own verdict is looked up: the process, its device and the layer.
+pub struct Judged<'a> {
+    pub growth: &'a mut GrowthTracker,
+    pub pid: u32,
+    pub device: i32,
+    pub layer: Layer,
+}
+
 /// Bytes of a process's live device memory on `device` allocated at or
 /// before `before_ns` (allocations and VMM handles).
 pub fn bytes_allocated_before(p: &Process, device: i32, before_ns: u64) -> u64 {
@@ -203,7 +160,13 @@ pub fn bytes_allocated_before(p: &Process, device: i32, before_ns: u64) -> u64 {
 }
 
 /// The largest `top` groups, symbolized; and how many more there were.
-fn largest(groups: HashMap<Option<StackId>, Group>, stacks: &mut Stacks, now_ns: u64, top: usize) -> (Vec<LeakGroup>, usize) {
+fn largest(
+    groups: HashMap<Option<StackId>, Group>,
+    stacks: &mut Stacks,
+    judged: Judged,
+    now_ns: u64,
+    top: usize,
+) -> (Vec<LeakGroup>, usize) {
     let mut groups: Vec<(Option<StackId>, Group)> = groups.into_iter().collect();
     groups.sort_by(|a, b| b.1.totals.est_bytes.total_cmp(&a.1.totals.est_bytes).then(b.1.totals.count.cmp(&a.1.totals.count)));
     let more = groups.len().saturating_sub(top);
@@ -217,6 +180,8 @@ fn largest(groups: HashMap<Option<StackId>, Group>, stacks: &mut Stacks, now_ns:
             estimated: g.estimated,
             oldest_age_s: now_ns.saturating_sub(oldest_ts) as f64 / 1e9,
             frames: id.map(|i| stacks.frames(i)).unwrap_or_default(),
+            verdict: judged.growth.group_verdict(judged.pid, judged.device, judged.layer, id),
+            trend: judged.growth.group_recent(judged.pid, judged.device, judged.layer, id, GROUP_TREND),
         })
         .collect();
     (shown, more)
@@ -225,11 +190,15 @@ fn largest(groups: HashMap<Option<StackId>, Group>, stacks: &mut Stacks, now_ns:
 /// A process's top stacks on a device (for OOM snapshots): its tensors'
 /// where PyTorch's probes show them.
 /// Ages are taken at `now_ns` (the event that asked: replays give the same answer).
-pub fn top_stacks(p: &Process, device: i32, stacks: &mut Stacks, top: usize, now: u64) -> Vec<LeakGroup> {
-    let grouped =
-        if p.tensor_probes { group_tensors(p, now, 0, stacks.sample_bytes) } else { group_by_stack(p, now, 0, stacks.sample_bytes) };
+pub fn top_stacks(p: &Process, device: i32, stacks: &mut Stacks, growth: &mut GrowthTracker, top: usize, now: u64) -> Vec<LeakGroup> {
+    let (grouped, layer) = if p.tensor_probes {
+        (group_tensors(p, now, 0, stacks.sample_bytes), Layer::Tensor)
+    } else {
+        (group_by_stack(p, now, 0, stacks.sample_bytes), Layer::Driver)
+    };
+    let judged = Judged { growth, pid: p.pid, device, layer };
     match grouped.into_iter().find(|(d, _)| *d == device).map(|(_, g)| g) {
-        Some(d) => largest(d.groups, stacks, now, top).0,
+        Some(d) => largest(d.groups, stacks, judged, now, top).0,
         None => Vec::new(),
     }
 }
@@ -252,14 +221,16 @@ pub fn find(
                 let (ns_allocs, ns_bytes) = t.not_sampled;
                 let outstanding_bytes = t.groups.values().map(|g| g.totals.bytes).sum::<u64>() + ns_bytes;
                 let outstanding_tensors = t.groups.values().map(|g| g.totals.count).sum::<u64>() + ns_allocs;
-                let (shown, more_stacks) = largest(t.groups, stacks, now_ns, top);
+                let judged = Judged { growth: &mut *growth, pid: p.pid, device: dev, layer: Layer::Tensor };
+                let (shown, more_stacks) = largest(t.groups, stacks, judged, now_ns, top);
                 let allocated_bytes = p.held.devices.get(&dev).map_or(0, |t| t.allocated_bytes);
                 TensorLeaks { outstanding_bytes, outstanding_tensors, allocated_bytes, stacks: shown, more_stacks }
             });
             let (not_sampled_allocs, not_sampled_bytes) = d.not_sampled;
             let outstanding_bytes = d.groups.values().map(|g| g.totals.bytes).sum::<u64>() + not_sampled_bytes;
             let outstanding_allocs = d.groups.values().map(|g| g.totals.count).sum::<u64>() + not_sampled_allocs;
-            let (shown, more_stacks) = largest(d.groups, stacks, now_ns, top);
+            let judged = Judged { growth: &mut *growth, pid: p.pid, device: dev, layer: Layer::Driver };
+            let (shown, more_stacks) = largest(d.groups, stacks, judged, now_ns, top);
             let c = p.container.clone().unwrap_or_default();
             out.push(ProcessLeaks {
                 pid: p.pid,
@@ -274,6 +245,7 @@ pub fn find(
                 growth: growth.verdict(p.pid, dev),
                 stacks: shown,
                 more_stacks,
+                untracked_groups: growth.other(p.pid, dev),
                 not_sampled_allocs,
                 not_sampled_bytes,
                 layout: fragmentation::layout(p, dev),

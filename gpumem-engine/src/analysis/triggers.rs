@@ -148,8 +148,7 @@ impl Edges {
         for r in rows {
             let key = (r.pid, r.device);
             let rate = r.growth_bytes_per_s();
-            let details =
-                json!({"growth_bytes_per_s": rate, "live_bytes": r.totals.live_bytes, "leak_suspect_bytes": r.leak_suspect_bytes});
+            let details = json!({"growth_bytes_per_s": rate, "live_bytes": r.totals.live_bytes, "leak_suspect_bytes": r.leak_suspect_bytes, "leaking_groups": r.leaking_groups});
             if leaking.contains(&key) && !self.leaking.contains(&key) {
                 out.push(Trigger {
                     kind: TriggerKind::Leak,
@@ -237,7 +236,8 @@ mod tests {
             confidence: 1.0,
             rate_bytes_per_s: 1e6,
             growth_bytes: 1 << 20,
-            reason: "growing",
+            for_s: 10.0,
+            reason: "growing".into(),
         };
         Row {
             pid,
@@ -249,6 +249,7 @@ mod tests {
             growth: Some(growth),
             leak_suspect_bytes: 0,
             trend: Vec::new(),
+            leaking_groups: Vec::new(),
             last_failure: None,
             events_lost: 0,
             layout: None,

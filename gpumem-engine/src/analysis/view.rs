@@ -10,8 +10,9 @@ use super::{
     fragmentation::{self, DeviceLayout},
     growth::Verdict,
     health::{GpuWatch, Health},
-    leaks::{self, GrowthTracker},
+    leaks,
     reconcile::{self, Reconciliation},
+    series::{GrowthTracker, LeakingGroup},
 };
 use crate::{
     model::container::ContainerInfo,
@@ -82,6 +83,8 @@ pub struct Row {
     pub leak_suspect_bytes: u64,
     /// The last live-byte samples, oldest first.
     pub trend: Vec<u64>,
+    /// The stack groups whose own verdict is `leak`, the largest first.
+    pub leaking_groups: Vec<LeakingGroup>,
     pub last_failure: Option<Failure>,
     pub events_lost: u64,
     pub layout: Option<DeviceLayout>,
@@ -184,6 +187,7 @@ impl View {
                     growth: verdict,
                     leak_suspect_bytes,
                     trend: if o.trend > 0 { growth.recent(p.pid, device, o.trend) } else { Vec::new() },
+                    leaking_groups: if p.exited { Vec::new() } else { growth.leaking_groups(p.pid, device) },
                     last_failure: p.last_failure,
                     events_lost: p.events_lost,
                     layout: o.layouts.then(|| fragmentation::layout(p, device)),

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::names::{bytes, printable, short_id};
 use crate::{
-    analysis::{distributions::DistributionSummary, growth::Finding, leaks::ProcessLeaks},
+    analysis::{distributions::DistributionSummary, growth::Finding, leaks::ProcessLeaks, wind_down::WoundDown},
     model::lost::StacksDropped,
     stacks::StackStats,
     state::OomCounters,
@@ -34,6 +34,9 @@ pub struct LeaksReport {
     /// Processes NVML lists whose calls were never traced: what they hold
     /// was allocated before tracing began, so no stack is known for it.
     pub held_before_tracing: Vec<crate::analysis::view::UntracedRow>,
+    /// Processes that exited while traced: what their stack groups held as
+    /// they wound down (a leak freed at teardown is named here).
+    pub exited: Vec<WoundDown>,
 }
 
 impl LeaksReport {
@@ -48,11 +51,14 @@ impl LeaksReport {
             "=== gpumem leaks: {:.1} s traced; outstanding allocations older than {} s, by stack ===",
             self.duration_s, self.older_than_s
         )?;
-        if self.processes.iter().all(|p| p.outstanding_allocs == 0) {
+        if self.processes.iter().all(|p| p.outstanding_allocs == 0) && self.exited.is_empty() {
             writeln!(out, "no outstanding allocations older than {} s (memory freed by process exit is not a leak)", self.older_than_s)?;
         }
         for p in &self.processes {
             write_process(out, p)?;
+        }
+        for w in &self.exited {
+            write_wound_down(out, w)?;
         }
         for u in &self.held_before_tracing {
             writeln!(
@@ -104,6 +110,46 @@ impl LeaksReport {
     }
 }
 
+/// An exited process: what each group held as it wound down, and whether
+/// it was freed only then.
+fn write_wound_down(out: &mut impl Write, w: &WoundDown) -> io::Result<()> {
+    let dev = w.device.map_or("?".to_string(), |d| d.to_string());
+    writeln!(
+        out,
+        "
+pid {} ({}) device {dev} exited; its last {:.1} s (after its last allocation) freed, by stack:",
+        w.pid,
+        printable(&w.comm),
+        w.wind_down_s
+    )?;
+    for g in &w.groups {
+        let mut notes = Vec::new();
+        if g.still_growing {
+            notes.push("STILL GROWING when the program wound down".to_string());
+        }
+        if g.released_only_at_exit {
+            notes.push(format!("released only at exit ({} freed in the wind-down)", bytes(g.freed_at_exit_bytes)));
+        }
+        if let Some(v) = &g.verdict {
+            notes.push(format!("verdict then: {} ({})", v.verdict.name(), super::verdict_figures(v)));
+        }
+        writeln!(
+            out,
+            "  {} held at wind-down, peak {}{}:",
+            bytes(g.held_at_wind_down_bytes),
+            bytes(g.peak_bytes),
+            if notes.is_empty() { String::new() } else { format!("; {}", notes.join("; ")) }
+        )?;
+        if g.frames.is_empty() {
+            writeln!(out, "      [stack not captured]")?;
+        }
+        for f in &g.frames {
+            writeln!(out, "      {}", f.display())?;
+        }
+    }
+    Ok(())
+}
+
 /// One process: what it holds, its growth verdict, layout and leak stacks.
 fn write_process(out: &mut impl Write, p: &ProcessLeaks) -> io::Result<()> {
     let dev = p.device.map_or("?".to_string(), |d| d.to_string());
@@ -124,15 +170,11 @@ fn write_process(out: &mut impl Write, p: &ProcessLeaks) -> io::Result<()> {
             Finding::CacheGrowth => {
                 "CACHE GROWTH: reserved grows while allocated stays flat (the allocator's cache, or fragmentation): not a leak"
             }
+            Finding::Plateau => "plateau: grew, then held",
             Finding::None => "no sustained growth",
+            Finding::Insufficient => "not enough data yet",
         };
-        writeln!(
-            out,
-            "  growth: {verdict} ({}, {}/s, confidence {:.2})",
-            v.reason,
-            bytes(v.rate_bytes_per_s.max(0.0) as u64),
-            v.confidence
-        )?;
+        writeln!(out, "  growth: {verdict} ({})", super::verdict_figures(v))?;
     }
     let l = &p.layout;
     let sizes: Vec<String> = l.size_histogram.iter().rev().map(|b| format!("{}× ≤{}", b.count, bytes(b.le_bytes))).collect();
@@ -182,7 +224,7 @@ fn write_process(out: &mut impl Write, p: &ProcessLeaks) -> io::Result<()> {
 
 fn write_groups(out: &mut impl Write, groups: &[crate::analysis::leaks::LeakGroup], more: usize) -> io::Result<()> {
     for g in groups {
-        writeln!(out, "  {}, oldest {:.1} s:", super::group_figures(g), g.oldest_age_s)?;
+        writeln!(out, "  {}, oldest {:.1} s{}:", super::group_figures(g), g.oldest_age_s, super::group_verdict(g))?;
         if g.frames.is_empty() {
             writeln!(out, "      [stack not captured]")?;
         }
@@ -241,7 +283,8 @@ mod tests {
                     confidence: 0.97,
                     rate_bytes_per_s: 4.0 * 1048576.0,
                     growth_bytes: 80 << 20,
-                    reason: "growing",
+                    for_s: 20.0,
+                    reason: "growing".into(),
                 }),
                 stacks: vec![
                     LeakGroup {
@@ -251,6 +294,16 @@ mod tests {
                         estimated: false,
                         oldest_age_s: 2.5,
                         frames: vec![frame("leak_buffer", 10), frame("train_step", 20)],
+                        verdict: Some(Verdict {
+                            leaking: true,
+                            verdict: Finding::Leak,
+                            confidence: 0.97,
+                            rate_bytes_per_s: 4.0 * 1048576.0,
+                            growth_bytes: 80 << 20,
+                            for_s: 20.0,
+                            reason: "growing".into(),
+                        }),
+                        trend: vec![1, 2, 3],
                     },
                     LeakGroup {
                         stack_id: Some("00000000000000bb".into()),
@@ -259,9 +312,12 @@ mod tests {
                         estimated: true,
                         oldest_age_s: 1.5,
                         frames: vec![frame("small_tensors", 30)],
+                        verdict: None,
+                        trend: Vec::new(),
                     },
                 ],
                 more_stacks: 2,
+                untracked_groups: Default::default(),
                 not_sampled_allocs: 280,
                 not_sampled_bytes: 2 << 20,
                 layout: DeviceLayout { largest_allocation: 4 << 20, ..Default::default() },
@@ -282,6 +338,7 @@ mod tests {
                 gpu: 1,
                 nvml_bytes: 5 << 30,
             }],
+            exited: Vec::new(),
         };
         let mut out = Vec::new();
         report.write_human(&mut out).unwrap();
@@ -289,8 +346,8 @@ mod tests {
         for want in [
             "pid 42 (train, container 0123456789ab) device 0: 80.0 MiB outstanding in 20 allocation(s), 90.0 MiB live",
             "growth: LEAK SUSPECTED",
-            "4.0 MiB/s, confidence 0.97",
-            "80.0 MiB in 20 allocation(s), oldest 2.5 s:",
+            "4.0 MiB/s for 20 s, confidence 0.97",
+            "80.0 MiB in 20 allocation(s), oldest 2.5 s — LEAK (growing, 4.0 MiB/s for 20 s, confidence 0.97):",
             "~3.0 MiB in ~300 allocation(s), oldest 1.5 s:",
             "2.0 MiB in 280 allocation(s) over the stack budget were not sampled: the ~ figures are unbiased estimates that include them",
             "leak_buffer+0x11 (train.c:10) [train]",

@@ -12,12 +12,41 @@ pub mod top;
 pub mod torch_snapshot;
 pub mod trace;
 
-use crate::{analysis::leaks::LeakGroup, names::bytes};
+use crate::{
+    analysis::{
+        growth::{Finding, Verdict},
+        leaks::LeakGroup,
+    },
+    names::bytes,
+};
 
 /// A stack group's bytes and allocations, estimates marked with `~`.
 pub fn group_figures(g: &LeakGroup) -> String {
     let mark = if g.estimated { "~" } else { "" };
     format!("{mark}{} in {mark}{} allocation(s)", bytes(g.bytes), g.count)
+}
+
+/// A verdict's figures in words: why, its rate, confidence and how long.
+pub fn verdict_figures(v: &Verdict) -> String {
+    match v.verdict {
+        Finding::Leak | Finding::CacheGrowth => {
+            format!("{}, {}/s for {:.0} s, confidence {:.2}", v.reason, bytes(v.rate_bytes_per_s.max(0.0) as u64), v.for_s, v.confidence)
+        }
+        Finding::Plateau => format!("{} grown, then no growth for {:.0} s", bytes(v.growth_bytes.max(0) as u64), v.for_s),
+        Finding::Insufficient if v.rate_bytes_per_s > 0.0 => {
+            format!("{}: {}/s for {:.0} s", v.reason, bytes(v.rate_bytes_per_s as u64), v.for_s)
+        }
+        Finding::None | Finding::Insufficient => v.reason.clone(),
+    }
+}
+
+/// A group's own verdict after its figures: ` — LEAK (growing, ...)`; nothing where it has none.
+pub fn group_verdict(g: &LeakGroup) -> String {
+    match &g.verdict {
+        Some(v) if v.verdict == Finding::Leak => format!(" — LEAK ({})", verdict_figures(v)),
+        Some(v) => format!(" — {} ({})", v.verdict.name(), verdict_figures(v)),
+        None => String::new(),
+    }
 }
 
 /// The line that says what the `~` figures stand for, where some stacks

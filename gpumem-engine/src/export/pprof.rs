@@ -7,10 +7,7 @@ use std::{collections::HashMap, io::Write as _};
 
 use prost::Message;
 
-use crate::{
-    analysis::{history::Layer, profile::HeapProfile},
-    stacks::Frame,
-};
+use crate::{analysis::profile::HeapProfile, stacks::Frame};
 
 /// profile.proto's messages (github.com/google/pprof/proto/profile.proto),
 /// the fields gpumem writes.
@@ -247,7 +244,7 @@ pub fn render(p: &HeapProfile, meta: &Meta) -> Vec<u8> {
             ("pid", s.pid.to_string()),
             ("comm", s.comm.clone()),
             ("device", device_label(s.device, s.host)),
-            ("layer", if s.layer == Layer::Tensor { "tensor" } else { "driver" }.to_string()),
+            ("layer", s.layer.name().to_string()),
         ];
         if let Some(c) = &s.container {
             labels.push(("container", c.clone()));

@@ -448,7 +448,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        analysis::{health::GpuWatch, leaks::GrowthTracker, view::ViewOptions},
+        analysis::{health::GpuWatch, series::GrowthTracker, view::ViewOptions},
         state::{testing::ev, Limits},
     };
 

@@ -4,6 +4,10 @@
 //! event (growth samples, NVML readings, forgetting).
 pub mod host;
 pub mod lookups;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
 
 use gpumem_common::{Event, StackEvent};
 use rustc_hash::FxHashMap;
@@ -14,10 +18,12 @@ use crate::{
         distributions::{self, Distributions},
         health::{GpuWatch, Thresholds},
         history::History,
-        leaks::{self, GrowthTracker, LeakGroup},
+        leaks::{self, LeakGroup},
         oom::OomLog,
+        series::{self, GrowthTracker},
         timeline::Timeline,
         view::{self, View, ViewOptions},
+        wind_down::{self, WoundDown},
     },
     events::Kind,
     model::{
@@ -61,7 +67,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             limits: Limits::default(),
-            growth_samples: leaks::SERIES_CAP,
+            growth_samples: series::SERIES_CAP,
             timeline: false,
             history: None,
             thresholds: Thresholds::default(),
@@ -124,6 +130,10 @@ pub struct Pipeline {
     /// The traced processes' host memory, the node's swap and their memory
     /// cgroups, as last refreshed (`refresh_host`).
     pub host: HostMemory,
+    /// What exited processes had piled up when they wound down, the most recent last.
+    pub wound_down: VecDeque<WoundDown>,
+    /// The latest event's time (growth samples are placed by it).
+    pub last_event_ns: u64,
 }
 
 impl Pipeline {
@@ -144,6 +154,8 @@ impl Pipeline {
             untraced: FxHashMap::default(),
             untraced_scope: None,
             host: HostMemory::default(),
+            wound_down: VecDeque::new(),
+            last_event_ns: 0,
         }
     }
 
@@ -165,6 +177,10 @@ impl Pipeline {
             Stack::Captured(s) => self.stacks.record(s),
             Stack::Recorded(id) => Some(id),
         };
+        self.last_event_ns = self.last_event_ns.max(ev.ts_ns);
+        if kind == Kind::Exit {
+            self.keep_wind_down(ev);
+        }
         let mut applied = self.state.apply_kind(ev, &kind, stack);
         self.looked_up(ev, looked, &mut applied);
         self.forget_forgotten();
@@ -232,13 +248,24 @@ impl Pipeline {
         }
     }
 
+    /// A process about to exit: what its groups held as it wound down (before the exit releases it).
+    fn keep_wind_down(&mut self, ev: &Event) {
+        let Some(p) = self.state.processes.get(&ev.pid).filter(|p| !p.exited) else { return };
+        for w in wind_down::wind_down(p, ev.ts_ns, &mut self.stacks, &mut self.growth) {
+            if self.wound_down.len() == wind_down::PROCESSES_KEPT {
+                self.wound_down.pop_front();
+            }
+            self.wound_down.push_back(w);
+        }
+    }
+
     /// Who held the device, and from where, when an allocation ran out of memory.
     fn oom_stacks(&mut self, ev: &Event, applied: &Applied) -> Vec<Vec<LeakGroup>> {
         let Some(oom) = &applied.cuda_oom else { return Vec::new() };
         oom.holders
             .iter()
             .map(|h| match self.state.processes.get(&h.pid) {
-                Some(p) => leaks::top_stacks(p, oom.device, &mut self.stacks, OOM_HOLDER_STACKS, ev.ts_ns),
+                Some(p) => leaks::top_stacks(p, oom.device, &mut self.stacks, &mut self.growth, OOM_HOLDER_STACKS, ev.ts_ns),
                 None => Vec::new(),
             })
             .collect()
@@ -269,7 +296,7 @@ impl Pipeline {
 
     /// A sample of every process's live bytes for the growth detector.
     pub fn sample_growth(&mut self, t_s: f64) {
-        self.growth.sample(&self.state, t_s);
+        self.growth.sample(&self.state, t_s, self.last_event_ns);
         self.note_kept();
     }
 

@@ -62,5 +62,6 @@ pub fn report(p: &mut Pipeline, q: &LeaksQuery, at: Span, stacks_dropped: Stacks
         lost_events,
         distributions: p.distributions.summary(),
         held_before_tracing,
+        exited: p.wound_down.iter().filter(|w| wanted(w.pid)).cloned().collect(),
     }
 }

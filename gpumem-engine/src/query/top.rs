@@ -29,5 +29,5 @@ pub fn snapshot(p: &mut Pipeline, now_ns: u64, lost_events: u64) -> Snapshot {
 /// A process's largest live allocation stacks on a device (None: gone).
 pub fn stacks(p: &mut Pipeline, pid: u32, device: i32, now_ns: u64) -> Option<Vec<leaks::LeakGroup>> {
     let proc = p.state.processes.get(&pid)?;
-    Some(leaks::top_stacks(proc, device, &mut p.stacks, STACKS_SHOWN, now_ns))
+    Some(leaks::top_stacks(proc, device, &mut p.stacks, &mut p.growth, STACKS_SHOWN, now_ns))
 }

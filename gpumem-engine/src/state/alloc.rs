@@ -35,6 +35,7 @@ impl Process {
         }
         match memory {
             Memory::Device => {
+                self.wind_down.allocated(ev.ts_ns);
                 let t = self.totals_mut(device);
                 t.live_bytes += ev.size;
                 t.live_allocs += 1;
@@ -68,6 +69,9 @@ impl Process {
                 out.device = old.device();
                 out.size = old.size;
                 out.lifetime_ns = Some(ev.ts_ns.saturating_sub(old.ts_ns));
+                if old.memory == Memory::Device {
+                    self.wind_down.freed(old.device(), old.stack(), old.size);
+                }
                 self.credit_free(&old);
             }
             None => {

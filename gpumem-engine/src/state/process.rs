@@ -244,6 +244,33 @@ pub struct Process {
     pub tensor_probes: bool,
     /// Tensor frees of blocks handed out before tracing began.
     pub untracked_tensor_frees: u64,
+    /// What the process freed since its last allocation: at its exit, its wind-down.
+    pub wind_down: WindDown,
+}
+
+/// The frees since a process's last device allocation, by device and
+/// stack. A program winding down (an interpreter's teardown, a library's
+/// atexit) frees without allocating: at exit, these are the frees of that
+/// last phase, and what each group held before it is their sum plus what is
+/// left.
+#[derive(Clone, Debug, Default)]
+pub struct WindDown {
+    /// CLOCK_MONOTONIC time of the last device allocation (0: none yet).
+    pub since_ns: u64,
+    pub freed: HashMap<(i32, Option<StackId>), u64>,
+}
+
+impl WindDown {
+    pub fn allocated(&mut self, ts_ns: u64) {
+        self.since_ns = ts_ns;
+        if !self.freed.is_empty() {
+            self.freed.clear();
+        }
+    }
+
+    pub fn freed(&mut self, device: i32, stack: Option<StackId>, size: u64) {
+        *self.freed.entry((device, stack)).or_default() += size;
+    }
 }
 
 /// Most displaced addresses remembered per process (see `Held::displaced`).

@@ -31,9 +31,6 @@ use gpumem_engine::{
 
 mod daemon;
 
-/// Samples per growth series: 10 minutes at the 1 s sampling interval.
-const GROWTH_SAMPLES: usize = 600;
-const GROWTH_INTERVAL: Duration = Duration::from_secs(1);
 const NVML_INTERVAL: Duration = Duration::from_secs(5);
 
 pub enum Input {
@@ -258,8 +255,7 @@ pub fn run(args: TopArgs) -> Result<ExitCode> {
     }
     let mut s = Session::new(args.probes.probing());
     s.pipeline.limits.max_entries = args.max_allocations;
-    s.pipeline.growth_samples = GROWTH_SAMPLES;
-    s.growth_every = Some(GROWTH_INTERVAL);
+    s.growth_every = Some(runtime::GROWTH_SAMPLE_INTERVAL);
     s.nvml_every = NVML_INTERVAL;
     s.forget_after = Some(Duration::from_secs_f64(args.exited_grace));
     s.announce = args.once;

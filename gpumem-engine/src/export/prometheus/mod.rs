@@ -170,6 +170,24 @@ fn histograms(fams: &mut Families, d: &Distributions) {
     fams.add(m::API_LATENCY).extend(d.latencies().map(|(api, b)| (vec![("api", api_name(api).to_string())], Value::Histogram(b.clone()))));
 }
 
+/// The leaking stack groups of the processes shown: bounded per process and GPU.
+fn leak_group_families(fams: &mut Families, rows: &[&crate::analysis::view::Row], view: &View) {
+    let groups: Vec<(Labels, &crate::analysis::series::LeakingGroup)> = rows
+        .iter()
+        .flat_map(|r| {
+            let labels = [workload_labels(Some((r.pid, &r.comm, &r.workload))), device_labels(r.device, view)].concat();
+            r.leaking_groups.iter().map(move |g| {
+                let mut l = labels.clone();
+                l.push(("stack_id", g.stack_id.clone().unwrap_or_default()));
+                l.push(("layer", g.layer.name().to_string()));
+                (l, g)
+            })
+        })
+        .collect();
+    fams.add(m::LEAK_GROUP_BYTES).extend(groups.iter().map(|(l, g)| (l.clone(), Value::int(g.bytes))));
+    fams.add(m::LEAK_GROUP_GROWTH).extend(groups.iter().map(|(l, g)| (l.clone(), Value::Float(g.rate_bytes_per_s))));
+}
+
 /// One (process, device) series: its labels and figures.
 struct Series {
     labels: Labels,
@@ -218,6 +236,7 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
     each(m::PROCESS_GROWTH, &|x| Value::Float(x.growth_bytes_per_s));
     each(m::PROCESS_LEAK_SUSPECTED, &|x| Value::flag(x.leaking));
     each(m::PROCESS_CACHE_GROWTH, &|x| Value::flag(x.cache_growth));
+    leak_group_families(fams, &capped.rows, view);
     // Tensor figures only where PyTorch's probes fired: no series is "unknown", not 0.
     let mut tensors = |metric, f: &dyn Fn((u64, u64, Option<u64>)) -> Option<u64>| {
         let known = series.iter().filter_map(|x| Some((x.labels.clone(), Value::int(f(x.tensors?)?))));

@@ -357,7 +357,7 @@ impl ReportData {
                 if g.leaking {
                     format!("growing {}/s (confidence {:.2})", bytes(g.rate_bytes_per_s.max(0.0) as u64), g.confidence)
                 } else {
-                    g.reason.to_string()
+                    format!("{} ({})", g.verdict.name(), super::verdict_figures(g))
                 }
             });
             let _ = writeln!(
@@ -373,9 +373,11 @@ impl ReportData {
                 let frames: Vec<String> = g.frames.iter().map(|f| escape(&f.display())).collect();
                 let _ = writeln!(
                     h,
-                    "<p>{}, oldest {:.1} s</p><pre>{}</pre>",
+                    "<p>{}{}, oldest {:.1} s{}</p><pre>{}</pre>",
+                    spark_svg(&g.trend, g.verdict.as_ref().is_some_and(|v| v.leaking)),
                     escape(&super::group_figures(g)),
                     g.oldest_age_s,
+                    escape(&super::group_verdict(g)),
                     if frames.is_empty() { "(no stack)".to_string() } else { frames.join("\n") }
                 );
             }
@@ -386,9 +388,44 @@ impl ReportData {
     }
 }
 
+/// A group's bytes over its last samples as a small inline line (red where
+/// it leaks); nothing for fewer than two samples.
+fn spark_svg(trend: &[u64], leaking: bool) -> String {
+    if trend.len() < 2 {
+        return String::new();
+    }
+    let (w, hgt) = (120.0, 24.0);
+    let (lo, hi) = (*trend.iter().min().unwrap_or(&0), *trend.iter().max().unwrap_or(&0));
+    let span = (hi - lo).max(1) as f64;
+    let points: Vec<String> = trend
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let x = i as f64 * w / (trend.len() - 1) as f64;
+            let y = hgt - 2.0 - (v - lo) as f64 / span * (hgt - 4.0);
+            format!("{x:.1},{y:.1}")
+        })
+        .collect();
+    let color = if leaking { "#c0392b" } else { "#555" };
+    format!(
+        "<svg class=\"spark\" width=\"{w}\" height=\"{hgt}\" viewBox=\"0 0 {w} {hgt}\"><polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/></svg> ",
+        points.join(" ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_group_sparkline_is_an_svg_line_through_its_samples() {
+        let s = spark_svg(&[0, 5, 10], true);
+        assert!(
+            s.starts_with("<svg class=\"spark\"") && s.contains("points=\"0.0,22.0 60.0,12.0 120.0,2.0\"") && s.contains("#c0392b"),
+            "{s}"
+        );
+        assert_eq!(spark_svg(&[7], false), "");
+    }
 
     #[test]
     fn escaping() {

@@ -111,7 +111,7 @@ pub fn stack_lines(groups: Option<&[LeakGroup]>) -> Vec<String> {
     }
     let mut lines = Vec::new();
     for g in groups {
-        lines.push(format!("{}, oldest {:.0} s", crate::export::group_figures(g), g.oldest_age_s));
+        lines.push(format!("{}, oldest {:.0} s{}", crate::export::group_figures(g), g.oldest_age_s, crate::export::group_verdict(g)));
         if g.frames.is_empty() {
             lines.push("    (no stack)".into());
         }
