@@ -18,6 +18,7 @@
 //! - `query`: the questions every reader asks, answered from a pipeline.
 pub mod analysis;
 pub mod clock;
+pub mod corpus;
 pub mod events;
 pub mod export;
 pub mod model;

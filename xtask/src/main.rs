@@ -10,6 +10,7 @@
 //! - `bench-engine`: events/s through the pipeline (decode → lookups → stacks → state → analyses) from a recording; bytes per live allocation
 //! - `bench-metrics`: /metrics render time and size, the daemon's idle memory and CPU
 //! - `bench-stacks`: unwinding and symbolization (uncached, cached) per stack
+//! - `bench-verdicts`: the growth detector's recall, precision and time to verdict on its labelled corpus (recordings under target/verdict-corpus)
 //! - `bench-idle`: the daemon's idle CPU among many host processes (discovery's cost)
 //! - `bench-agent`: the daemon's CPU per allocation at steady rates, stacks on
 //! - `soak`: `gpumem serve` for 10 minutes under process churn and a million live allocations
@@ -78,6 +79,8 @@ enum Cmd {
         #[arg(long, default_value_t = 1_000_000)]
         events: u64,
     },
+    /// The growth detector on its labelled corpus of allocator shapes: recall, precision, time to verdict.
+    BenchVerdicts,
     /// Measure unwinding and symbolization (uncached and cached) per stack.
     BenchStacks {
         #[arg(long, default_value_t = 20_000)]
@@ -301,6 +304,10 @@ fn main() -> Result<()> {
         Cmd::Test { args } => test(&args),
         Cmd::BenchEngine { events } => run(&mut engine_bench(&["engine", "--events", &events.to_string()])),
         Cmd::BenchExport { events } => run(&mut engine_bench(&["export", "--events", &events.to_string()])),
+        Cmd::BenchVerdicts => {
+            let out = gpumem_tests::target_dir().join("verdict-corpus");
+            run(&mut engine_bench(&["verdicts", "--out", out.to_str().context("target dir is not UTF-8")?]))
+        }
         Cmd::BenchStacks { rounds } => run(&mut engine_bench(&["stacks", "--rounds", &rounds.to_string()])),
         measurement => measure(measurement),
     }

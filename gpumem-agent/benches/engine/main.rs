@@ -4,7 +4,8 @@
 //!   state → analyses) from a synthetic recording, and bytes per live allocation;
 //! - `render`: /metrics render time and size for a large host;
 //! - `stacks`: unwinding and symbolization (uncached, cached) per stack;
-//! - `export`: `gpumem export`'s time and file size per format.
+//! - `export`: `gpumem export`'s time and file size per format;
+//! - `verdicts`: the growth detector's recall, precision and time to verdict on its corpus.
 //!
 //! `cargo xtask bench-engine`, `bench-metrics` and `bench-stacks` run them.
 mod export;
@@ -72,6 +73,12 @@ enum Mode {
         #[arg(long, default_value_t = 100)]
         processes: u32,
     },
+    /// The growth detector on its labelled corpus: recall, precision and
+    /// time to verdict per shape; the recordings are written to `--out`.
+    Verdicts {
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// Unwinding and symbolization cost per stack.
     Stacks {
         /// Stacks unwound (and frames symbolized) per measurement.
@@ -92,6 +99,7 @@ fn main() -> ExitCode {
         Mode::Render { processes, gpus, rounds } => render::run(processes, gpus, rounds),
         Mode::Stacks { rounds } => stacks::run(rounds),
         Mode::Export { events, processes } => export::run(events, processes),
+        Mode::Verdicts { out } => verdicts(out.as_deref()),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -100,6 +108,22 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Scores the detector on the corpus and prints the table; writes each
+/// recording to `out` (replay them with `gpumem leaks --replay`).
+fn verdicts(out: Option<&std::path::Path>) -> Result<()> {
+    use gpumem_engine::corpus;
+    if let Some(dir) = out {
+        std::fs::create_dir_all(dir)?;
+        for shape in corpus::shapes() {
+            std::fs::write(dir.join(format!("{}.gpumem", shape.name)), corpus::recording(shape)?)?;
+        }
+        println!("recordings: {}", dir.display());
+    }
+    let scores = corpus::score().map_err(|e| anyhow!("{e}"))?;
+    print!("{}", scores.table());
+    Ok(())
 }
 
 /// A synthetic session: `processes` processes, each with a primary context,
