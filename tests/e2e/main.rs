@@ -4,6 +4,7 @@
 //! reason; none skips.
 mod actions;
 mod alloc;
+mod bindings;
 mod chart;
 mod cli;
 mod containers;

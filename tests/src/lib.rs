@@ -235,6 +235,20 @@ pub fn assert_nothing_live(t: &Trace, pid: u64) {
     assert_eq!(p["host_pinned_bytes"], 0);
 }
 
+/// NVIDIA's Python driver bindings the tests use (`cargo xtask test-deps` installs them).
+pub const CUDA_BINDINGS: &str = "cuda-bindings==13.0.1";
+/// Their virtual environment, under ~/.cache/gpumem.
+pub const CUDA_BINDINGS_VENV: &str = "cuda-bindings-13.0.1-venv";
+
+/// The python of the cuda-bindings environment; fails (never skips) if it
+/// was not installed.
+pub fn cuda_bindings_python() -> PathBuf {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let python = PathBuf::from(home).join(".cache/gpumem").join(CUDA_BINDINGS_VENV).join("bin/python");
+    assert!(python.with_file_name("..").join("installed").exists(), "{CUDA_BINDINGS} is not installed: run `cargo xtask test-deps`");
+    python
+}
+
 /// Runs `gpumem leaks --json ARGS` and parses its report.
 pub fn leaks(args: &[&str], envs: &[(&str, &str)]) -> Value {
     let mut full = vec!["leaks", "--json"];

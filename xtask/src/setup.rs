@@ -111,7 +111,25 @@ pub fn test_deps() -> Result<()> {
     perfetto_ui()?;
     helm()?;
     kubernetes_validate()?;
+    cuda_bindings()?;
     Ok(())
+}
+
+/// NVIDIA's Python driver bindings (PyPI cuda-bindings, Apache-2.0) for
+/// the tests' Python loop over the synthetic driver: a virtual environment
+/// under ~/.cache/gpumem (gpumem_tests::cuda_bindings_python finds it),
+/// made once. Only the driver bindings are used: never the runtime's.
+pub fn cuda_bindings() -> Result<PathBuf> {
+    let venv = cache_dir().join(gpumem_tests::CUDA_BINDINGS_VENV);
+    let done = venv.join("installed");
+    let python = venv.join("bin/python");
+    if done.exists() {
+        return Ok(python);
+    }
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run(Command::new(&python).args(["-m", "pip", "install", "--quiet", gpumem_tests::CUDA_BINDINGS]))?;
+    std::fs::write(&done, gpumem_tests::CUDA_BINDINGS)?;
+    Ok(python)
 }
 
 /// The helm release the chart is linted and rendered with.
