@@ -61,9 +61,10 @@ impl Output for Everything {
     type Input = Infallible;
 
     fn event(&mut self, ctx: &mut Ctx<'_>, o: &Outcome) -> anyhow::Result<Flow> {
+        let frames = o.stack.map(|id| ctx.pipeline.stacks.frames(id));
         let container = ctx.pipeline.state.processes.get(&o.event.pid).and_then(|p| p.container.as_ref());
-        self.json.event(o, container)?;
-        self.human.event(o, container)?;
+        self.json.event(o, container, frames.as_deref())?;
+        self.human.event(o, container, frames.as_deref())?;
         Ok(Flow::Continue)
     }
 

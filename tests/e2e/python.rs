@@ -264,3 +264,22 @@ fn a_leak_freed_at_interpreter_exit_is_still_named_with_its_peak_and_its_growth(
         "{text}"
     );
 }
+
+#[test]
+fn trace_json_allocations_carry_their_stack_with_python_frames() {
+    require_root();
+    let cmd = train_cmd(&pyenv_python());
+    let t = trace(&["-c", &cmd], &[("GPUMEM_STEPS", "5"), ("GPUMEM_HOLD", "0")]);
+    assert!(t.status.success(), "{}", t.stderr);
+    let allocs = t.of_type("alloc");
+    assert_eq!(allocs.len(), 11, "weights, 5 scratch buffers, 5 activations");
+    for a in &allocs {
+        assert!(a["stack_id"].as_str().is_some_and(|s| s.len() == 16), "{a}");
+        let frames = python_frames(a);
+        assert_eq!(frames.last().map(|f| f.0.as_str()), Some("<module>"), "Python frames to the module: {a}");
+        assert!(frames.iter().any(|f| f.0 == "train_step" || f.0 == "Model.load_weights"), "{a}");
+    }
+    let kept: Vec<&&Value> = allocs.iter().filter(|a| python_frames(a).get(1).is_some_and(|f| f.0 == "train_step" && f.2 == 38)).collect();
+    assert_eq!(kept.len(), 5, "the kept activations, from line 38");
+    assert!(t.of_type("free").iter().all(|f| f.get("frames").is_none()), "frees carry no stack");
+}

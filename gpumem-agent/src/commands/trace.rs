@@ -85,8 +85,13 @@ impl<W: Write> Output for Trace<W> {
         if self.quiet {
             return Ok(Flow::Continue);
         }
+        // JSON lines carry the allocation's stack, symbolized (once per stack).
+        let frames = match o.stack {
+            Some(id) if self.json && self.printer.shows(o) => Some(ctx.pipeline.stacks.frames(id)),
+            _ => None,
+        };
         let container = ctx.pipeline.state.processes.get(&o.event.pid).and_then(|p| p.container.as_ref());
-        match self.printer.event(o, container) {
+        match self.printer.event(o, container, frames.as_deref()) {
             Ok(()) => Ok(Flow::Continue),
             Err(e) => {
                 self.write_error = Some(e);

@@ -224,13 +224,25 @@ impl<W: Write> Printer<W> {
         Printer { out, json, filter, start_ns: None, header: false }
     }
 
-    pub fn event(&mut self, o: &Outcome, container: Option<&ContainerInfo>) -> io::Result<()> {
+    /// Whether `o` is printed (its stack is only symbolized for those).
+    pub fn shows(&self, o: &Outcome) -> bool {
+        self.filter.shows(&o.event, &o.applied)
+    }
+
+    /// Prints `o`; in JSON with its allocation stack's id and frames (native
+    /// and Python), where it has one.
+    pub fn event(&mut self, o: &Outcome, container: Option<&ContainerInfo>, frames: Option<&[crate::stacks::Frame]>) -> io::Result<()> {
         let (ev, applied) = (&o.event, &o.applied);
         if !self.filter.shows(ev, applied) {
             return Ok(());
         }
         if self.json {
-            serde_json::to_writer(&mut self.out, &event_json(ev, &o.kind, applied, container))?;
+            let mut v = event_json(ev, &o.kind, applied, container);
+            if let (Some(id), Some(frames), Some(obj)) = (o.stack, frames, v.as_object_mut()) {
+                obj.insert("stack_id".into(), json!(format!("{id:016x}")));
+                obj.insert("frames".into(), json!(frames));
+            }
+            serde_json::to_writer(&mut self.out, &v)?;
             writeln!(self.out)?;
             if let Some(oom) = &applied.cuda_oom {
                 serde_json::to_writer(&mut self.out, &cuda_oom_json(ev, oom, &o.oom_stacks))?;
@@ -376,7 +388,7 @@ mod tests {
         assert!(v["file_rss_bytes"].is_null());
         assert_eq!(v["trigger_pid"], 9);
         let mut p = Printer::new(Vec::new(), false, Filter::default());
-        p.event(&outcome(kill, applied), None).unwrap();
+        p.event(&outcome(kill, applied), None, None).unwrap();
         let rm = Event { handle: u64::MAX, addr: u64::MAX, aux: u64::MAX, ..event(api::RM_ALLOC) };
         let v = json_of(&rm, &Applied::default(), None);
         assert_eq!(
@@ -432,7 +444,7 @@ mod tests {
     #[test]
     fn human_line_is_aligned() {
         let mut p = Printer::new(Vec::new(), false, Filter::default());
-        p.event(&outcome(event(api::CU_MEM_ALLOC_V2), Applied { device: 0, size: 4096, ..Default::default() }), None).unwrap();
+        p.event(&outcome(event(api::CU_MEM_ALLOC_V2), Applied { device: 0, size: 4096, ..Default::default() }), None, None).unwrap();
         let text = String::from_utf8(p.out).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2);
