@@ -85,8 +85,14 @@ fn replay_all(bytes: &[u8]) -> Result<Replayed, ReadError> {
 
 fn render_all(p: &mut Pipeline, end: &End) {
     check_totals(&p.state);
-    let view =
-        p.view(&ViewOptions { exited: true, layouts: true, trend: top::model::TREND_LEN, leak_age_ns: 0, now_ns: end.footer.ended_ns });
+    let view = p.view(&ViewOptions {
+        exited: true,
+        layouts: true,
+        owners: true,
+        trend: top::model::TREND_LEN,
+        leak_age_ns: 0,
+        now_ns: end.footer.ended_ns,
+    });
     let summary = Summary::build(&p.state, &view, &end.footer, p.distributions.summary());
     summary.write_human(&mut Vec::new()).unwrap();
     summary.write_json(&mut Vec::new()).unwrap();

@@ -78,6 +78,12 @@ fn a_loop_over_nvidias_python_driver_bindings_with_batched_frees_has_one_leaking
         .unwrap_or_else(|| panic!("the weights' group: {called:#?}"));
     assert_ne!(weights["verdict"]["verdict"], "leak", "{weights:#}");
     assert_eq!((p["growth"]["verdict"].as_str(), p["growth"]["leaking"].as_bool()), (Some("leak"), Some(true)), "{:#}", p["growth"]);
+    // Who asked the driver: the script behind the bindings (its Python frames), every byte counted once.
+    let owners = p["by_owner"].as_array().unwrap();
+    let script = owners.iter().find(|o| o["owner"] == "bindings_train.py").unwrap_or_else(|| panic!("{owners:#?}"));
+    assert!(script["bytes"].as_u64().unwrap() >= leak["bytes"].as_u64().unwrap(), "{owners:#?}");
+    let total: u64 = owners.iter().map(|o| o["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(Some(total), p["live_bytes"].as_u64(), "{owners:#?}");
 }
 
 #[test]
@@ -108,7 +114,14 @@ fn top_over_a_daemon_and_metrics_call_the_same_one_group_a_leak() {
     let lines =
         poll(30, "the daemon to call the loop's leak", || Some(groups(&serve.metrics())).filter(|g| !g.is_empty()), || serve.metrics());
     assert_eq!(lines.len(), 1, "one leaking group: {lines:#?}");
-    assert_eq!(pid_series(&serve.metrics(), "gpumem_process_leak_suspected", pid), Some(1.0));
+    let text = serve.metrics();
+    assert_eq!(pid_series(&text, "gpumem_process_leak_suspected", pid), Some(1.0));
+    assert!(
+        text.lines().any(|l| l.starts_with("gpumem_process_memory_by_owner_bytes{")
+            && l.contains(&format!("pid=\"{pid}\""))
+            && l.contains("owner=\"bindings_train.py\"")),
+        "the script owns its memory: {text}"
+    );
     let stack_id = lines[0].split("stack_id=\"").nth(1).and_then(|s| s.split('"').next()).unwrap().to_string();
 
     // top --once asks the daemon: its verdict at once, the same.

@@ -71,6 +71,11 @@ fn leaks_names_the_leaking_function_and_its_callers_without_frame_pointers() {
     let rate = g["rate_bytes_per_s"].as_f64().unwrap() / MIB as f64;
     assert!((30.0..50.0).contains(&rate), "{rate} MiB/s");
 
+    // Who asked the driver: the program itself, for every live byte.
+    let owners: Vec<(&str, u64)> =
+        p["by_owner"].as_array().unwrap().iter().map(|o| (o["owner"].as_str().unwrap(), o["bytes"].as_u64().unwrap())).collect();
+    assert_eq!(owners, [("workload", p["live_bytes"].as_u64().unwrap())], "{:#}", p["by_owner"]);
+
     let st = &v["stacks"];
     assert!(st["captured"].as_u64().unwrap() > count);
     assert_eq!(st["unwind_failed"], 0);

@@ -83,6 +83,7 @@ fn the_report_and_chart_are_well_formed_complete_and_open_in_chromium() {
         "Host memory per process (MiB)",
         "Node swap traffic (MiB/s)",
         "leak_buffer",
+        "By owner (who asked the driver): workload ",
         "train_step",
         "growth: growing",
     ] {

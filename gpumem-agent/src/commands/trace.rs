@@ -55,7 +55,7 @@ impl<W: Write> Trace<W> {
 
     fn summary(&mut self, ctx: &mut Ctx<'_>, end: &End) -> io::Result<()> {
         let p = &mut *ctx.pipeline;
-        let view = p.view(&ViewOptions { exited: true, layouts: true, ..Default::default() });
+        let view = p.view(&ViewOptions { exited: true, layouts: true, owners: true, ..Default::default() });
         let mut summary = Summary::build(&p.state, &view, &end.footer, p.distributions.summary());
         if let Some(d) = &self.daemon {
             summary.known_to_daemon = known_to_daemon(d, &summary, &self.pids);

@@ -107,7 +107,7 @@ impl Metrics {
 /// agent's status, the OTLP pushes and actions where there are).
 pub fn with_scrape<T>(ctx: &mut Ctx<'_>, leak_age_ns: u64, max_series: usize, extras: &Extras, f: impl FnOnce(&Scrape<'_>) -> T) -> T {
     let p = &mut *ctx.pipeline;
-    let view = p.view(&ViewOptions { now_ns: monotonic_ns(), leak_age_ns, exited: true, ..Default::default() });
+    let view = p.view(&ViewOptions { now_ns: monotonic_ns(), leak_age_ns, exited: true, owners: true, ..Default::default() });
     let mut scrape = Scrape::of(p, &view, ctx.agent, max_series);
     scrape.otlp_pushes = extras.otlp.as_ref().map(|p| p.counts());
     scrape.actions = extras.actions.as_ref().map(|a| a.snapshot());

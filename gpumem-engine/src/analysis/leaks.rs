@@ -9,6 +9,7 @@ use super::{
     fragmentation::{self, DeviceLayout},
     growth::Verdict,
     history::Totals,
+    owners::{self, OwnerBytes},
     series::{GrowthTracker, Layer, OtherGroups},
 };
 use crate::{
@@ -60,6 +61,9 @@ pub struct ProcessLeaks {
     pub more_stacks: usize,
     /// Groups too small to have a growth series of their own.
     pub untracked_groups: OtherGroups,
+    /// Everything live on the device, by the module (or Python file) that
+    /// asked the driver for it: the largest owners, then `other`.
+    pub by_owner: Vec<OwnerBytes>,
     /// Of the outstanding allocations, those over the stack budget whose
     /// stacks were not sampled (exact): the estimated groups stand for them.
     pub not_sampled_allocs: u64,
@@ -214,6 +218,7 @@ pub fn find(
 ) -> Vec<ProcessLeaks> {
     let mut out = Vec::new();
     for p in state.processes.values().filter(|p| !p.exited) {
+        let mut by_owner: BTreeMap<i32, Vec<OwnerBytes>> = owners::by_owner(p, stacks).into_iter().collect();
         let mut tensors = if p.tensor_probes { group_tensors(p, now_ns, older_than_ns, stacks.sample_bytes) } else { BTreeMap::new() };
         for (dev, d) in group_by_stack(p, now_ns, older_than_ns, stacks.sample_bytes) {
             let tensors = p.tensor_probes.then(|| {
@@ -246,6 +251,7 @@ pub fn find(
                 stacks: shown,
                 more_stacks,
                 untracked_groups: growth.other(p.pid, dev),
+                by_owner: by_owner.remove(&dev).unwrap_or_default(),
                 not_sampled_allocs,
                 not_sampled_bytes,
                 layout: fragmentation::layout(p, dev),

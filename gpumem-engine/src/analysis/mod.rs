@@ -7,6 +7,7 @@ pub mod health;
 pub mod history;
 pub mod leaks;
 pub mod oom;
+pub mod owners;
 pub mod profile;
 pub mod reconcile;
 pub mod series;

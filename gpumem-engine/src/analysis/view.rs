@@ -11,6 +11,7 @@ use super::{
     growth::Verdict,
     health::{GpuWatch, Health},
     leaks,
+    owners::OwnerBytes,
     reconcile::{self, Reconciliation},
     series::{GrowthTracker, LeakingGroup},
 };
@@ -34,11 +35,13 @@ pub struct ViewOptions {
     pub exited: bool,
     /// How each row's memory is cut up (fragmentation signals).
     pub layouts: bool,
+    /// Each row's memory by owner (walks every live allocation: for scrapes and summaries).
+    pub owners: bool,
 }
 
 impl Default for ViewOptions {
     fn default() -> Self {
-        ViewOptions { now_ns: 0, leak_age_ns: u64::MAX, trend: 0, exited: false, layouts: false }
+        ViewOptions { now_ns: 0, leak_age_ns: u64::MAX, trend: 0, exited: false, layouts: false, owners: false }
     }
 }
 
@@ -85,6 +88,8 @@ pub struct Row {
     pub trend: Vec<u64>,
     /// The stack groups whose own verdict is `leak`, the largest first.
     pub leaking_groups: Vec<LeakingGroup>,
+    /// Its memory by owner, where asked (`ViewOptions::owners`).
+    pub by_owner: Vec<OwnerBytes>,
     pub last_failure: Option<Failure>,
     pub events_lost: u64,
     pub layout: Option<DeviceLayout>,
@@ -188,6 +193,7 @@ impl View {
                     leak_suspect_bytes,
                     trend: if o.trend > 0 { growth.recent(p.pid, device, o.trend) } else { Vec::new() },
                     leaking_groups: if p.exited { Vec::new() } else { growth.leaking_groups(p.pid, device) },
+                    by_owner: Vec::new(),
                     last_failure: p.last_failure,
                     events_lost: p.events_lost,
                     layout: o.layouts.then(|| fragmentation::layout(p, device)),

@@ -176,6 +176,9 @@ fn write_process(out: &mut impl Write, p: &ProcessLeaks) -> io::Result<()> {
         };
         writeln!(out, "  growth: {verdict} ({})", super::verdict_figures(v))?;
     }
+    if !p.by_owner.is_empty() {
+        writeln!(out, "  by owner: {}", super::owners_line(&p.by_owner))?;
+    }
     let l = &p.layout;
     let sizes: Vec<String> = l.size_histogram.iter().rev().map(|b| format!("{}× ≤{}", b.count, bytes(b.le_bytes))).collect();
     writeln!(out, "  layout: largest {}; sizes {}", bytes(l.largest_allocation), sizes.join(", "))?;
@@ -318,6 +321,12 @@ mod tests {
                 ],
                 more_stacks: 2,
                 untracked_groups: Default::default(),
+                by_owner: vec![crate::analysis::owners::OwnerBytes {
+                    owner: "train".into(),
+                    bytes: 90 << 20,
+                    allocations: 21,
+                    estimated: false,
+                }],
                 not_sampled_allocs: 280,
                 not_sampled_bytes: 2 << 20,
                 layout: DeviceLayout { largest_allocation: 4 << 20, ..Default::default() },
@@ -346,6 +355,7 @@ mod tests {
         for want in [
             "pid 42 (train, container 0123456789ab) device 0: 80.0 MiB outstanding in 20 allocation(s), 90.0 MiB live",
             "growth: LEAK SUSPECTED",
+            "  by owner: train 90.0 MiB",
             "4.0 MiB/s for 20 s, confidence 0.97",
             "80.0 MiB in 20 allocation(s), oldest 2.5 s — LEAK (growing, 4.0 MiB/s for 20 s, confidence 0.97):",
             "~3.0 MiB in ~300 allocation(s), oldest 1.5 s:",

@@ -40,6 +40,15 @@ pub fn verdict_figures(v: &Verdict) -> String {
     }
 }
 
+/// Memory by owner in words: `libnccl.so.2 544.0 MiB, train.py ~12.0 MiB` (`~`: estimates).
+pub fn owners_line(owners: &[crate::analysis::owners::OwnerBytes]) -> String {
+    let each: Vec<String> = owners
+        .iter()
+        .map(|o| format!("{} {}{}", crate::names::printable(&o.owner), if o.estimated { "~" } else { "" }, bytes(o.bytes)))
+        .collect();
+    each.join(", ")
+}
+
 /// A group's own verdict after its figures: ` — LEAK (growing, ...)`; nothing where it has none.
 pub fn group_verdict(g: &LeakGroup) -> String {
     match &g.verdict {

@@ -20,6 +20,7 @@ use crate::{
         history::History,
         leaks::{self, LeakGroup},
         oom::OomLog,
+        owners,
         series::{self, GrowthTracker},
         timeline::Timeline,
         view::{self, View, ViewOptions},
@@ -400,6 +401,14 @@ impl Pipeline {
     /// Where things stand now.
     pub fn view(&mut self, o: &ViewOptions) -> View {
         let mut v = View::build(&self.state, &mut self.growth, &self.gpus, o);
+        if o.owners {
+            for r in v.rows.iter_mut().filter(|r| !r.exited) {
+                if let Some(p) = self.state.processes.get(&r.pid) {
+                    r.by_owner =
+                        owners::by_owner(p, &mut self.stacks).into_iter().find(|(d, _)| *d == r.device).map(|(_, o)| o).unwrap_or_default();
+                }
+            }
+        }
         v.untraced = view::untraced(&self.state, &v.reconciliation, &self.untraced, self.untraced_scope.as_deref());
         v
     }

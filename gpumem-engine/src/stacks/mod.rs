@@ -83,6 +83,8 @@ pub struct Stacks {
     /// Stacks already symbolized: read from a recording, or through a file
     /// replaced on disk (see `record`).
     symbolized: HashMap<StackId, Vec<Frame>>,
+    /// Each stack's owner (analysis::owners), found once.
+    owners: HashMap<StackId, String>,
     symbolizer: symbolize::Symbolizer,
     pub stats: StackStats,
     /// The session's stack sampling rate (beyond the budget): what sampled
@@ -195,6 +197,21 @@ impl Stacks {
     /// Stack copy lengths learned since the last call, for the kernel.
     pub fn take_copy_updates(&mut self) -> Vec<(u32, u32)> {
         std::mem::take(&mut self.copy.updates)
+    }
+
+    /// The module (or Python file) that asked the driver through this stack
+    /// (see analysis::owners), found once per stack.
+    pub fn owner(&mut self, id: StackId, find: impl FnOnce(&[Frame]) -> String) -> String {
+        if let Some(o) = self.owners.get(&id) {
+            return o.clone();
+        }
+        if self.owners.len() >= MAX_STACKS {
+            // Stacks come and go with processes: the cache is bounded as the table is.
+            self.owners.clear();
+        }
+        let o = find(&self.frames(id));
+        self.owners.insert(id, o.clone());
+        o
     }
 
     /// A stack from a recording, symbolized when it was recorded.

@@ -33,6 +33,7 @@ catalog! {
     PROCESS_ALLOCATED, Gauge, "gpumem_process_allocated_bytes", "Bytes of live tensors PyTorch's caching allocator handed out (its USDT probes); gpumem_process_memory_bytes is what it reserved. Only for processes whose probes fired";
     PROCESS_RESERVED_UNUSED, Gauge, "gpumem_process_reserved_unused_bytes", "Bytes of PyTorch's reserved segments no live tensor uses (its cache)";
     PROCESS_LARGEST_FREE_BLOCK, Gauge, "gpumem_process_largest_free_block_bytes", "Largest contiguous free block in PyTorch's reserved segments: far below reserved-unused means fragmentation";
+    PROCESS_BY_OWNER, Gauge, "gpumem_process_memory_by_owner_bytes", "Device memory the process holds on the GPU, by the module (or Python file) that asked the driver for it: at most 8 owners per process and GPU, then owner=\"other\"; owner=\"unknown\" where no stack was taken; estimates where stacks were sampled";
     LEAK_GROUP_BYTES, Gauge, "gpumem_leak_group_bytes", "Outstanding bytes of a stack group whose own growth verdict is leak (at most 5 per process and GPU, the largest; stack_id as in gpumem leaks)";
     LEAK_GROUP_GROWTH, Gauge, "gpumem_leak_group_growth_bytes_per_second", "Slope of the floor of a leaking stack group's outstanding bytes";
     PROCESS_CACHE_GROWTH, Gauge, "gpumem_process_cache_growth", "1 while reserved grows and allocated stays flat (the caching allocator's cache or fragmentation, not a leak)";

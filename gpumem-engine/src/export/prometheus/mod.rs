@@ -170,6 +170,19 @@ fn histograms(fams: &mut Families, d: &Distributions) {
     fams.add(m::API_LATENCY).extend(d.latencies().map(|(api, b)| (vec![("api", api_name(api).to_string())], Value::Histogram(b.clone()))));
 }
 
+/// The memory of the processes shown by owner: bounded per process and GPU.
+fn owner_families(fams: &mut Families, rows: &[&crate::analysis::view::Row], view: &View) {
+    let owners = fams.add(m::PROCESS_BY_OWNER);
+    for r in rows {
+        let labels = [workload_labels(Some((r.pid, &r.comm, &r.workload))), device_labels(r.device, view)].concat();
+        for o in &r.by_owner {
+            let mut l = labels.clone();
+            l.push(("owner", o.owner.clone()));
+            owners.push((l, Value::int(o.bytes)));
+        }
+    }
+}
+
 /// The leaking stack groups of the processes shown: bounded per process and GPU.
 fn leak_group_families(fams: &mut Families, rows: &[&crate::analysis::view::Row], view: &View) {
     let groups: Vec<(Labels, &crate::analysis::series::LeakingGroup)> = rows
@@ -237,6 +250,7 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
     each(m::PROCESS_LEAK_SUSPECTED, &|x| Value::flag(x.leaking));
     each(m::PROCESS_CACHE_GROWTH, &|x| Value::flag(x.cache_growth));
     leak_group_families(fams, &capped.rows, view);
+    owner_families(fams, &capped.rows, view);
     // Tensor figures only where PyTorch's probes fired: no series is "unknown", not 0.
     let mut tensors = |metric, f: &dyn Fn((u64, u64, Option<u64>)) -> Option<u64>| {
         let known = series.iter().filter_map(|x| Some((x.labels.clone(), Value::int(f(x.tensors?)?))));

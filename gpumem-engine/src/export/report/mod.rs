@@ -369,6 +369,9 @@ impl ReportData {
                 p.outstanding_allocs,
                 escape(&verdict)
             );
+            if !p.by_owner.is_empty() {
+                let _ = writeln!(h, "<p>By owner (who asked the driver): {}</p>", escape(&super::owners_line(&p.by_owner)));
+            }
             for g in &p.stacks {
                 let frames: Vec<String> = g.frames.iter().map(|f| escape(&f.display())).collect();
                 let _ = writeln!(
