@@ -262,7 +262,8 @@ pub struct Series {
 
 impl Series {
     pub fn new(cap: usize) -> Self {
-        Series { samples: VecDeque::with_capacity(cap.min(4096)), cap: cap.max(2), window_s: GrowthConfig::default().window_s }
+        // Grown as samples come: most series (short-lived processes, small groups) stay short.
+        Series { samples: VecDeque::new(), cap: cap.max(2), window_s: GrowthConfig::default().window_s }
     }
 
     pub fn push(&mut self, t: f64, bytes: u64) {
