@@ -49,10 +49,10 @@ fn a_loop_over_nvidias_python_driver_bindings_with_batched_frees_has_one_leaking
     require_root();
     let f = fixtures();
     let dir = driver_dir();
-    let envs = [("LD_LIBRARY_PATH", dir.as_str()), ("GPUMEM_STEPS", "400"), ("GPUMEM_FAKE_CAPACITY", BIG_CARD)];
+    let envs = [("LD_LIBRARY_PATH", dir.as_str()), ("GPUMEM_STEPS", "500"), ("GPUMEM_FAKE_CAPACITY", BIG_CARD)];
     let cmd = loop_cmd();
     let out = run_gpumem(
-        &["leaks", "--json", "--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0", "-n", "10", "--duration", "12", "-c", &cmd],
+        &["leaks", "--json", "--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0", "-n", "10", "--duration", "14", "-c", &cmd],
         &envs,
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
