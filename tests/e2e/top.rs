@@ -154,6 +154,9 @@ fn top_in_a_real_terminal_sorts_filters_switches_gpu_shows_stacks_and_quits() {
     assert!(!s.contains(&pid), "filtered out: {s}");
     tmux.keys(&["/", "w", "o", "r", "k", "Enter"]);
     tmux.wait_for("the filter to match", |s| s.contains("filter: work") && s.contains(&pid));
+    // Sorted by growth the churn may come first (its floor moves): the held workload by its pid.
+    tmux.keys(&["/", &pid, "Enter"]);
+    tmux.wait_for("the pid filter", |s| s.contains(&format!("filter: {pid}")));
     tmux.keys(&["p"]);
     tmux.wait_for("pause", |s| s.contains("PAUSED"));
     tmux.keys(&["p", "Enter"]);
