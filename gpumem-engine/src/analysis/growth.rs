@@ -288,10 +288,6 @@ impl Series {
         self.samples.iter().skip(self.samples.len().saturating_sub(n)).map(|&(_, b)| b).collect()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.samples.is_empty()
-    }
-
     /// The latest sample's bytes.
     pub fn last(&self) -> Option<u64> {
         self.samples.back().map(|&(_, b)| b)

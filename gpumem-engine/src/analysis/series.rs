@@ -119,11 +119,6 @@ impl GrowthTracker {
         self.series.is_empty()
     }
 
-    /// Group series kept, all processes together.
-    pub fn group_series(&self) -> usize {
-        self.groups.values().map(|g| g.tracked.len()).sum()
-    }
-
     /// A sample at `t_s` seconds, `now_ns` being the latest event's time.
     pub fn sample(&mut self, state: &State, t_s: f64, now_ns: u64) {
         if self.clock.len() == self.cap {

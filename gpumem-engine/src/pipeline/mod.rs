@@ -402,11 +402,12 @@ impl Pipeline {
     pub fn view(&mut self, o: &ViewOptions) -> View {
         let mut v = View::build(&self.state, &mut self.growth, &self.gpus, o);
         if o.owners {
+            // One walk of a process's allocations serves all its devices' rows.
+            let mut walked: FxHashMap<u32, Vec<(i32, Vec<owners::OwnerBytes>)>> = FxHashMap::default();
             for r in v.rows.iter_mut().filter(|r| !r.exited) {
-                if let Some(p) = self.state.processes.get(&r.pid) {
-                    r.by_owner =
-                        owners::by_owner(p, &mut self.stacks).into_iter().find(|(d, _)| *d == r.device).map(|(_, o)| o).unwrap_or_default();
-                }
+                let Some(p) = self.state.processes.get(&r.pid) else { continue };
+                let per_dev = walked.entry(r.pid).or_insert_with(|| owners::by_owner(p, &mut self.stacks));
+                r.by_owner = per_dev.iter().find(|(d, _)| *d == r.device).map(|(_, o)| o.clone()).unwrap_or_default();
             }
         }
         v.untraced = view::untraced(&self.state, &v.reconciliation, &self.untraced, self.untraced_scope.as_deref());
