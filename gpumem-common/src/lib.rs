@@ -4,87 +4,14 @@
 //! (never `bool` or Rust enums) so that both sides agree byte for byte.
 #![no_std]
 
+pub mod api;
 pub mod counters;
+pub mod ipc;
 pub mod live;
 pub mod names;
 pub mod python;
 pub mod sampling;
 pub mod usdt;
-
-/// Identifiers of the traced calls. Stable numbers: they travel in events and
-/// in recordings, so never renumber; append.
-pub mod api {
-    pub const CU_INIT: u32 = 1;
-    pub const CU_MEM_ALLOC_V2: u32 = 2;
-    pub const CU_MEM_ALLOC_PITCH_V2: u32 = 3;
-    pub const CU_MEM_ALLOC_MANAGED: u32 = 4;
-    pub const CU_MEM_ALLOC_ASYNC: u32 = 5;
-    pub const CU_MEM_ALLOC_ASYNC_PTSZ: u32 = 6;
-    pub const CU_MEM_ALLOC_FROM_POOL_ASYNC: u32 = 7;
-    pub const CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ: u32 = 8;
-    pub const CU_MEM_HOST_ALLOC: u32 = 9;
-    pub const CU_MEM_ALLOC_HOST_V2: u32 = 10;
-    pub const CU_MEM_FREE_V2: u32 = 11;
-    pub const CU_MEM_FREE_ASYNC: u32 = 12;
-    pub const CU_MEM_FREE_ASYNC_PTSZ: u32 = 13;
-    pub const CU_MEM_FREE_HOST: u32 = 14;
-    pub const CU_MEM_CREATE: u32 = 15;
-    pub const CU_MEM_RELEASE: u32 = 16;
-    pub const CU_MEM_MAP: u32 = 17;
-    pub const CU_MEM_UNMAP: u32 = 18;
-    pub const CU_MEM_ADDRESS_RESERVE: u32 = 19;
-    pub const CU_MEM_ADDRESS_FREE: u32 = 20;
-    pub const CU_DEVICE_PRIMARY_CTX_RETAIN: u32 = 21;
-    pub const CU_DEVICE_PRIMARY_CTX_RELEASE_V2: u32 = 22;
-    pub const CU_DEVICE_PRIMARY_CTX_RESET_V2: u32 = 23;
-    pub const CU_CTX_CREATE_V2: u32 = 24;
-    pub const CU_CTX_CREATE_V3: u32 = 25;
-    pub const CU_CTX_CREATE_V4: u32 = 26;
-    pub const CU_CTX_SET_CURRENT: u32 = 27;
-    pub const CU_CTX_PUSH_CURRENT_V2: u32 = 28;
-    pub const CU_CTX_POP_CURRENT_V2: u32 = 29;
-    pub const CU_CTX_DESTROY_V2: u32 = 30;
-    pub const CU_MEM_GET_INFO_V2: u32 = 31;
-    /// Not a libcuda call: the `sched_process_exit` tracepoint for a traced process.
-    pub const PROCESS_EXIT: u32 = 100;
-    /// Not a libcuda call: the `oom:mark_victim` tracepoint (host OOM kill).
-    /// `pid`/`comm` are the victim's, `tid` the task that triggered the kill;
-    /// `addr` total_vm, `size` anon_rss, `handle` file_rss, `aux` shmem_rss, in kB.
-    pub const OOM_KILL: u32 = 101;
-    /// Not a libcuda call: a process ran a new program (`sched_process_exec`).
-    /// A discovery signal for the agent: it reads that process's maps.
-    pub const PROCESS_EXEC: u32 = 102;
-    /// Not a libcuda call: a process's dynamic loader changed its link map
-    /// (a uprobe on `_dl_debug_state`, called around every dlopen/dlclose and
-    /// after the libraries of a new program are loaded). A discovery signal.
-    pub const LINK_MAP: u32 = 103;
-    /// NVIDIA driver ioctls (see `nv`): not libcuda calls.
-    pub const RM_ALLOC: u32 = 200;
-    pub const RM_FREE: u32 = 201;
-    pub const RM_MAP_MEMORY: u32 = 202;
-    pub const RM_MAP_MEMORY_DMA: u32 = 203;
-    pub const RM_CONTROL: u32 = 204;
-    pub const UVM_MAP_EXTERNAL_ALLOCATION: u32 = 205;
-    pub const UVM_FREE: u32 = 206;
-    /// PyTorch's `pytorch:malloc` (see `usdt`): a tensor's block handed out by
-    /// the caching allocator. `addr` ptr, `size` bytes asked, `device`, `aux` stream.
-    pub const TENSOR_ALLOC: u32 = 300;
-    /// PyTorch's `pytorch:free`: the tensor at `addr` given back to the cache.
-    pub const TENSOR_FREE: u32 = 301;
-    /// Highest id in use, for sizing tables.
-    pub const MAX: u32 = 301;
-
-    /// Whether the event is a discovery signal (not state: the agent looks
-    /// for new libraries in the process).
-    pub const fn is_discovery(id: u32) -> bool {
-        id == PROCESS_EXEC || id == LINK_MAP
-    }
-
-    /// Whether the id is one of the NVIDIA driver ioctls.
-    pub const fn is_ioctl(id: u32) -> bool {
-        id >= RM_ALLOC && id <= UVM_FREE
-    }
-}
 
 /// What a traced call does to memory state; decides how the agent applies it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,6 +38,30 @@ pub enum ApiClass {
     CtxDestroy,
     /// cuMemGetInfo_v2: free bytes in `size`, total in `aux`.
     MemGetInfo,
+    /// cuIpcGetMemHandle, cuMemPoolExportPointer: an allocation made
+    /// shareable; `addr` the pointer, `handle` the key of the 64 bytes that
+    /// travel to the importer (`ipc::key`).
+    Export,
+    /// cuIpcOpenMemHandle_v2, cuMemPoolImportPointer: another process's
+    /// allocation mapped here; `addr` the pointer returned, `handle` the key
+    /// of the bytes it was opened with, `aux` the pool imported into (0: none).
+    Import,
+    /// cuIpcCloseMemHandle: an IPC mapping closed; `addr`.
+    ImportClose,
+    /// cuMemPoolCreate: `handle` the pool, `device` its location.
+    PoolCreate,
+    /// cuMemPoolDestroy: `handle` the pool.
+    PoolDestroy,
+    /// cuMemPoolTrimTo: `handle` the pool, `size` the bytes to keep.
+    PoolTrim,
+    /// cuDeviceSetMemPool: the device's current pool (`handle`) for cuMemAllocAsync.
+    PoolSetDevice,
+    /// cuGreenCtxCreate: `handle` the green context, `device` its device.
+    GreenCtxCreate,
+    /// cuCtxFromGreenCtx: `handle` the context, `aux` the green context it stands for.
+    CtxFromGreen,
+    /// cuGreenCtxDestroy: `handle` the green context.
+    GreenCtxDestroy,
     ProcessExit,
 }
 
@@ -167,6 +118,20 @@ apis! {
     CU_CTX_POP_CURRENT_V2, "cuCtxPopCurrent_v2", CtxPop, true;
     CU_CTX_DESTROY_V2, "cuCtxDestroy_v2", CtxDestroy, true;
     CU_MEM_GET_INFO_V2, "cuMemGetInfo_v2", MemGetInfo, true;
+    CU_IPC_GET_MEM_HANDLE, "cuIpcGetMemHandle", Export, true;
+    CU_IPC_OPEN_MEM_HANDLE_V2, "cuIpcOpenMemHandle_v2", Import, true;
+    CU_IPC_CLOSE_MEM_HANDLE, "cuIpcCloseMemHandle", ImportClose, true;
+    CU_MEM_POOL_EXPORT_POINTER, "cuMemPoolExportPointer", Export, true;
+    CU_MEM_POOL_IMPORT_POINTER, "cuMemPoolImportPointer", Import, true;
+    CU_MEM_POOL_CREATE, "cuMemPoolCreate", PoolCreate, true;
+    CU_MEM_POOL_DESTROY, "cuMemPoolDestroy", PoolDestroy, true;
+    CU_MEM_POOL_TRIM_TO, "cuMemPoolTrimTo", PoolTrim, true;
+    CU_DEVICE_SET_MEM_POOL, "cuDeviceSetMemPool", PoolSetDevice, true;
+    CU_MEM_HOST_REGISTER_V2, "cuMemHostRegister_v2", HostAlloc, true;
+    CU_MEM_HOST_UNREGISTER, "cuMemHostUnregister", HostFree, true;
+    CU_GREEN_CTX_CREATE, "cuGreenCtxCreate", GreenCtxCreate, false;
+    CU_CTX_FROM_GREEN_CTX, "cuCtxFromGreenCtx", CtxFromGreen, false;
+    CU_GREEN_CTX_DESTROY, "cuGreenCtxDestroy", GreenCtxDestroy, false;
 }
 
 /// Looks up a probed API by id.
@@ -222,7 +187,9 @@ pub const COMM_LEN: usize = 16;
 /// - frees: `addr` = pointer freed;
 /// - VMM create/release: `handle`; create also `size` and `device`;
 /// - VMM map/unmap, VA reserve/free: `addr` + `size` (+ `handle` for map);
-/// - context calls: `handle` = CUcontext, `device` where the call names one.
+/// - context calls: `handle` = CUcontext, `device` where the call names one;
+/// - exports and imports: `addr` the pointer, `handle` the key (`ipc::key`);
+/// - pools: `handle` the pool (`size` the bytes kept for a trim).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Event {
@@ -358,6 +325,9 @@ pub const STACK_RING_BYTES: u32 = 16 * 1024 * 1024;
 /// eBPF maps), so an event reaches it at most this late.
 pub const POLL_MS: u64 = 50;
 pub const PENDING_MAX: u32 = 16384;
+/// Size of a PENDING value (the eBPF side's `Pending`, asserted there) in
+/// 64-bit words: the agent's sweep opens the map with it.
+pub const PENDING_VALUE_WORDS: usize = 9;
 pub const TRACKED_MAX: u32 = 16384;
 pub const FILTER_MAX: u32 = 16384;
 /// Processes whose lost events are counted one by one (LOST_BY_PID); beyond

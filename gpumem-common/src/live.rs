@@ -68,8 +68,16 @@ pub fn effect(ev: &Event) -> Option<(u32, u64, bool)> {
         | CU_MEM_ALLOC_FROM_POOL_ASYNC
         | CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ
         | CU_MEM_HOST_ALLOC
-        | CU_MEM_ALLOC_HOST_V2 => (kind::ALLOC, ev.addr, true),
-        CU_MEM_FREE_V2 | CU_MEM_FREE_ASYNC | CU_MEM_FREE_ASYNC_PTSZ | CU_MEM_FREE_HOST => (kind::ALLOC, ev.addr, false),
+        | CU_MEM_ALLOC_HOST_V2
+        | CU_MEM_HOST_REGISTER_V2 => (kind::ALLOC, ev.addr, true),
+        CU_MEM_FREE_V2 | CU_MEM_FREE_ASYNC | CU_MEM_FREE_ASYNC_PTSZ | CU_MEM_FREE_HOST | CU_MEM_HOST_UNREGISTER => {
+            (kind::ALLOC, ev.addr, false)
+        }
+        // A green context names its device; the contexts made from one are
+        // found again through it (not kept: an adopting agent would not know
+        // their device), and imports are another process's memory.
+        CU_GREEN_CTX_CREATE => (kind::CTX, ev.handle, true),
+        CU_GREEN_CTX_DESTROY => (kind::CTX, ev.handle, false),
         CU_MEM_CREATE => (kind::VMM_HANDLE, ev.handle, true),
         CU_MEM_RELEASE => (kind::VMM_HANDLE, ev.handle, false),
         CU_MEM_MAP => (kind::VMM_MAP, ev.addr, true),
@@ -115,6 +123,8 @@ mod tests {
             (CU_MEM_ALLOC_V2, CU_MEM_FREE_V2),
             (CU_MEM_ALLOC_ASYNC, CU_MEM_FREE_ASYNC),
             (CU_MEM_ALLOC_HOST_V2, CU_MEM_FREE_HOST),
+            (CU_MEM_HOST_REGISTER_V2, CU_MEM_HOST_UNREGISTER),
+            (CU_GREEN_CTX_CREATE, CU_GREEN_CTX_DESTROY),
             (CU_MEM_CREATE, CU_MEM_RELEASE),
             (CU_MEM_MAP, CU_MEM_UNMAP),
             (CU_MEM_ADDRESS_RESERVE, CU_MEM_ADDRESS_FREE),

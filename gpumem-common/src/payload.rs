@@ -63,6 +63,30 @@ plain_payload! {
 }
 
 plain_payload! {
+    /// cuMemAllocFromPoolAsync(_ptsz): the pointer, its bytes and the pool.
+    PoolAlloc { addr => addr, size => size, pool => handle }
+}
+
+plain_payload! {
+    /// An export or import of a shared allocation (cuIpc*, cuMemPool*Pointer):
+    /// the pointer, the key of the bytes that travel between the processes
+    /// (`ipc::key`; 0 where they could not be read) and, for a pool import,
+    /// the pool.
+    Shared { addr => addr, key => handle, pool => aux }
+}
+
+plain_payload! {
+    /// A stream-ordered pool call: the pool and, for a trim, the bytes kept.
+    Pool { pool => handle, keep => size }
+}
+
+plain_payload! {
+    /// cuCtxFromGreenCtx: the context and the green context it stands for
+    /// (cuGreenCtxCreate/Destroy: the green context in `ctx`).
+    GreenCtx { ctx => handle, green => aux }
+}
+
+plain_payload! {
     /// A free: the pointer freed.
     Free { addr => addr }
 }
@@ -253,6 +277,10 @@ mod tests {
             round_trips(Alloc { addr: w[0], size: w[1] }, ev)?;
             round_trips(PitchAlloc { addr: w[0], size: w[1], pitch: w[2] }, ev)?;
             round_trips(Free { addr: w[0] }, ev)?;
+            round_trips(PoolAlloc { addr: w[0], size: w[1], pool: w[2] }, ev)?;
+            round_trips(Shared { addr: w[0], key: w[1], pool: w[2] }, ev)?;
+            round_trips(Pool { pool: w[0], keep: w[1] }, ev)?;
+            round_trips(GreenCtx { ctx: w[0], green: w[1] }, ev)?;
             round_trips(VmmCreate { handle: w[0], size: w[1] }, ev)?;
             round_trips(VmmRelease { handle: w[0] }, ev)?;
             round_trips(VmmMap { addr: w[0], size: w[1], offset: w[2], handle: w[3] }, ev)?;

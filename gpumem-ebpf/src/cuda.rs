@@ -6,14 +6,14 @@ use gpumem_common::{
     api,
     counters::{Exit, Stat},
     flags,
-    payload::{Alloc, Context, Free, Init, MemInfo, Payload, PitchAlloc},
+    payload::{Alloc, Context, Free, GreenCtx, Init, MemInfo, Payload, PitchAlloc, PoolAlloc},
     Event, DEVICE_UNKNOWN,
 };
 
 use crate::{
     emit, live,
     maps::{capture_stacks, count, lost, should_trace, submit_flags_for, track, Pending, PendingKey, PENDING},
-    stack, task,
+    share, stack, task,
     user::read_out,
     vmm,
 };
@@ -30,8 +30,13 @@ pub fn try_entry(ctx: &ProbeContext, api_id: u32) -> Result<u32, Exit> {
         return Err(Exit::NotTraced);
     }
     let args = [arg(ctx, 0), arg(ctx, 1), arg(ctx, 2), arg(ctx, 3), arg(ctx, 4), arg(ctx, 5)];
-    let device = if api_id == api::CU_MEM_CREATE { vmm::create_device(args[2]) } else { DEVICE_UNKNOWN };
-    let pending = Pending { ts_ns: task::now_ns(), args, device, _pad: 0 };
+    let device = match api_id {
+        api::CU_MEM_CREATE => vmm::create_device(args[2]),
+        api::CU_MEM_POOL_CREATE => vmm::create_device(args[1]),
+        _ => DEVICE_UNKNOWN,
+    };
+    let key = share::entry_key(ctx, api_id, &args);
+    let pending = Pending { ts_ns: task::now_ns(), args, device, _pad: 0, key };
     let key = PendingKey { pid_tgid: ids.pid_tgid, api: api_id, _pad: 0 };
     if PENDING.insert(&key, &pending, 0).is_err() {
         lost(Stat::PendingFull, ids.tgid);
@@ -105,6 +110,26 @@ fn out_if(ok: bool, ptr: u64, ev: &mut Event) -> u64 {
     }
 }
 
+/// Green contexts (CUDA 12.4+).
+#[inline(always)]
+fn green_ctx(api_id: u32, a: &[u64; 6], ok: bool, ev: &mut Event) {
+    match api_id {
+        // (CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice dev, unsigned int flags)
+        api::CU_GREEN_CTX_CREATE => {
+            device_arg(a[2], ev);
+            let ctx = out_if(ok, a[0], ev);
+            GreenCtx { ctx, green: 0 }.pack(ev);
+        }
+        // (CUcontext *pContext, CUgreenCtx hCtx)
+        api::CU_CTX_FROM_GREEN_CTX => {
+            let ctx = out_if(ok, a[0], ev);
+            GreenCtx { ctx, green: a[1] }.pack(ev);
+        }
+        // (CUgreenCtx hCtx)
+        _ => GreenCtx { ctx: a[0], green: 0 }.pack(ev),
+    }
+}
+
 /// Fills the event's fields from the saved arguments.
 #[inline(always)]
 fn decode(api_id: u32, p: &Pending, ok: bool, ev: &mut Event) {
@@ -116,13 +141,19 @@ fn decode(api_id: u32, p: &Pending, ok: bool, ev: &mut Event) {
         | api::CU_MEM_ALLOC_MANAGED
         | api::CU_MEM_ALLOC_ASYNC
         | api::CU_MEM_ALLOC_ASYNC_PTSZ
-        | api::CU_MEM_ALLOC_FROM_POOL_ASYNC
-        | api::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ
         | api::CU_MEM_HOST_ALLOC
         | api::CU_MEM_ALLOC_HOST_V2 => {
             let addr = out_if(ok, a[0], ev);
             Alloc { addr, size: a[1] }.pack(ev);
         }
+        // (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream)
+        api::CU_MEM_ALLOC_FROM_POOL_ASYNC | api::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => {
+            let addr = out_if(ok, a[0], ev);
+            PoolAlloc { addr, size: a[1], pool: a[2] }.pack(ev);
+        }
+        // (void *p, size_t bytesize, unsigned int Flags): host memory the
+        // caller already has, pinned in place.
+        api::CU_MEM_HOST_REGISTER_V2 => Alloc { addr: a[0], size: a[1] }.pack(ev),
         // (CUdeviceptr *dptr, size_t *pPitch, size_t width, size_t height, unsigned elem)
         api::CU_MEM_ALLOC_PITCH_V2 => {
             let (addr, pitch) = (out_if(ok, a[0], ev), out_if(ok, a[1], ev));
@@ -130,7 +161,13 @@ fn decode(api_id: u32, p: &Pending, ok: bool, ev: &mut Event) {
             PitchAlloc { addr, size, pitch }.pack(ev);
         }
         // (CUdeviceptr dptr, ...) / (void *p)
-        api::CU_MEM_FREE_V2 | api::CU_MEM_FREE_ASYNC | api::CU_MEM_FREE_ASYNC_PTSZ | api::CU_MEM_FREE_HOST => Free { addr: a[0] }.pack(ev),
+        api::CU_MEM_FREE_V2
+        | api::CU_MEM_FREE_ASYNC
+        | api::CU_MEM_FREE_ASYNC_PTSZ
+        | api::CU_MEM_FREE_HOST
+        | api::CU_MEM_HOST_UNREGISTER => Free { addr: a[0] }.pack(ev),
+        id if share::decodes(id) => share::decode(api_id, p, ok, ev),
+        api::CU_GREEN_CTX_CREATE | api::CU_CTX_FROM_GREEN_CTX | api::CU_GREEN_CTX_DESTROY => green_ctx(api_id, a, ok, ev),
         api::CU_MEM_CREATE
         | api::CU_MEM_RELEASE
         | api::CU_MEM_MAP

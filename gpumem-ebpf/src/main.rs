@@ -22,6 +22,7 @@ mod maps;
 mod oom;
 mod process;
 mod python;
+mod share;
 mod stack;
 mod task;
 mod usdt;

@@ -150,7 +150,10 @@ pub struct Pending {
     /// Read at entry where the call's input is behind a pointer (cuMemCreate).
     pub device: i32,
     pub _pad: u32,
+    /// Read at entry: the key of the handle bytes an importer passes (share.rs).
+    pub key: u64,
 }
+const _: () = assert!(core::mem::size_of::<Pending>() == gpumem_common::PENDING_VALUE_WORDS * 8);
 
 #[inline(always)]
 fn bump(map: &PerCpuArray<u64>, index: u32) {

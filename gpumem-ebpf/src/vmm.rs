@@ -26,16 +26,22 @@ pub fn create_device(prop: u64) -> i32 {
     read::<i32>(prop + PROP_LOCATION_ID_OFFSET).unwrap_or(DEVICE_UNKNOWN)
 }
 
+/// The device an entry read from the call's properties (`create_device`).
+#[inline(always)]
+pub fn device_read_at_entry(p: &Pending, ev: &mut Event) {
+    ev.device = p.device;
+    if p.device != DEVICE_UNKNOWN {
+        ev.flags |= flags::DEVICE_FROM_ARGS;
+    }
+}
+
 #[inline(always)]
 pub fn decode(api_id: u32, p: &Pending, ok: bool, ev: &mut Event) {
     let a = &p.args;
     match api_id {
         // (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, u64 flags)
         api::CU_MEM_CREATE => {
-            ev.device = p.device;
-            if p.device != DEVICE_UNKNOWN {
-                ev.flags |= flags::DEVICE_FROM_ARGS;
-            }
+            device_read_at_entry(p, ev);
             let handle = if ok { read_out(a[0], ev) } else { 0 };
             VmmCreate { handle, size: a[1] }.pack(ev);
         }

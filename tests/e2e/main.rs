@@ -26,6 +26,7 @@ mod recording;
 mod reliability;
 mod report;
 mod serve;
+mod sharing;
 mod soak;
 mod top;
 mod torch;

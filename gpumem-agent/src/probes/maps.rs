@@ -134,7 +134,8 @@ impl Agent {
     /// is counted for such a call: only a return says what it did.
     pub fn sweep_stale_calls(&mut self) {
         // Value types only need the maps' value sizes: only keys are read.
-        let removed = self.remove_dead_threads::<gpumem_common::PendingKey, [u64; 8]>(map::PENDING, |k| k.pid_tgid)
+        let removed = self
+            .remove_dead_threads::<gpumem_common::PendingKey, [u64; gpumem_common::PENDING_VALUE_WORDS]>(map::PENDING, |k| k.pid_tgid)
             + self.remove_dead_threads::<u64, [u64; 3]>(map::IOCTL_PENDING, |&k| k)
             + self.remove_dead_threads::<u64, u32>(map::OPEN_PENDING, |&k| k);
         self.stale_calls_removed += removed as u64;

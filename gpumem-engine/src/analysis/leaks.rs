@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use super::{
+    breakdown::{self, Breakdown},
     fragmentation::{self, DeviceLayout},
     growth::Verdict,
     history::Totals,
@@ -61,9 +62,11 @@ pub struct ProcessLeaks {
     pub more_stacks: usize,
     /// Groups too small to have a growth series of their own.
     pub untracked_groups: OtherGroups,
-    /// Everything live on the device, by the module (or Python file) that
-    /// asked the driver for it: the largest owners, then `other`.
-    pub by_owner: Vec<OwnerBytes>,
+    /// Where everything live on the device went: by the module (or Python
+    /// file) that asked the driver for it, by pool, and what it maps of
+    /// other processes (beside `live_bytes`, not in it).
+    #[serde(flatten)]
+    pub breakdown: Breakdown,
     /// Of the outstanding allocations, those over the stack budget whose
     /// stacks were not sampled (exact): the estimated groups stand for them.
     pub not_sampled_allocs: u64,
@@ -251,7 +254,7 @@ pub fn find(
                 stacks: shown,
                 more_stacks,
                 untracked_groups: growth.other(p.pid, dev),
-                by_owner: by_owner.remove(&dev).unwrap_or_default(),
+                breakdown: breakdown::of(p, dev, by_owner.remove(&dev).unwrap_or_default()),
                 not_sampled_allocs,
                 not_sampled_bytes,
                 layout: fragmentation::layout(p, dev),

@@ -1,4 +1,5 @@
 //! Analyses over state: they read state and never talk to the kernel.
+pub mod breakdown;
 pub mod counters;
 pub mod distributions;
 pub mod fragmentation;

@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use gpumem_common::DEVICE_UNKNOWN;
 
 use super::{
+    breakdown::Breakdown,
     fragmentation::{self, DeviceLayout},
     growth::Verdict,
     health::{GpuWatch, Health},
     leaks,
-    owners::OwnerBytes,
     reconcile::{self, Reconciliation},
     series::{GrowthTracker, LeakingGroup},
 };
@@ -88,8 +88,9 @@ pub struct Row {
     pub trend: Vec<u64>,
     /// The stack groups whose own verdict is `leak`, the largest first.
     pub leaking_groups: Vec<LeakingGroup>,
-    /// Its memory by owner, where asked (`ViewOptions::owners`).
-    pub by_owner: Vec<OwnerBytes>,
+    /// Where its memory went (by owner, by pool, imports), where asked
+    /// (`ViewOptions::owners`).
+    pub breakdown: Breakdown,
     pub last_failure: Option<Failure>,
     pub events_lost: u64,
     pub layout: Option<DeviceLayout>,
@@ -193,7 +194,7 @@ impl View {
                     leak_suspect_bytes,
                     trend: if o.trend > 0 { growth.recent(p.pid, device, o.trend) } else { Vec::new() },
                     leaking_groups: if p.exited { Vec::new() } else { growth.leaking_groups(p.pid, device) },
-                    by_owner: Vec::new(),
+                    breakdown: Breakdown::default(),
                     last_failure: p.last_failure,
                     events_lost: p.events_lost,
                     layout: o.layouts.then(|| fragmentation::layout(p, device)),

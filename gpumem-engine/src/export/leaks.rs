@@ -176,8 +176,8 @@ fn write_process(out: &mut impl Write, p: &ProcessLeaks) -> io::Result<()> {
         };
         writeln!(out, "  growth: {verdict} ({})", super::verdict_figures(v))?;
     }
-    if !p.by_owner.is_empty() {
-        writeln!(out, "  by owner: {}", super::owners_line(&p.by_owner))?;
+    for line in super::breakdown_lines(&p.breakdown) {
+        writeln!(out, "  {line}")?;
     }
     let l = &p.layout;
     let sizes: Vec<String> = l.size_histogram.iter().rev().map(|b| format!("{}× ≤{}", b.count, bytes(b.le_bytes))).collect();
@@ -321,12 +321,15 @@ mod tests {
                 ],
                 more_stacks: 2,
                 untracked_groups: Default::default(),
-                by_owner: vec![crate::analysis::owners::OwnerBytes {
-                    owner: "train".into(),
-                    bytes: 90 << 20,
-                    allocations: 21,
-                    estimated: false,
-                }],
+                breakdown: crate::analysis::breakdown::Breakdown {
+                    by_owner: vec![crate::analysis::owners::OwnerBytes {
+                        owner: "train".into(),
+                        bytes: 90 << 20,
+                        allocations: 21,
+                        estimated: false,
+                    }],
+                    ..Default::default()
+                },
                 not_sampled_allocs: 280,
                 not_sampled_bytes: 2 << 20,
                 layout: DeviceLayout { largest_allocation: 4 << 20, ..Default::default() },

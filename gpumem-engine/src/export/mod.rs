@@ -49,6 +49,51 @@ pub fn owners_line(owners: &[crate::analysis::owners::OwnerBytes]) -> String {
     each.join(", ")
 }
 
+/// The lines that say where a process's memory on a device went: by owner,
+/// by pool, and what it maps of other processes (nothing for an empty part).
+pub fn breakdown_lines(b: &crate::analysis::breakdown::Breakdown) -> Vec<String> {
+    let mut lines = Vec::new();
+    if !b.by_owner.is_empty() {
+        lines.push(format!("by owner: {}", owners_line(&b.by_owner)));
+    }
+    if !b.pools.is_empty() {
+        let each: Vec<String> = b
+            .pools
+            .iter()
+            .map(|p| {
+                let trims = if p.trims > 0 { format!(", trimmed {}×", p.trims) } else { String::new() };
+                let destroyed = if p.destroyed { ", destroyed" } else { "" };
+                format!("{} {} in {}{trims}{destroyed}", p.pool, bytes(p.bytes), p.allocations)
+            })
+            .collect();
+        lines.push(format!("pools (live allocations; what a pool keeps beyond them is the driver's): {}", each.join(", ")));
+    }
+    if !b.imported.is_empty() {
+        let each: Vec<String> = b
+            .imported
+            .iter()
+            .map(|i| {
+                let via = match i.via {
+                    crate::state::Via::Ipc => "IPC",
+                    crate::state::Via::PoolPointer => "pool pointer",
+                };
+                let from = match i.pid {
+                    Some(pid) => format!("pid {pid} ({})", crate::names::printable(&i.comm)),
+                    None if i.comm == "other" => "others".to_string(),
+                    None => "an exporter not seen (bytes unknown)".to_string(),
+                };
+                format!("{} from {from} by {via} in {}", bytes(i.bytes), i.mappings)
+            })
+            .collect();
+        lines.push(format!(
+            "imported {} (the exporters' memory, not in this process's bytes): {}",
+            bytes(b.imported_bytes),
+            each.join(", ")
+        ));
+    }
+    lines
+}
+
 /// A group's own verdict after its figures: ` — LEAK (growing, ...)`; nothing where it has none.
 pub fn group_verdict(g: &LeakGroup) -> String {
     match &g.verdict {

@@ -35,8 +35,10 @@ pub struct DeviceSummary {
     pub verdict: Option<crate::analysis::growth::Finding>,
     /// How the live memory is cut up (fragmentation signals).
     pub layout: DeviceLayout,
-    /// The live memory by the module (or Python file) that asked the driver for it.
-    pub by_owner: Vec<crate::analysis::owners::OwnerBytes>,
+    /// Where the live memory went: by owner, by pool, and what it maps of
+    /// other processes (not in `live_bytes`).
+    #[serde(flatten)]
+    pub breakdown: crate::analysis::breakdown::Breakdown,
 }
 
 #[derive(Debug, Serialize)]
@@ -148,7 +150,7 @@ fn process_summary(p: &Process, view: &View) -> ProcessSummary {
                 tensors: p.tensor_probes.then_some(r.totals.tensors),
                 verdict: r.growth.as_ref().map(|g| g.verdict),
                 layout: r.layout.clone().unwrap_or_default(),
-                by_owner: r.by_owner.clone(),
+                breakdown: r.breakdown.clone(),
             })
             .collect(),
         host_pinned_bytes: p.held.pinned.bytes,
@@ -285,8 +287,8 @@ impl Summary {
                 let dev = d.device.map_or("?".to_string(), |d| d.to_string());
                 let (live, phys, reserved) = (bytes(d.live_bytes), bytes(d.vmm_physical_bytes), bytes(d.reserved_bytes));
                 writeln!(out, "{:>7} {:<15} {:>4} {live:>12} {:>8} {phys:>12} {reserved:>12}{state}", p.pid, comm, dev, d.live_allocs)?;
-                if !d.by_owner.is_empty() {
-                    writeln!(out, "{:>7} {:<15}   by owner: {}", p.pid, comm, super::owners_line(&d.by_owner))?;
+                for line in super::breakdown_lines(&d.breakdown) {
+                    writeln!(out, "{:>7} {:<15}   {line}", p.pid, comm)?;
                 }
             }
             if let Some(c) = &p.container {

@@ -58,6 +58,13 @@ fn has_handle(kind: &Kind) -> bool {
             | ApiClass::CtxPush
             | ApiClass::CtxPop
             | ApiClass::CtxDestroy
+            | ApiClass::PoolCreate
+            | ApiClass::PoolDestroy
+            | ApiClass::PoolTrim
+            | ApiClass::PoolSetDevice
+            | ApiClass::GreenCtxCreate
+            | ApiClass::CtxFromGreen
+            | ApiClass::GreenCtxDestroy
     )
 }
 
@@ -124,6 +131,9 @@ pub fn event_json(ev: &Event, kind: &Kind, applied: &Applied, container: Option<
     }
     if has_handle(kind) {
         obj.insert("handle".into(), hex(ev.handle));
+    }
+    if event_type(ev.api) == "import" {
+        obj.insert("exporter".into(), json!(applied.exporter));
     }
     if ev.api == api::CU_MEM_ALLOC_PITCH_V2 {
         obj.insert("pitch".into(), json!(PitchAlloc::unpack(ev).pitch));

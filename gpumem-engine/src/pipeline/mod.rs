@@ -407,7 +407,8 @@ impl Pipeline {
             for r in v.rows.iter_mut().filter(|r| !r.exited) {
                 let Some(p) = self.state.processes.get(&r.pid) else { continue };
                 let per_dev = walked.entry(r.pid).or_insert_with(|| owners::by_owner(p, &mut self.stacks));
-                r.by_owner = per_dev.iter().find(|(d, _)| *d == r.device).map(|(_, o)| o.clone()).unwrap_or_default();
+                let owners = per_dev.iter().find(|(d, _)| *d == r.device).map(|(_, o)| o.clone()).unwrap_or_default();
+                r.breakdown = crate::analysis::breakdown::of(p, r.device, owners);
             }
         }
         v.untraced = view::untraced(&self.state, &v.reconciliation, &self.untraced, self.untraced_scope.as_deref());

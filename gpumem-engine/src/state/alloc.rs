@@ -19,6 +19,12 @@ impl Process {
             Memory::Device if adopted => ev.device,
             Memory::Device => self.current_device(ev.tid),
         };
+        // A pool made while traced names its device, whatever context is current.
+        let pool = if memory == Memory::Device { self.pool_of_alloc(ev, device) } else { None };
+        let device = match pool {
+            Some(k) if !adopted && k.device != DEVICE_UNKNOWN => k.device,
+            _ => device,
+        };
         out.device = device;
         if !room {
             out.dropped = true;
@@ -31,7 +37,11 @@ impl Process {
         // that a late free of this address may still come.
         if let Some(old) = self.held.allocs.insert(ev.addr, alloc) {
             self.credit_free(&old);
+            self.pool_free(ev.addr, old.size);
             self.note_displaced(ev.addr);
+        }
+        if let Some(key) = pool {
+            self.pool_alloc(ev.addr, key, ev.size);
         }
         match memory {
             Memory::Device => {
@@ -71,8 +81,15 @@ impl Process {
                 out.lifetime_ns = Some(ev.ts_ns.saturating_sub(old.ts_ns));
                 if old.memory == Memory::Device {
                     self.wind_down.freed(old.device(), old.stack(), old.size);
+                    self.pool_free(ev.addr, old.size);
                 }
                 self.credit_free(&old);
+            }
+            // A pool pointer imported from another process is freed here
+            // (cuMemFree/cuMemFreeAsync): the mapping goes, the memory stays
+            // its exporter's.
+            None if !self.held.imports.is_empty() && self.remove_import(ev.addr).is_some() => {
+                out.size = 0;
             }
             None => {
                 out.device = if class == ApiClass::HostFree { DEVICE_UNKNOWN } else { self.current_device(ev.tid) };

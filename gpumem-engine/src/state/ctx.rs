@@ -111,6 +111,7 @@ impl Process {
                 }
                 c.primary.retain(|_, prim| prim.ctx != ev.handle);
             }
+            ApiClass::GreenCtxCreate | ApiClass::CtxFromGreen | ApiClass::GreenCtxDestroy => self.apply_green(class, ev, out),
             ApiClass::MemGetInfo => {
                 let device = self.current_device(ev.tid);
                 out.device = device;
@@ -118,6 +119,26 @@ impl Process {
                 self.held.reported_free.insert(device, (info.free, info.total));
             }
             _ => {}
+        }
+    }
+
+    /// A green context is bound to its device; a context made from one runs
+    /// there (it becomes current as any other, by set or push).
+    fn apply_green(&mut self, class: ApiClass, ev: &Event, out: &mut Applied) {
+        match class {
+            ApiClass::GreenCtxCreate => {
+                self.held.contexts.device_of.insert(ev.handle, ev.device);
+            }
+            ApiClass::CtxFromGreen => {
+                let green = gpumem_common::payload::GreenCtx::unpack(ev).green;
+                let device = self.device_of(green);
+                out.device = device;
+                self.held.contexts.device_of.insert(ev.handle, device);
+            }
+            _ => {
+                out.device = self.device_of(ev.handle);
+                self.held.contexts.device_of.remove(&ev.handle);
+            }
         }
     }
 
@@ -130,6 +151,7 @@ impl Process {
         let mut by_dev: BTreeMap<i32, Release> = BTreeMap::new();
         for addr in addrs {
             let a = self.held.allocs.remove(&addr).expect("present");
+            self.pool_free(addr, a.size);
             let r = by_dev.entry(a.device()).or_insert(Release { device: a.device(), bytes: 0, allocs: 0 });
             r.bytes += a.size;
             r.allocs += 1;

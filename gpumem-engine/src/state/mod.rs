@@ -7,7 +7,9 @@
 mod alloc;
 mod ctx;
 mod ioctl;
+mod outcome;
 pub mod process;
+pub mod share;
 pub mod tensor;
 mod vmm;
 
@@ -17,7 +19,8 @@ use gpumem_common::{api_info, cu_result, ApiClass, ApiInfo, Event, DEVICE_UNKNOW
 use rustc_hash::FxHashMap;
 
 use crate::{events::Kind, stacks::StackId};
-pub use process::{Allocation, Failure, Memory, Process, VmmHandle};
+pub use outcome::{Applied, CudaOom, Holder, OomCounters, OomKill, Release, OOM_TOP_HOLDERS};
+pub use process::{Allocation, Failure, Import, Memory, PoolKey, PoolUse, Process, Via, VmmHandle};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -40,65 +43,9 @@ pub struct Overflow {
     pub entries_dropped: u64,
     /// Events of processes not recorded because the process table was full.
     pub process_events_dropped: u64,
-}
-
-/// Memory released implicitly on one device (context destroyed, process exit).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Release {
-    pub device: i32,
-    pub bytes: u64,
-    pub allocs: u64,
-}
-
-/// A process holding memory on a device, for OOM snapshots.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Holder {
-    pub pid: u32,
-    pub comm: String,
-    pub bytes: u64,
-    pub allocs: u64,
-}
-
-/// A CUDA allocation that failed with out-of-memory, and who held the device.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct CudaOom {
-    pub device: i32,
-    pub requested: u64,
-    /// Free bytes the process's own last cuMemGetInfo_v2 reported for the device.
-    pub reported_free: Option<u64>,
-    /// Failed although at least the requested size was free: reported
-    /// free by the process's own cuMemGetInfo, or cached by PyTorch's
-    /// allocator in blocks none of which was large enough.
-    pub fragmentation: bool,
-    /// Where PyTorch's probes fired: the bytes its segments held unused,
-    /// and the largest free block among them, when the request failed.
-    pub reserved_unused: Option<u64>,
-    pub largest_free_block: Option<u64>,
-    /// Largest holders of the device, most first (at most `OOM_TOP_HOLDERS`).
-    pub holders: Vec<Holder>,
-}
-
-pub const OOM_TOP_HOLDERS: usize = 5;
-
-/// A host OOM kill as the state saw it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct OomKill {
-    /// The victim's GPU memory per device at that moment.
-    pub holdings: Vec<Release>,
-    /// The limited memory cgroup the kill happened in (filled by the
-    /// pipeline's lookups); None for a host-wide kill or when unknown.
-    pub memcg: Option<String>,
-    /// The victim's host memory when chosen (resident, swap) and the pinned host memory it held.
-    pub host: Option<crate::model::host::ProcessHost>,
-    pub pinned_host_bytes: u64,
-}
-
-/// Out-of-memory counts kept for the summary and the exporter.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct OomCounters {
-    pub cuda_ooms: u64,
-    pub fragmentation_ooms: u64,
-    pub host_oom_kills: u64,
+    /// Exports not remembered because the export table was full
+    /// (`share::EXPORTS_MAX`): their importers read "exporter unknown".
+    pub exports_dropped: u64,
 }
 
 /// Sizes above this are not believed: 256 TiB of memory (no GPU or host
@@ -114,29 +61,6 @@ const MEMORY_SIZE_LIMIT: u64 = 1 << 48;
 
 /// The largest device ordinal kept (allocations store it in 16 bits).
 pub const MAX_DEVICE_ORDINAL: i32 = i16::MAX as i32;
-
-/// What applying one event did, for rendering. Returned for every event, so
-/// the rare parts (OOMs) are boxed to keep it small to move.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Applied {
-    /// Host OOM kill: the victim's GPU holdings per device at that moment.
-    pub oom_kill: Option<Box<OomKill>>,
-    /// A CUDA allocation failed with out-of-memory.
-    pub cuda_oom: Option<Box<CudaOom>>,
-    /// Device the event is attributed to (resolved from contexts if the call
-    /// itself names none).
-    pub device: i32,
-    /// Bytes the event concerns (for a free: the size that was freed).
-    pub size: u64,
-    /// Implicit releases (ctx destroy, primary ctx release/reset, exit).
-    pub released: Vec<Release>,
-    /// A free/release of something not in the table (predates the trace).
-    pub untracked: bool,
-    /// Not recorded: a table was full, or the event could not be believed.
-    pub dropped: bool,
-    /// An explicit free of a tracked allocation or handle: how long it lived.
-    pub lifetime_ns: Option<u64>,
-}
 
 #[derive(Debug, Default)]
 pub struct State {
@@ -158,6 +82,8 @@ pub struct State {
     device_hints: FxHashMap<u32, i32>,
     /// Processes forgotten (evicted or aged out) since the last `take_forgotten`.
     forgotten: Vec<u32>,
+    /// Shared allocations by the key of their handle bytes (share.rs).
+    exports: FxHashMap<u64, share::Export>,
 }
 
 impl State {
@@ -268,8 +194,10 @@ impl State {
         p.exited = true;
         p.exited_ns = ev.ts_ns;
         p.held_at_exit_bytes = released.iter().map(|r| r.bytes).sum();
+        let size = p.held_at_exit_bytes;
         self.entries -= before;
-        Applied { device: DEVICE_UNKNOWN, size: p.held_at_exit_bytes, released, ..Default::default() }
+        self.drop_exports_of(ev.pid);
+        Applied { device: DEVICE_UNKNOWN, size, released, ..Default::default() }
     }
 
     fn failed_call(&mut self, info: &ApiInfo, ev: &Event) -> Applied {
@@ -300,6 +228,9 @@ impl State {
     }
 
     fn successful_call(&mut self, info: &ApiInfo, ev: &Event, stack: Option<StackId>) -> Applied {
+        if matches!(info.class, ApiClass::Export | ApiClass::Import | ApiClass::ImportClose) {
+            return self.share_call(info.class, ev);
+        }
         self.apply_counted(ev, |p, room, out| match info.class {
             ApiClass::Init | ApiClass::ProcessExit => {}
             ApiClass::DeviceAlloc | ApiClass::HostAlloc => p.apply_alloc(info.class, ev, room, stack, out),
@@ -315,7 +246,14 @@ impl State {
             | ApiClass::CtxPush
             | ApiClass::CtxPop
             | ApiClass::CtxDestroy
-            | ApiClass::MemGetInfo => p.apply_ctx(info.class, ev, out),
+            | ApiClass::MemGetInfo
+            | ApiClass::GreenCtxCreate
+            | ApiClass::CtxFromGreen
+            | ApiClass::GreenCtxDestroy => p.apply_ctx(info.class, ev, out),
+            ApiClass::PoolCreate | ApiClass::PoolDestroy | ApiClass::PoolTrim | ApiClass::PoolSetDevice => {
+                p.apply_pool(info.class, ev, out)
+            }
+            ApiClass::Export | ApiClass::Import | ApiClass::ImportClose => unreachable!("applied above"),
         })
     }
 
@@ -463,6 +401,7 @@ impl State {
         if let Some(p) = self.processes.remove(&pid) {
             self.entries -= p.entries();
             self.forgotten.push(pid);
+            self.drop_exports_of(pid);
         }
     }
 

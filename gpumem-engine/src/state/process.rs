@@ -78,6 +78,49 @@ pub struct VmmHandle {
     pub sampling: Sampling,
 }
 
+/// Another process's allocation mapped into this one (see share.rs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Import {
+    /// The exporter, where its export was seen and it still held the
+    /// allocation; None: exported before tracing began, or by an untraced
+    /// process (the bytes are then unknown, 0).
+    pub from_pid: Option<u32>,
+    pub from_comm: String,
+    pub size: u64,
+    pub device: i32,
+    pub via: Via,
+    pub ts_ns: u64,
+}
+
+/// How an import came.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Via {
+    /// cuIpcOpenMemHandle_v2.
+    Ipc,
+    /// cuMemPoolImportPointer.
+    PoolPointer,
+}
+
+/// A stream-ordered pool: its handle (0: the device's default pool) and device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolKey {
+    pub pool: u64,
+    pub device: i32,
+}
+
+/// What a pool holds in live allocations, and what was done to it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolUse {
+    pub bytes: u64,
+    pub allocs: u64,
+    /// cuMemPoolTrimTo calls: what each released is not visible from outside.
+    pub trims: u64,
+    pub last_trim_keep: Option<u64>,
+    /// cuMemPoolDestroy was called while allocations were live.
+    pub destroyed: bool,
+}
+
 #[derive(Clone, Debug)]
 pub struct Mapping {
     pub size: u64,
@@ -99,6 +142,10 @@ pub struct DeviceTotals {
     /// carved from live_bytes (what it reserved).
     pub allocated_bytes: u64,
     pub tensors: u64,
+    /// Other processes' memory mapped here (IPC, pool pointers): counted
+    /// for its exporter, never in live_bytes.
+    pub imported_bytes: u64,
+    pub imports: u64,
 }
 
 impl DeviceTotals {
@@ -111,6 +158,8 @@ impl DeviceTotals {
         self.reserved_bytes += other.reserved_bytes;
         self.allocated_bytes += other.allocated_bytes;
         self.tensors += other.tensors;
+        self.imported_bytes += other.imported_bytes;
+        self.imports += other.imports;
     }
 }
 
@@ -202,12 +251,21 @@ pub struct Held {
     pub driver: DriverObjects,
     /// Live tensors of PyTorch's allocator, by address.
     pub tensors: super::tensor::Tensors,
+    /// Other processes' allocations mapped here, by the address they got.
+    pub imports: HashMap<u64, Import>,
+    /// Stream-ordered pools and what they hold.
+    pub pools: HashMap<PoolKey, PoolUse>,
+    /// The pool cuMemAllocAsync takes from on each device, where
+    /// cuDeviceSetMemPool chose one (else the default pool).
+    pub device_pool: HashMap<i32, u64>,
+    /// Live allocations made from a pool: address → pool.
+    pub pool_of: HashMap<u64, PoolKey>,
 }
 
 impl Held {
     /// Table entries held (for the global bound).
     pub fn entries(&self) -> usize {
-        self.allocs.len() + self.vmm_handles.len() + self.mappings.len() + self.reservations.len() + self.tensors.len()
+        self.allocs.len() + self.vmm_handles.len() + self.mappings.len() + self.reservations.len() + self.tensors.len() + self.imports.len()
     }
 }
 

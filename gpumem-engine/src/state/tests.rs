@@ -338,3 +338,126 @@ fn a_reused_pid_starts_a_new_process() {
     assert_eq!(p.apis.keys().copied().collect::<Vec<_>>(), [api::CU_DEVICE_PRIMARY_CTX_RETAIN]);
     assert!(p.apis[&api::CU_DEVICE_PRIMARY_CTX_RETAIN].calls == 1);
 }
+
+/// Process `pid` (tid = pid) with its primary context on `device` current.
+fn state_of(s: &mut State, pid: u32, device: i32) {
+    let on = |e: Event| Event { pid, tid: pid, ts_ns: 1, ..e };
+    s.apply(&on(retain(0xc0 + device as u64, device)));
+    s.apply(&on(set_current(0xc0 + device as u64)));
+}
+
+fn of(pid: u32, ts_ns: u64, e: Event) -> Event {
+    Event { pid, tid: pid, ts_ns, ..e }
+}
+
+#[test]
+fn an_ipc_import_is_its_exporters_memory_counted_once() {
+    let mut s = State::new(Limits::default());
+    state_of(&mut s, 100, 1);
+    state_of(&mut s, 200, 0);
+    s.apply(&of(100, 2, alloc(0x1000, 64 * MIB)));
+    s.apply(&of(200, 2, alloc(0x9000, MIB)));
+    let export = s.apply(&of(100, 3, Event { addr: 0x1000, handle: 0xabc, ..ev(api::CU_IPC_GET_MEM_HANDLE) }));
+    assert_eq!((export.device, export.size, export.untracked), (1, 64 * MIB, false));
+    let import = s.apply(&of(200, 4, Event { addr: 0x7000_0000, handle: 0xabc, ..ev(api::CU_IPC_OPEN_MEM_HANDLE_V2) }));
+    assert_eq!((import.device, import.size, import.untracked), (1, 64 * MIB, false), "on the exporter's device");
+    let t = totals(&s, 200, 1);
+    assert_eq!((t.imported_bytes, t.imports, t.live_bytes), (64 * MIB, 1, 0), "imported, not the importer's own");
+    assert_eq!(totals(&s, 200, 0).live_bytes, MIB);
+    assert_eq!(totals(&s, 100, 1).live_bytes, 64 * MIB);
+    let i = &s.processes[&200].held.imports[&0x7000_0000];
+    assert_eq!((i.from_pid, i.via), (Some(100), Via::Ipc));
+    // Every live byte on device 1 is the exporter's, once.
+    assert_eq!(s.live_totals(), (2, 65 * MIB));
+    let close = s.apply(&of(200, 5, Event { addr: 0x7000_0000, ..ev(api::CU_IPC_CLOSE_MEM_HANDLE) }));
+    assert_eq!((close.size, close.untracked), (64 * MIB, false));
+    assert_eq!(totals(&s, 200, 1).imported_bytes, 0);
+    assert_eq!(s.live_entries(), 2);
+}
+
+#[test]
+fn an_import_of_a_freed_or_unseen_export_names_no_exporter() {
+    let mut s = State::new(Limits::default());
+    state_of(&mut s, 100, 0);
+    state_of(&mut s, 200, 0);
+    s.apply(&of(100, 2, alloc(0x1000, 8 * MIB)));
+    s.apply(&of(100, 3, Event { addr: 0x1000, handle: 0xabc, ..ev(api::CU_IPC_GET_MEM_HANDLE) }));
+    s.apply(&of(100, 4, free(0x1000)));
+    let stale = s.apply(&of(200, 5, Event { addr: 0x7000, handle: 0xabc, ..ev(api::CU_IPC_OPEN_MEM_HANDLE_V2) }));
+    assert!(stale.untracked, "the exporter freed it: not believed");
+    let unseen = s.apply(&of(200, 6, Event { addr: 0x8000, handle: 0xdef, ..ev(api::CU_IPC_OPEN_MEM_HANDLE_V2) }));
+    assert!(unseen.untracked);
+    let p = &s.processes[&200];
+    assert_eq!(p.held.imports.len(), 2);
+    assert!(p.held.imports.values().all(|i| i.from_pid.is_none() && i.size == 0));
+    // The exporter's exit forgets its exports.
+    s.apply(&of(100, 7, alloc(0x2000, MIB)));
+    s.apply(&of(100, 8, Event { addr: 0x2000, handle: 0x123, ..ev(api::CU_IPC_GET_MEM_HANDLE) }));
+    s.apply(&of(100, 9, ev(api::PROCESS_EXIT)));
+    assert!(s.exports.is_empty());
+}
+
+#[test]
+fn a_pool_pointer_import_is_freed_by_cu_mem_free_in_the_importer() {
+    let mut s = State::new(Limits::default());
+    state_of(&mut s, 100, 0);
+    state_of(&mut s, 200, 0);
+    s.apply(&of(100, 2, Event { addr: 0x1000, size: 4 * MIB, handle: 0x77, ..ev(api::CU_MEM_ALLOC_FROM_POOL_ASYNC) }));
+    s.apply(&of(100, 3, Event { addr: 0x1000, handle: 0x55, ..ev(api::CU_MEM_POOL_EXPORT_POINTER) }));
+    let import = s.apply(&of(200, 4, Event { addr: 0x5000, handle: 0x55, aux: 0x88, ..ev(api::CU_MEM_POOL_IMPORT_POINTER) }));
+    assert_eq!(import.size, 4 * MIB);
+    assert_eq!(s.processes[&200].held.imports[&0x5000].via, Via::PoolPointer);
+    let f = s.apply(&of(200, 5, free(0x5000)));
+    assert!(!f.untracked, "an imported pointer, not an untracked free");
+    assert_eq!((f.size, s.processes[&200].untracked_frees), (0, 0));
+    assert_eq!(totals(&s, 200, 0).imported_bytes, 0);
+}
+
+#[test]
+fn pool_allocations_are_counted_to_their_pool_on_its_device() {
+    let mut s = state();
+    // A pool on device 1 while device 0's context is current.
+    s.apply(&Event { handle: 0x77, device: 1, ..ev(api::CU_MEM_POOL_CREATE) });
+    s.apply(&Event { addr: 0x1000, size: 4 * MIB, handle: 0x77, ..ev(api::CU_MEM_ALLOC_FROM_POOL_ASYNC) });
+    s.apply(&Event { addr: 0x2000, size: 2 * MIB, ..ev(api::CU_MEM_ALLOC_ASYNC) });
+    s.apply(&alloc(0x3000, MIB));
+    assert_eq!(totals(&s, 100, 1).live_bytes, 4 * MIB, "the pool's device");
+    let p = &s.processes[&100];
+    let pool = &p.held.pools[&PoolKey { pool: 0x77, device: 1 }];
+    assert_eq!((pool.bytes, pool.allocs), (4 * MIB, 1));
+    let default = &p.held.pools[&PoolKey { pool: 0, device: 0 }];
+    assert_eq!((default.bytes, default.allocs), (2 * MIB, 1), "cuMemAllocAsync: the device's default pool");
+    // cuDeviceSetMemPool sends later cuMemAllocAsync to the chosen pool.
+    s.apply(&Event { handle: 0x66, device: 0, ..ev(api::CU_MEM_POOL_CREATE) });
+    s.apply(&Event { handle: 0x66, device: 0, ..ev(api::CU_DEVICE_SET_MEM_POOL) });
+    s.apply(&Event { addr: 0x4000, size: MIB, ..ev(api::CU_MEM_ALLOC_ASYNC) });
+    assert_eq!(s.processes[&100].held.pools[&PoolKey { pool: 0x66, device: 0 }].bytes, MIB);
+    s.apply(&Event { handle: 0x77, size: 0, ..ev(api::CU_MEM_POOL_TRIM_TO) });
+    s.apply(&Event { addr: 0x1000, ..ev(api::CU_MEM_FREE_ASYNC) });
+    s.apply(&Event { handle: 0x77, ..ev(api::CU_MEM_POOL_DESTROY) });
+    let p = &s.processes[&100];
+    assert!(!p.held.pools.contains_key(&PoolKey { pool: 0x77, device: 1 }), "destroyed and empty: gone");
+    assert_eq!(p.held.pools[&PoolKey { pool: 0, device: 0 }].bytes, 2 * MIB);
+    assert_eq!(p.held.pool_of.len(), 2);
+    assert_eq!(p.held.pools.len(), 2);
+}
+
+#[test]
+fn green_contexts_send_allocations_to_their_device() {
+    let mut s = state();
+    s.apply(&Event { handle: 0x6000, device: 1, ..ev(api::CU_GREEN_CTX_CREATE) });
+    s.apply(&Event { handle: 0x6100, aux: 0x6000, ..ev(api::CU_CTX_FROM_GREEN_CTX) });
+    s.apply(&set_current(0x6100));
+    s.apply(&alloc(0x1000, 3 * MIB));
+    assert_eq!(totals(&s, 100, 1).live_bytes, 3 * MIB);
+}
+
+#[test]
+fn registered_host_memory_is_pinned_host_memory() {
+    let mut s = state();
+    s.apply(&Event { addr: 0x1000, size: 3 * MIB, ..ev(api::CU_MEM_HOST_REGISTER_V2) });
+    assert_eq!(s.processes[&100].held.pinned.bytes, 3 * MIB);
+    assert_eq!(totals(&s, 100, 0).live_bytes, 0, "host memory is not VRAM");
+    s.apply(&Event { addr: 0x1000, ..ev(api::CU_MEM_HOST_UNREGISTER) });
+    assert_eq!(s.processes[&100].held.pinned.bytes, 0);
+}

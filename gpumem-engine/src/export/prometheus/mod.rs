@@ -170,17 +170,31 @@ fn histograms(fams: &mut Families, d: &Distributions) {
     fams.add(m::API_LATENCY).extend(d.latencies().map(|(api, b)| (vec![("api", api_name(api).to_string())], Value::Histogram(b.clone()))));
 }
 
-/// The memory of the processes shown by owner: bounded per process and GPU.
+/// Where the memory of the processes shown went (by owner, by pool,
+/// imported): bounded per process and GPU.
 fn owner_families(fams: &mut Families, rows: &[&crate::analysis::view::Row], view: &View) {
+    let labelled =
+        |r: &crate::analysis::view::Row| [workload_labels(Some((r.pid, &r.comm, &r.workload))), device_labels(r.device, view)].concat();
     let owners = fams.add(m::PROCESS_BY_OWNER);
     for r in rows {
-        let labels = [workload_labels(Some((r.pid, &r.comm, &r.workload))), device_labels(r.device, view)].concat();
-        for o in &r.by_owner {
+        let labels = labelled(r);
+        for o in &r.breakdown.by_owner {
             let mut l = labels.clone();
             l.push(("owner", o.owner.clone()));
             owners.push((l, Value::int(o.bytes)));
         }
     }
+    let pools = fams.add(m::PROCESS_BY_POOL);
+    for r in rows {
+        let labels = labelled(r);
+        for p in &r.breakdown.pools {
+            let mut l = labels.clone();
+            l.push(("pool", p.pool.clone()));
+            pools.push((l, Value::int(p.bytes)));
+        }
+    }
+    let imported = fams.add(m::PROCESS_IMPORTED);
+    imported.extend(rows.iter().filter(|r| r.totals.imports > 0).map(|r| (labelled(r), Value::int(r.totals.imported_bytes))));
 }
 
 /// The leaking stack groups of the processes shown: bounded per process and GPU.

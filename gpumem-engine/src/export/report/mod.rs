@@ -369,8 +369,8 @@ impl ReportData {
                 p.outstanding_allocs,
                 escape(&verdict)
             );
-            if !p.by_owner.is_empty() {
-                let _ = writeln!(h, "<p>By owner (who asked the driver): {}</p>", escape(&super::owners_line(&p.by_owner)));
+            for line in super::breakdown_lines(&p.breakdown) {
+                let _ = writeln!(h, "<p>{}</p>", escape(&line));
             }
             for g in &p.stacks {
                 let frames: Vec<String> = g.frames.iter().map(|f| escape(&f.display())).collect();

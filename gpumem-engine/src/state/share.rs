@@ -1,0 +1,211 @@
+//! Memory shared between processes and the pools it comes from.
+//!
+//! An exported allocation (cuIpcGetMemHandle, cuMemPoolExportPointer) stays
+//! its exporter's: an importer's mapping (cuIpcOpenMemHandle_v2,
+//! cuMemPoolImportPointer) is counted apart, as `imported_bytes`, with the
+//! exporter named, and never in the importer's live bytes, so no total
+//! counts it twice. Exporter and importer are joined by the key of the
+//! handle bytes both calls see (`gpumem_common::ipc::key`); the export is
+//! checked against what the exporter holds when the import comes, so a
+//! freed or reused export is not believed.
+//!
+//! Pools: every allocation from a stream-ordered pool (cuMemAllocFromPoolAsync,
+//! or cuMemAllocAsync from the device's current pool, its default one unless
+//! cuDeviceSetMemPool chose another) is counted to its pool. What a pool
+//! keeps beyond its live allocations, and what a trim gives back, happen
+//! inside the driver: no call says it, so it is left to NVML's figure for
+//! the process (its overhead), and trims are counted, not guessed.
+use gpumem_common::{api, payload::Payload, payload::Pool as PoolCall, payload::PoolAlloc, ApiClass, Event};
+
+use super::{
+    process::{Import, PoolKey, PoolUse, Process, Via},
+    Applied, State,
+};
+
+/// Exports remembered across all processes; beyond, new ones are counted
+/// as dropped (their importers then read "exporter unknown").
+pub const EXPORTS_MAX: usize = 1 << 16;
+
+/// One export: whose allocation the key names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Export {
+    pub pid: u32,
+    pub addr: u64,
+    pub ts_ns: u64,
+}
+
+impl State {
+    /// A successful export, import or close.
+    pub(super) fn share_call(&mut self, class: ApiClass, ev: &Event) -> Applied {
+        let shared = gpumem_common::payload::Shared::unpack(ev);
+        match class {
+            ApiClass::Export => {
+                let applied = self.apply_counted(ev, |p, _, out| {
+                    let held = p.held.allocs.get(&shared.addr);
+                    out.device = held.map_or(out.device, |a| a.device());
+                    out.size = held.map_or(0, |a| a.size);
+                    out.untracked = held.is_none();
+                });
+                if !applied.untracked {
+                    self.remember_export(shared.key, Export { pid: ev.pid, addr: shared.addr, ts_ns: ev.ts_ns });
+                }
+                applied
+            }
+            ApiClass::Import => {
+                let from = self.exported(shared.key, ev.ts_ns);
+                let via = if ev.api == api::CU_MEM_POOL_IMPORT_POINTER { Via::PoolPointer } else { Via::Ipc };
+                self.apply_counted(ev, |p, room, out| {
+                    let (from_pid, from_comm, size, device) = from.unwrap_or((None, String::new(), 0, p.current_device(ev.tid)));
+                    out.device = device;
+                    out.size = size;
+                    out.untracked = from_pid.is_none();
+                    out.exporter = from_pid;
+                    if !room {
+                        out.dropped = true;
+                        return;
+                    }
+                    p.add_import(ev.addr, Import { from_pid, from_comm, size, device, via, ts_ns: ev.ts_ns });
+                })
+            }
+            _ => self.apply_counted(ev, |p, _, out| match p.remove_import(shared.addr) {
+                Some(i) => {
+                    out.device = i.device;
+                    out.size = i.size;
+                }
+                None => out.untracked = true,
+            }),
+        }
+    }
+
+    fn remember_export(&mut self, key: u64, export: Export) {
+        if key == 0 {
+            return;
+        }
+        if self.exports.len() >= EXPORTS_MAX && !self.exports.contains_key(&key) {
+            self.overflow.exports_dropped += 1;
+            return;
+        }
+        self.exports.insert(key, export);
+    }
+
+    /// The exporter of `key` and the allocation it names, if the exporter
+    /// still holds it as it was when exported: (pid, comm, bytes, device).
+    fn exported(&self, key: u64, now_ns: u64) -> Option<(Option<u32>, String, u64, i32)> {
+        let e = self.exports.get(&key)?;
+        let p = self.processes.get(&e.pid).filter(|p| !p.exited)?;
+        let a = p.held.allocs.get(&e.addr).filter(|a| a.ts_ns <= e.ts_ns && e.ts_ns <= now_ns)?;
+        Some((Some(e.pid), p.comm.clone(), a.size, a.device()))
+    }
+
+    /// Forgets the exports of a process that exited.
+    pub(super) fn drop_exports_of(&mut self, pid: u32) {
+        if !self.exports.is_empty() {
+            self.exports.retain(|_, e| e.pid != pid);
+        }
+    }
+}
+
+impl Process {
+    fn add_import(&mut self, addr: u64, import: Import) {
+        if let Some(old) = self.held.imports.insert(addr, import.clone()) {
+            self.uncount_import(&old);
+        }
+        let t = self.totals_mut(import.device);
+        t.imported_bytes += import.size;
+        t.imports += 1;
+    }
+
+    pub(super) fn remove_import(&mut self, addr: u64) -> Option<Import> {
+        let i = self.held.imports.remove(&addr)?;
+        self.uncount_import(&i);
+        Some(i)
+    }
+
+    fn uncount_import(&mut self, i: &Import) {
+        let t = self.totals_mut(i.device);
+        t.imported_bytes -= i.size;
+        t.imports -= 1;
+    }
+
+    /// A successful pool call.
+    pub(super) fn apply_pool(&mut self, class: ApiClass, ev: &Event, out: &mut Applied) {
+        let call = PoolCall::unpack(ev);
+        match class {
+            ApiClass::PoolCreate => {
+                let device = if ev.device != gpumem_common::DEVICE_UNKNOWN { ev.device } else { self.current_device(ev.tid) };
+                out.device = device;
+                self.held.pools.entry(PoolKey { pool: call.pool, device }).or_default();
+            }
+            ApiClass::PoolDestroy => {
+                // Its live allocations stay until freed (the driver releases
+                // the pool after the last one); it is forgotten then.
+                let Some((&key, u)) = self.held.pools.iter_mut().find(|(k, _)| k.pool == call.pool) else {
+                    out.untracked = true;
+                    return;
+                };
+                out.device = key.device;
+                u.destroyed = true;
+                if u.allocs == 0 {
+                    self.held.pools.remove(&key);
+                }
+                self.held.device_pool.retain(|_, p| *p != call.pool);
+            }
+            ApiClass::PoolTrim => {
+                let Some((&key, u)) = self.held.pools.iter_mut().find(|(k, _)| k.pool == call.pool) else {
+                    out.untracked = true;
+                    return;
+                };
+                out.device = key.device;
+                u.trims += 1;
+                u.last_trim_keep = Some(call.keep);
+            }
+            ApiClass::PoolSetDevice => {
+                if call.pool == 0 {
+                    self.held.device_pool.remove(&ev.device);
+                } else {
+                    self.held.device_pool.insert(ev.device, call.pool);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The pool a successful allocation came from, if any, and its device
+    /// where the pool names one.
+    pub(super) fn pool_of_alloc(&self, ev: &Event, device: i32) -> Option<PoolKey> {
+        let pool = match ev.api {
+            api::CU_MEM_ALLOC_FROM_POOL_ASYNC | api::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => PoolAlloc::unpack(ev).pool,
+            api::CU_MEM_ALLOC_ASYNC | api::CU_MEM_ALLOC_ASYNC_PTSZ => self.held.device_pool.get(&device).copied().unwrap_or(0),
+            _ => return None,
+        };
+        // A pool made while traced knows its device.
+        let known = (pool != 0).then(|| self.held.pools.keys().find(|k| k.pool == pool).copied()).flatten();
+        Some(known.unwrap_or(PoolKey { pool, device }))
+    }
+
+    /// Counts a live allocation to its pool.
+    pub(super) fn pool_alloc(&mut self, addr: u64, key: PoolKey, size: u64) {
+        let u = self.held.pools.entry(key).or_default();
+        u.bytes += size;
+        u.allocs += 1;
+        self.held.pool_of.insert(addr, key);
+    }
+
+    /// Takes a freed allocation off its pool's count.
+    pub(super) fn pool_free(&mut self, addr: u64, size: u64) {
+        let Some(key) = self.held.pool_of.remove(&addr) else { return };
+        let Some(u) = self.held.pools.get_mut(&key) else { return };
+        u.bytes = u.bytes.saturating_sub(size);
+        u.allocs = u.allocs.saturating_sub(1);
+        if u.destroyed && u.allocs == 0 {
+            self.held.pools.remove(&key);
+        }
+    }
+}
+
+/// What a pool holds now, for the breakdown.
+pub fn pools_on(p: &Process, device: i32) -> Vec<(PoolKey, PoolUse)> {
+    let mut v: Vec<(PoolKey, PoolUse)> = p.held.pools.iter().filter(|(k, _)| k.device == device).map(|(k, u)| (*k, u.clone())).collect();
+    v.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.pool.cmp(&b.0.pool)));
+    v
+}
