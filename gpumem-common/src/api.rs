@@ -46,6 +46,22 @@ pub const CU_MEM_HOST_UNREGISTER: u32 = 42;
 pub const CU_GREEN_CTX_CREATE: u32 = 43;
 pub const CU_CTX_FROM_GREEN_CTX: u32 = 44;
 pub const CU_GREEN_CTX_DESTROY: u32 = 45;
+pub const CU_GRAPH_ADD_MEM_ALLOC_NODE: u32 = 46;
+pub const CU_GRAPH_ADD_MEM_FREE_NODE: u32 = 47;
+pub const CU_DEVICE_GRAPH_MEM_TRIM: u32 = 48;
+pub const CU_GRAPH_DESTROY: u32 = 49;
+pub const CU_CHECKPOINT_PROCESS_LOCK: u32 = 50;
+pub const CU_CHECKPOINT_PROCESS_CHECKPOINT: u32 = 51;
+pub const CU_CHECKPOINT_PROCESS_RESTORE: u32 = 52;
+pub const CU_CHECKPOINT_PROCESS_UNLOCK: u32 = 53;
+pub const CU_MULTICAST_CREATE: u32 = 54;
+pub const CU_MULTICAST_ADD_DEVICE: u32 = 55;
+pub const CU_MULTICAST_BIND_MEM: u32 = 56;
+pub const CU_MULTICAST_BIND_ADDR: u32 = 57;
+pub const CU_MULTICAST_UNBIND: u32 = 58;
+pub const CU_MEM_EXPORT_TO_SHAREABLE_HANDLE: u32 = 59;
+pub const CU_MEM_IMPORT_FROM_SHAREABLE_HANDLE: u32 = 60;
+pub const CU_MEM_RETAIN_ALLOCATION_HANDLE: u32 = 61;
 /// Not a libcuda call: the `sched_process_exit` tracepoint for a traced process.
 pub const PROCESS_EXIT: u32 = 100;
 /// Not a libcuda call: the `oom:mark_victim` tracepoint (host OOM kill).

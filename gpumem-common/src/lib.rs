@@ -5,6 +5,7 @@
 #![no_std]
 
 pub mod api;
+mod apis;
 pub mod counters;
 pub mod ipc;
 pub mod live;
@@ -13,131 +14,7 @@ pub mod python;
 pub mod sampling;
 pub mod usdt;
 
-/// What a traced call does to memory state; decides how the agent applies it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum ApiClass {
-    Init,
-    DeviceAlloc,
-    DeviceFree,
-    HostAlloc,
-    HostFree,
-    VmmCreate,
-    VmmRelease,
-    VmmMap,
-    VmmUnmap,
-    VaReserve,
-    VaFree,
-    CtxRetainPrimary,
-    CtxReleasePrimary,
-    CtxResetPrimary,
-    CtxCreate,
-    CtxSetCurrent,
-    CtxPush,
-    CtxPop,
-    CtxDestroy,
-    /// cuMemGetInfo_v2: free bytes in `size`, total in `aux`.
-    MemGetInfo,
-    /// cuIpcGetMemHandle, cuMemPoolExportPointer: an allocation made
-    /// shareable; `addr` the pointer, `handle` the key of the 64 bytes that
-    /// travel to the importer (`ipc::key`).
-    Export,
-    /// cuIpcOpenMemHandle_v2, cuMemPoolImportPointer: another process's
-    /// allocation mapped here; `addr` the pointer returned, `handle` the key
-    /// of the bytes it was opened with, `aux` the pool imported into (0: none).
-    Import,
-    /// cuIpcCloseMemHandle: an IPC mapping closed; `addr`.
-    ImportClose,
-    /// cuMemPoolCreate: `handle` the pool, `device` its location.
-    PoolCreate,
-    /// cuMemPoolDestroy: `handle` the pool.
-    PoolDestroy,
-    /// cuMemPoolTrimTo: `handle` the pool, `size` the bytes to keep.
-    PoolTrim,
-    /// cuDeviceSetMemPool: the device's current pool (`handle`) for cuMemAllocAsync.
-    PoolSetDevice,
-    /// cuGreenCtxCreate: `handle` the green context, `device` its device.
-    GreenCtxCreate,
-    /// cuCtxFromGreenCtx: `handle` the context, `aux` the green context it stands for.
-    CtxFromGreen,
-    /// cuGreenCtxDestroy: `handle` the green context.
-    GreenCtxDestroy,
-    ProcessExit,
-}
-
-/// One libcuda entry point that gpumem probes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ApiInfo {
-    pub id: u32,
-    /// Exported symbol name in libcuda.so.1.
-    pub symbol: &'static str,
-    pub class: ApiClass,
-    /// Required for a useful trace; optional ones (newer drivers only) are
-    /// skipped quietly when missing.
-    pub required: bool,
-}
-
-macro_rules! apis {
-    ($( $id:ident, $sym:literal, $class:ident, $req:literal; )*) => {
-        /// Every probed libcuda entry point, in id order.
-        pub const APIS: &[ApiInfo] = &[
-            $( ApiInfo { id: api::$id, symbol: $sym, class: ApiClass::$class, required: $req }, )*
-        ];
-    };
-}
-
-apis! {
-    CU_INIT, "cuInit", Init, true;
-    CU_MEM_ALLOC_V2, "cuMemAlloc_v2", DeviceAlloc, true;
-    CU_MEM_ALLOC_PITCH_V2, "cuMemAllocPitch_v2", DeviceAlloc, true;
-    CU_MEM_ALLOC_MANAGED, "cuMemAllocManaged", DeviceAlloc, true;
-    CU_MEM_ALLOC_ASYNC, "cuMemAllocAsync", DeviceAlloc, true;
-    CU_MEM_ALLOC_ASYNC_PTSZ, "cuMemAllocAsync_ptsz", DeviceAlloc, true;
-    CU_MEM_ALLOC_FROM_POOL_ASYNC, "cuMemAllocFromPoolAsync", DeviceAlloc, true;
-    CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ, "cuMemAllocFromPoolAsync_ptsz", DeviceAlloc, true;
-    CU_MEM_HOST_ALLOC, "cuMemHostAlloc", HostAlloc, true;
-    CU_MEM_ALLOC_HOST_V2, "cuMemAllocHost_v2", HostAlloc, true;
-    CU_MEM_FREE_V2, "cuMemFree_v2", DeviceFree, true;
-    CU_MEM_FREE_ASYNC, "cuMemFreeAsync", DeviceFree, true;
-    CU_MEM_FREE_ASYNC_PTSZ, "cuMemFreeAsync_ptsz", DeviceFree, true;
-    CU_MEM_FREE_HOST, "cuMemFreeHost", HostFree, true;
-    CU_MEM_CREATE, "cuMemCreate", VmmCreate, true;
-    CU_MEM_RELEASE, "cuMemRelease", VmmRelease, true;
-    CU_MEM_MAP, "cuMemMap", VmmMap, true;
-    CU_MEM_UNMAP, "cuMemUnmap", VmmUnmap, true;
-    CU_MEM_ADDRESS_RESERVE, "cuMemAddressReserve", VaReserve, true;
-    CU_MEM_ADDRESS_FREE, "cuMemAddressFree", VaFree, true;
-    CU_DEVICE_PRIMARY_CTX_RETAIN, "cuDevicePrimaryCtxRetain", CtxRetainPrimary, true;
-    CU_DEVICE_PRIMARY_CTX_RELEASE_V2, "cuDevicePrimaryCtxRelease_v2", CtxReleasePrimary, true;
-    CU_DEVICE_PRIMARY_CTX_RESET_V2, "cuDevicePrimaryCtxReset_v2", CtxResetPrimary, true;
-    CU_CTX_CREATE_V2, "cuCtxCreate_v2", CtxCreate, true;
-    CU_CTX_CREATE_V3, "cuCtxCreate_v3", CtxCreate, true;
-    CU_CTX_CREATE_V4, "cuCtxCreate_v4", CtxCreate, false;
-    CU_CTX_SET_CURRENT, "cuCtxSetCurrent", CtxSetCurrent, true;
-    CU_CTX_PUSH_CURRENT_V2, "cuCtxPushCurrent_v2", CtxPush, true;
-    CU_CTX_POP_CURRENT_V2, "cuCtxPopCurrent_v2", CtxPop, true;
-    CU_CTX_DESTROY_V2, "cuCtxDestroy_v2", CtxDestroy, true;
-    CU_MEM_GET_INFO_V2, "cuMemGetInfo_v2", MemGetInfo, true;
-    CU_IPC_GET_MEM_HANDLE, "cuIpcGetMemHandle", Export, true;
-    CU_IPC_OPEN_MEM_HANDLE_V2, "cuIpcOpenMemHandle_v2", Import, true;
-    CU_IPC_CLOSE_MEM_HANDLE, "cuIpcCloseMemHandle", ImportClose, true;
-    CU_MEM_POOL_EXPORT_POINTER, "cuMemPoolExportPointer", Export, true;
-    CU_MEM_POOL_IMPORT_POINTER, "cuMemPoolImportPointer", Import, true;
-    CU_MEM_POOL_CREATE, "cuMemPoolCreate", PoolCreate, true;
-    CU_MEM_POOL_DESTROY, "cuMemPoolDestroy", PoolDestroy, true;
-    CU_MEM_POOL_TRIM_TO, "cuMemPoolTrimTo", PoolTrim, true;
-    CU_DEVICE_SET_MEM_POOL, "cuDeviceSetMemPool", PoolSetDevice, true;
-    CU_MEM_HOST_REGISTER_V2, "cuMemHostRegister_v2", HostAlloc, true;
-    CU_MEM_HOST_UNREGISTER, "cuMemHostUnregister", HostFree, true;
-    CU_GREEN_CTX_CREATE, "cuGreenCtxCreate", GreenCtxCreate, false;
-    CU_CTX_FROM_GREEN_CTX, "cuCtxFromGreenCtx", CtxFromGreen, false;
-    CU_GREEN_CTX_DESTROY, "cuGreenCtxDestroy", GreenCtxDestroy, false;
-}
-
-/// Looks up a probed API by id.
-pub fn api_info(id: u32) -> Option<&'static ApiInfo> {
-    APIS.iter().find(|a| a.id == id)
-}
+pub use apis::{api_info, ApiClass, ApiInfo, APIS};
 
 /// Device value when the call itself does not name one.
 pub const DEVICE_UNKNOWN: i32 = -1;
@@ -328,6 +205,13 @@ pub const PENDING_MAX: u32 = 16384;
 /// Size of a PENDING value (the eBPF side's `Pending`, asserted there) in
 /// 64-bit words: the agent's sweep opens the map with it.
 pub const PENDING_VALUE_WORDS: usize = 9;
+
+/// CUmemAllocationHandleType values gpumem tells apart.
+pub mod handle_type {
+    pub const POSIX_FILE_DESCRIPTOR: u64 = 1;
+    /// 64 bytes that mean the same in every process (CUmemFabricHandle).
+    pub const FABRIC: u64 = 8;
+}
 pub const TRACKED_MAX: u32 = 16384;
 pub const FILTER_MAX: u32 = 16384;
 /// Processes whose lost events are counted one by one (LOST_BY_PID); beyond

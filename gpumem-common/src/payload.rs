@@ -87,6 +87,30 @@ plain_payload! {
 }
 
 plain_payload! {
+    /// A CUDA graph's memory node (cuGraphAddMemAllocNode/FreeNode) or the
+    /// graph itself (cuGraphDestroy): the pointer, its bytes, the graph.
+    GraphNode { addr => addr, size => size, graph => handle }
+}
+
+plain_payload! {
+    /// cuCheckpointProcess*: the process acted on (its pid).
+    CheckpointCall { target => addr }
+}
+
+plain_payload! {
+    /// A multicast call: the object, the bytes, the offset in it and the
+    /// memory bound (a physical handle, or an address).
+    MulticastCall { mc => handle, size => size, offset => aux, memory => addr }
+}
+
+plain_payload! {
+    /// A shareable handle exported, imported or retained: the physical
+    /// handle, the key of what travels between the processes (0: none),
+    /// the handle type (an address for a retain).
+    ShareableHandle { handle => handle, key => addr, kind => aux }
+}
+
+plain_payload! {
     /// A free: the pointer freed.
     Free { addr => addr }
 }
@@ -281,6 +305,10 @@ mod tests {
             round_trips(Shared { addr: w[0], key: w[1], pool: w[2] }, ev)?;
             round_trips(Pool { pool: w[0], keep: w[1] }, ev)?;
             round_trips(GreenCtx { ctx: w[0], green: w[1] }, ev)?;
+            round_trips(GraphNode { addr: w[0], size: w[1], graph: w[2] }, ev)?;
+            round_trips(CheckpointCall { target: w[0] }, ev)?;
+            round_trips(MulticastCall { mc: w[0], size: w[1], offset: w[2], memory: w[3] }, ev)?;
+            round_trips(ShareableHandle { handle: w[0], key: w[1], kind: w[2] }, ev)?;
             round_trips(VmmCreate { handle: w[0], size: w[1] }, ev)?;
             round_trips(VmmRelease { handle: w[0] }, ev)?;
             round_trips(VmmMap { addr: w[0], size: w[1], offset: w[2], handle: w[3] }, ev)?;

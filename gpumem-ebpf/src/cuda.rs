@@ -6,7 +6,7 @@ use gpumem_common::{
     api,
     counters::{Exit, Stat},
     flags,
-    payload::{Alloc, Context, Free, GreenCtx, Init, MemInfo, Payload, PitchAlloc, PoolAlloc},
+    payload::{Alloc, CheckpointCall, Context, Free, GreenCtx, Init, MemInfo, Payload, PitchAlloc, PoolAlloc},
     Event, DEVICE_UNKNOWN,
 };
 
@@ -32,6 +32,8 @@ pub fn try_entry(ctx: &ProbeContext, api_id: u32) -> Result<u32, Exit> {
     let args = [arg(ctx, 0), arg(ctx, 1), arg(ctx, 2), arg(ctx, 3), arg(ctx, 4), arg(ctx, 5)];
     let device = match api_id {
         api::CU_MEM_CREATE => vmm::create_device(args[2]),
+        // The node's pool properties begin its parameters.
+        api::CU_GRAPH_ADD_MEM_ALLOC_NODE => vmm::create_device(args[4]),
         api::CU_MEM_POOL_CREATE => vmm::create_device(args[1]),
         _ => DEVICE_UNKNOWN,
     };
@@ -168,12 +170,12 @@ fn decode(api_id: u32, p: &Pending, ok: bool, ev: &mut Event) {
         | api::CU_MEM_HOST_UNREGISTER => Free { addr: a[0] }.pack(ev),
         id if share::decodes(id) => share::decode(api_id, p, ok, ev),
         api::CU_GREEN_CTX_CREATE | api::CU_CTX_FROM_GREEN_CTX | api::CU_GREEN_CTX_DESTROY => green_ctx(api_id, a, ok, ev),
-        api::CU_MEM_CREATE
-        | api::CU_MEM_RELEASE
-        | api::CU_MEM_MAP
-        | api::CU_MEM_UNMAP
-        | api::CU_MEM_ADDRESS_RESERVE
-        | api::CU_MEM_ADDRESS_FREE => vmm::decode(api_id, p, ok, ev),
+        id if vmm::decodes(id) => vmm::decode(api_id, p, ok, ev),
+        // (int pid, CUcheckpoint*Args *args): the process acted on.
+        api::CU_CHECKPOINT_PROCESS_LOCK
+        | api::CU_CHECKPOINT_PROCESS_CHECKPOINT
+        | api::CU_CHECKPOINT_PROCESS_RESTORE
+        | api::CU_CHECKPOINT_PROCESS_UNLOCK => CheckpointCall { target: a[0] as u32 as u64 }.pack(ev),
         // (CUcontext *pctx, CUdevice dev)
         api::CU_DEVICE_PRIMARY_CTX_RETAIN => {
             device_arg(a[1], ev);

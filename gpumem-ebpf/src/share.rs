@@ -5,26 +5,15 @@
 use aya_ebpf::{bindings::pt_regs, programs::ProbeContext};
 use gpumem_common::{
     api,
-    ipc::{self, HANDLE_BYTES},
     payload::{Payload, Pool, Shared},
     Event,
 };
 
 use crate::{
     maps::Pending,
-    user::{read, read_out},
+    user::{key_at, read_out},
     vmm,
 };
-
-/// The key of the handle bytes at `addr` (0 where they cannot be read: the
-/// import is then said to come from an unknown exporter).
-#[inline(always)]
-fn key_at(addr: u64) -> u64 {
-    if addr == 0 {
-        return 0;
-    }
-    read::<[u64; HANDLE_BYTES / 8]>(addr).map(|w| ipc::key(&w)).unwrap_or(0)
-}
 
 /// What an entry must read while the caller's memory is as it passed it:
 /// the importer's handle bytes. cuIpcOpenMemHandle_v2 takes its

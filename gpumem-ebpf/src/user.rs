@@ -2,7 +2,12 @@
 //! place eBPF code touches user memory: a read that fails is said (a flag,
 //! an error), never a silent zero taken as a value.
 use aya_ebpf::helpers::bpf_probe_read_user;
-use gpumem_common::{counters::Exit, flags, Event};
+use gpumem_common::{
+    counters::Exit,
+    flags,
+    ipc::{self, HANDLE_BYTES},
+    Event,
+};
 
 /// A `T` at `addr` in the traced process.
 #[inline(always)]
@@ -26,4 +31,14 @@ pub fn read_out(ptr: u64, ev: &mut Event) -> u64 {
             0
         }
     }
+}
+
+/// The key of the handle bytes at `addr` (0 where they cannot be read: the
+/// import is then said to come from an unknown exporter).
+#[inline(always)]
+pub fn key_at(addr: u64) -> u64 {
+    if addr == 0 {
+        return 0;
+    }
+    read::<[u64; HANDLE_BYTES / 8]>(addr).map(|w| ipc::key(&w)).unwrap_or(0)
 }

@@ -125,6 +125,22 @@ fn status_reports_probes_and_missing_symbols() {
         "cuGreenCtxCreate",
         "cuCtxFromGreenCtx",
         "cuGreenCtxDestroy",
+        "cuGraphAddMemAllocNode",
+        "cuGraphAddMemFreeNode",
+        "cuDeviceGraphMemTrim",
+        "cuGraphDestroy",
+        "cuCheckpointProcessLock",
+        "cuCheckpointProcessCheckpoint",
+        "cuCheckpointProcessRestore",
+        "cuCheckpointProcessUnlock",
+        "cuMulticastCreate",
+        "cuMulticastAddDevice",
+        "cuMulticastBindMem",
+        "cuMulticastBindAddr",
+        "cuMulticastUnbind",
+        "cuMemExportToShareableHandle",
+        "cuMemImportFromShareableHandle",
+        "cuMemRetainAllocationHandle",
     ] {
         let p = probes.iter().find(|p| p["symbol"] == symbol).unwrap_or_else(|| panic!("{symbol} in {probes:#?}"));
         assert_eq!(p["status"], "attached", "{p:#}");
@@ -143,9 +159,11 @@ fn status_on_the_real_driver_resolves_every_symbol() {
     let probes = v["libraries"][0]["probes"].as_array().unwrap().clone();
     let not_attached: Vec<&Value> = probes.iter().filter(|p| p["status"] != "attached" && p["required"] != false).collect();
     assert!(not_attached.is_empty(), "driver 535 exports every required entry point: {not_attached:#?}");
-    // Green contexts came with CUDA 12.4: driver 535 has none, said so.
-    let green = probes.iter().find(|p| p["symbol"] == "cuGreenCtxCreate").unwrap();
-    assert_eq!((green["status"].as_str(), green["required"].as_bool()), (Some("not_exported"), Some(false)), "{green:#}");
+    // Green contexts (CUDA 12.4) and checkpoints (12.8) are newer than driver 535: said so.
+    for symbol in ["cuGreenCtxCreate", "cuCheckpointProcessCheckpoint"] {
+        let p = probes.iter().find(|p| p["symbol"] == symbol).unwrap();
+        assert_eq!((p["status"].as_str(), p["required"].as_bool()), (Some("not_exported"), Some(false)), "{p:#}");
+    }
 }
 
 #[test]

@@ -159,3 +159,101 @@ fn registered_host_memory_is_pinned_and_green_contexts_keep_their_device() {
     // Host memory is never VRAM: at exit only the green context's 5 MiB was on a device.
     assert_eq!(t.released_at_exit(pid), [(1, 5 * MIB, 1)]);
 }
+
+#[test]
+fn nvls_shareable_handles_multicast_retains_and_graph_nodes_are_explained() {
+    require_root();
+    let t = trace_workload("nvls", &[("GPUMEM_WORKLOAD_HOLD_MS", "300")]);
+    assert!(t.status.success(), "{}", t.stderr);
+    let exports = t.of_type("handle_export");
+    assert_eq!(sizes(&exports), [32 * MIB, 16 * MIB], "the exported handles' sizes");
+    let exporter = exports[0]["pid"].as_u64().unwrap();
+    let imports = t.of_type("handle_import");
+    let importer = imports[0]["pid"].as_u64().unwrap();
+    assert_eq!(imports[0]["exporter"].as_u64(), Some(exporter), "a fabric handle's bytes join the two");
+    assert_eq!(imports[1]["exporter"], Value::Null, "a file descriptor's number does not");
+    // The importer's maps of imported handles are imports, not maps without a create.
+    let maps: Vec<&Value> = t.for_pid(importer).into_iter().filter(|e| e["type"] == "vmm_map").collect();
+    assert_eq!(maps.len(), 2);
+    assert_eq!(maps[0]["exporter"].as_u64(), Some(exporter), "{:#}", maps[0]);
+    assert_eq!(t.summary_process(importer)["untracked_frees"], 0);
+    // The exporter's retain and its release free nothing; the multicast
+    // object's map is known; graph nodes declare, they do not hold.
+    let retain = t.of_type("handle_retain");
+    assert_eq!((retain.len(), retain[0]["pid"].as_u64()), (1, Some(exporter)));
+    let mc = t.of_type("multicast_create");
+    assert_eq!(sizes(&mc), [32 * MIB]);
+    assert_eq!(sizes(&t.of_type("multicast_bind")), [32 * MIB]);
+    let graph = t.of_type("graph_alloc");
+    assert_eq!((sizes(&graph), devices(&graph)), (vec![8 * MIB, 2 * MIB], vec![0, 0]));
+    assert_eq!(sizes(&t.of_type("graph_free")), [2 * MIB]);
+    assert_eq!(sizes(&t.of_type("graph_destroy")), [8 * MIB], "the node left when the graph went");
+    assert_eq!(devices(&t.of_type("graph_trim")), [0]);
+    let releases: Vec<&Value> = t.for_pid(exporter).into_iter().filter(|e| e["type"] == "vmm_release").collect();
+    assert_eq!(released(releases[0]), [], "the retain's release");
+    assert_nothing_live(&t, exporter);
+    assert_nothing_live(&t, importer);
+}
+
+#[test]
+fn leaks_explain_an_nvls_exporter_and_importer() {
+    require_root();
+    let f = fixtures();
+    let cmd = workload_cmd("nvls");
+    let v = leaks(
+        &["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0", "--duration", "3", "-c", &cmd],
+        &[("GPUMEM_WORKLOAD_HOLD_MS", "6000")],
+    );
+    let procs = v["processes"].as_array().unwrap();
+    let find = |live: u64| procs.iter().find(|p| p["live_bytes"].as_u64() == Some(live)).unwrap_or_else(|| panic!("{live} B: {v:#}"));
+    let exporter = find(48 * MIB);
+    let importer = find(MIB);
+    assert_eq!(importer["imported_bytes"].as_u64(), Some(48 * MIB), "{importer:#}");
+    let from: Vec<(Option<u64>, &str, u64)> = importer["imported"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["pid"].as_u64(), i["via"].as_str().unwrap(), i["bytes"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(from, [(exporter["pid"].as_u64(), "shareable_handle", 32 * MIB), (None, "shareable_handle", 16 * MIB)]);
+    let g = &exporter["graph_pool"];
+    assert_eq!(
+        (g["bytes"].as_u64(), g["nodes"].as_u64(), g["graphs"].as_u64(), g["trims"].as_u64()),
+        (Some(8 * MIB), Some(1), Some(1), Some(1)),
+        "{g:#}"
+    );
+    let mc = exporter["multicast"].as_array().unwrap();
+    assert_eq!(mc.len(), 1);
+    assert_eq!(
+        (mc[0]["size"].as_u64(), mc[0]["devices"].as_u64(), mc[0]["devices_added"].as_u64(), mc[0]["bound_bytes"].as_u64()),
+        (Some(32 * MIB), Some(2), Some(1), Some(32 * MIB))
+    );
+}
+
+#[test]
+fn a_checkpointed_process_is_suspended_not_freed_and_comes_back() {
+    require_root();
+    let f = fixtures();
+    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"], &[]);
+    let (mut child, lines) = spawn_workload_watched("checkpoint", &[("GPUMEM_WORKLOAD_HOLD_MS", "4000")]);
+    let pid = child.id();
+    lines.wait_for("checkpoint: checkpointed pid=", 20);
+    let text = poll(
+        20,
+        "the checkpoint in /metrics",
+        || Some(serve.metrics()).filter(|t| pid_series(t, "gpumem_process_checkpointed", pid) == Some(1.0)),
+        || serve.metrics(),
+    );
+    assert_eq!(pid_series(&text, "gpumem_process_memory_bytes", pid), Some((12 * MIB) as f64), "suspended, not freed");
+    assert_eq!(pid_series(&text, "gpumem_process_leak_suspected", pid).unwrap_or(0.0), 0.0);
+    lines.wait_for("checkpoint: restored", 20);
+    poll(
+        20,
+        "the restore in /metrics",
+        || Some(serve.metrics()).filter(|t| pid_series(t, "gpumem_process_checkpointed", pid).is_none()),
+        || serve.metrics(),
+    );
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    serve.stop();
+}

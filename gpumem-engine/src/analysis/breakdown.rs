@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::owners::OwnerBytes;
-use crate::state::{share, Process, Via};
+use crate::state::{share, Process, Suspension, Via};
 
 /// Imports shown per process and device, by exporter; the rest summed as one
 /// line with no exporter named.
@@ -25,12 +25,56 @@ pub struct Breakdown {
     /// for its exporter and never in this process's live bytes.
     pub imported_bytes: u64,
     pub imported: Vec<ImportedFrom>,
+    /// CUDA graphs' memory allocation nodes on this device: what the graph
+    /// memory pool hands out when they run (declared by the nodes; the
+    /// pool's physical size is the driver's, in NVML's figure).
+    pub graph_pool: Option<GraphPool>,
+    /// Multicast objects (NVLS) with memory of this device bound to them:
+    /// that memory is the process's own handles, already in its bytes.
+    pub multicast: Vec<MulticastBytes>,
+    /// A checkpointing tool's hold on the process: while `checkpointed`,
+    /// its memory is off the GPU, suspended, not freed and not a leak.
+    pub suspension: Option<SuspensionOf>,
 }
 
 impl Breakdown {
     pub fn is_empty(&self) -> bool {
-        self.by_owner.is_empty() && self.pools.is_empty() && self.imported.is_empty()
+        self.by_owner.is_empty()
+            && self.pools.is_empty()
+            && self.imported.is_empty()
+            && self.graph_pool.is_none()
+            && self.multicast.is_empty()
+            && self.suspension.is_none()
     }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphPool {
+    pub bytes: u64,
+    pub nodes: u64,
+    pub graphs: u64,
+    /// cuDeviceGraphMemTrim calls for this device.
+    pub trims: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MulticastBytes {
+    pub handle: String,
+    /// The object's size and the devices it spans (asked; added so far).
+    pub size: u64,
+    pub devices: u64,
+    pub devices_added: u64,
+    /// Bytes of this device's memory bound to it.
+    pub bound_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SuspensionOf {
+    pub state: Suspension,
+    /// The checkpointing tool's pid.
+    pub by_pid: u32,
+    /// CLOCK_MONOTONIC ns of the call that put it there.
+    pub since_ns: u64,
 }
 
 /// What one exporter's memory mapped here comes to.
@@ -61,6 +105,7 @@ pub struct PoolBytes {
 pub fn of(p: &Process, device: i32, by_owner: Vec<OwnerBytes>) -> Breakdown {
     let mut pools: Vec<PoolBytes> = share::pools_on(p, device)
         .into_iter()
+        .filter(|(_, u)| u.allocs > 0)
         .map(|(k, u)| PoolBytes {
             pool: if k.pool == 0 { "default".into() } else { format!("{:#x}", k.pool) },
             bytes: u.bytes,
@@ -92,5 +137,66 @@ pub fn of(p: &Process, device: i32, by_owner: Vec<OwnerBytes>) -> Breakdown {
             mappings: rest.iter().map(|f| f.mappings).sum(),
         });
     }
-    Breakdown { by_owner, pools, imported_bytes: p.totals(device).imported_bytes, imported }
+    let nodes: Vec<_> = p.held.graph_nodes.values().filter(|n| n.device == device).collect();
+    let trims = p.held.graph_trims.get(&device).copied().unwrap_or(0);
+    let graph_pool = (!nodes.is_empty() || trims > 0).then(|| {
+        let mut graphs: Vec<u64> = nodes.iter().map(|n| n.graph).collect();
+        graphs.sort_unstable();
+        graphs.dedup();
+        GraphPool { bytes: nodes.iter().map(|n| n.size).sum(), nodes: nodes.len() as u64, graphs: graphs.len() as u64, trims }
+    });
+    let mut multicast: Vec<MulticastBytes> = p
+        .held
+        .multicast
+        .iter()
+        .filter(|(_, m)| m.added.contains(&device) || m.bound.iter().any(|b| b.0 == device))
+        .map(|(&h, m)| MulticastBytes {
+            handle: format!("{h:#x}"),
+            size: m.size,
+            devices: m.devices,
+            devices_added: m.added.len() as u64,
+            bound_bytes: m.bound.iter().filter(|b| b.0 == device).map(|b| b.2).sum(),
+        })
+        .collect();
+    multicast.sort_by(|a, b| b.bound_bytes.cmp(&a.bound_bytes).then(a.handle.cmp(&b.handle)));
+    multicast.truncate(POOLS_SHOWN);
+    let suspension = p.suspension.map(|(state, by_pid, since_ns)| SuspensionOf { state, by_pid, since_ns });
+    Breakdown { by_owner, pools, imported_bytes: p.totals(device).imported_bytes, imported, graph_pool, multicast, suspension }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpumem_common::{api, Event};
+
+    use super::*;
+    use crate::state::{testing::ev, Limits, State};
+
+    const MIB: u64 = 1 << 20;
+
+    fn on(pid: u32, ts_ns: u64, e: Event) -> Event {
+        Event { pid, tid: pid, ts_ns, ..e }
+    }
+
+    #[test]
+    fn imports_are_grouped_by_exporter_and_empty_pools_left_out() {
+        let mut s = State::new(Limits::default());
+        for pid in [100, 200, 300] {
+            s.apply(&on(pid, 1, Event { handle: 0xc0, device: 0, ..ev(api::CU_DEVICE_PRIMARY_CTX_RETAIN) }));
+            s.apply(&on(pid, 1, Event { handle: 0xc0, ..ev(api::CU_CTX_SET_CURRENT) }));
+        }
+        for (pid, addr, key) in [(100, 0x1000, 1), (100, 0x2000, 2), (300, 0x3000, 3)] {
+            s.apply(&on(pid, 2, Event { addr, size: 2 * MIB, ..ev(api::CU_MEM_ALLOC_V2) }));
+            s.apply(&on(pid, 3, Event { addr, handle: key, ..ev(api::CU_IPC_GET_MEM_HANDLE) }));
+        }
+        for (addr, key) in [(0x9000, 1), (0xa000, 2), (0xb000, 3), (0xc000, 4)] {
+            s.apply(&on(200, 4, Event { addr, handle: key, ..ev(api::CU_IPC_OPEN_MEM_HANDLE_V2) }));
+        }
+        s.apply(&on(200, 5, Event { handle: 0x77, device: 0, ..ev(api::CU_MEM_POOL_CREATE) }));
+        let b = of(&s.processes[&200], 0, Vec::new());
+        assert_eq!(b.imported_bytes, 6 * MIB);
+        let from: Vec<(Option<u32>, u64, u64)> = b.imported.iter().map(|i| (i.pid, i.bytes, i.mappings)).collect();
+        assert_eq!(from, [(Some(100), 4 * MIB, 2), (Some(300), 2 * MIB, 1), (None, 0, 1)], "largest first; the unknown one said");
+        assert!(b.pools.is_empty(), "a pool with nothing live is not shown");
+        assert!(!b.is_empty());
+    }
 }

@@ -177,7 +177,9 @@ impl View {
             }
             for &device in &p.devices_seen {
                 let totals = p.totals(device);
-                *traced.entry(device).or_default() += totals.live_bytes;
+                // A checkpointed process's memory is off the GPU until restored.
+                let off_gpu = matches!(p.suspension, Some((crate::state::Suspension::Checkpointed, ..)));
+                *traced.entry(device).or_default() += if off_gpu { 0 } else { totals.live_bytes };
                 let verdict = if p.exited { None } else { growth.verdict(p.pid, device) };
                 let leak_suspect_bytes = match &verdict {
                     Some(v) if v.leaking => leaks::bytes_allocated_before(p, device, o.now_ns.saturating_sub(o.leak_age_ns)),

@@ -76,6 +76,7 @@ pub fn breakdown_lines(b: &crate::analysis::breakdown::Breakdown) -> Vec<String>
                 let via = match i.via {
                     crate::state::Via::Ipc => "IPC",
                     crate::state::Via::PoolPointer => "pool pointer",
+                    crate::state::Via::ShareableHandle => "shareable handle",
                 };
                 let from = match i.pid {
                     Some(pid) => format!("pid {pid} ({})", crate::names::printable(&i.comm)),
@@ -90,6 +91,40 @@ pub fn breakdown_lines(b: &crate::analysis::breakdown::Breakdown) -> Vec<String>
             bytes(b.imported_bytes),
             each.join(", ")
         ));
+    }
+    if let Some(g) = &b.graph_pool {
+        let trims = if g.trims > 0 { format!(", trimmed {}×", g.trims) } else { String::new() };
+        lines.push(format!(
+            "graph pool: {} declared by {} allocation node(s) of {} graph(s){trims} (what the pool physically holds is the driver's)",
+            bytes(g.bytes),
+            g.nodes,
+            g.graphs
+        ));
+    }
+    if !b.multicast.is_empty() {
+        let each: Vec<String> = b
+            .multicast
+            .iter()
+            .map(|m| {
+                format!(
+                    "{} of {} on {}/{} devices: {} bound here",
+                    m.handle,
+                    bytes(m.size),
+                    m.devices_added,
+                    m.devices,
+                    bytes(m.bound_bytes)
+                )
+            })
+            .collect();
+        lines.push(format!("multicast (its own handles, already counted): {}", each.join(", ")));
+    }
+    if let Some(s) = &b.suspension {
+        let what = match s.state {
+            crate::state::Suspension::Locked => "locked by a checkpointing tool",
+            crate::state::Suspension::Checkpointed => "CHECKPOINTED: its memory is off the GPU, suspended (not freed, not a leak)",
+            crate::state::Suspension::Restored => "restored, still locked",
+        };
+        lines.push(format!("{what} (pid {})", s.by_pid));
     }
     lines
 }

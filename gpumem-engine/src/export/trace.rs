@@ -65,6 +65,16 @@ fn has_handle(kind: &Kind) -> bool {
             | ApiClass::GreenCtxCreate
             | ApiClass::CtxFromGreen
             | ApiClass::GreenCtxDestroy
+            | ApiClass::GraphAlloc
+            | ApiClass::GraphFree
+            | ApiClass::GraphDestroy
+            | ApiClass::MulticastCreate
+            | ApiClass::MulticastAddDevice
+            | ApiClass::MulticastBind
+            | ApiClass::MulticastUnbind
+            | ApiClass::HandleExport
+            | ApiClass::HandleImport
+            | ApiClass::HandleRetain
     )
 }
 
@@ -132,8 +142,11 @@ pub fn event_json(ev: &Event, kind: &Kind, applied: &Applied, container: Option<
     if has_handle(kind) {
         obj.insert("handle".into(), hex(ev.handle));
     }
-    if event_type(ev.api) == "import" {
+    if applied.exporter.is_some() || matches!(event_type(ev.api), "import" | "handle_import") {
         obj.insert("exporter".into(), json!(applied.exporter));
+    }
+    if event_type(ev.api) == "checkpoint" {
+        obj.insert("target".into(), json!(gpumem_common::payload::CheckpointCall::unpack(ev).target));
     }
     if ev.api == api::CU_MEM_ALLOC_PITCH_V2 {
         obj.insert("pitch".into(), json!(PitchAlloc::unpack(ev).pitch));

@@ -5,7 +5,9 @@
 //! Each concern is a file of methods on `Process`: alloc.rs, vmm.rs, ctx.rs,
 //! ioctl.rs; this file decides which applies.
 mod alloc;
+mod checkpoint;
 mod ctx;
+mod graph;
 mod ioctl;
 mod outcome;
 pub mod process;
@@ -20,7 +22,7 @@ use rustc_hash::FxHashMap;
 
 use crate::{events::Kind, stacks::StackId};
 pub use outcome::{Applied, CudaOom, Holder, OomCounters, OomKill, Release, OOM_TOP_HOLDERS};
-pub use process::{Allocation, Failure, Import, Memory, PoolKey, PoolUse, Process, Via, VmmHandle};
+pub use process::{Allocation, Failure, Import, Memory, PoolKey, PoolUse, Process, Suspension, Via, VmmHandle};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -228,8 +230,12 @@ impl State {
     }
 
     fn successful_call(&mut self, info: &ApiInfo, ev: &Event, stack: Option<StackId>) -> Applied {
-        if matches!(info.class, ApiClass::Export | ApiClass::Import | ApiClass::ImportClose) {
-            return self.share_call(info.class, ev);
+        match info.class {
+            ApiClass::Export | ApiClass::Import | ApiClass::ImportClose | ApiClass::HandleExport | ApiClass::HandleImport => {
+                return self.share_call(info.class, ev)
+            }
+            ApiClass::Checkpoint => return self.checkpoint_call(ev),
+            _ => {}
         }
         self.apply_counted(ev, |p, room, out| match info.class {
             ApiClass::Init | ApiClass::ProcessExit => {}
@@ -253,7 +259,19 @@ impl State {
             ApiClass::PoolCreate | ApiClass::PoolDestroy | ApiClass::PoolTrim | ApiClass::PoolSetDevice => {
                 p.apply_pool(info.class, ev, out)
             }
-            ApiClass::Export | ApiClass::Import | ApiClass::ImportClose => unreachable!("applied above"),
+            ApiClass::GraphAlloc | ApiClass::GraphFree | ApiClass::GraphTrim | ApiClass::GraphDestroy => {
+                p.apply_graph(info.class, ev, room, out)
+            }
+            ApiClass::MulticastCreate | ApiClass::MulticastAddDevice | ApiClass::MulticastBind | ApiClass::MulticastUnbind => {
+                p.apply_multicast(info.class, ev, room, out)
+            }
+            ApiClass::HandleRetain => p.retain_handle(ev.handle, out),
+            ApiClass::Export
+            | ApiClass::Import
+            | ApiClass::ImportClose
+            | ApiClass::HandleExport
+            | ApiClass::HandleImport
+            | ApiClass::Checkpoint => unreachable!("applied above"),
         })
     }
 

@@ -76,6 +76,9 @@ pub struct VmmHandle {
     pub ts_ns: u64,
     pub stack: Option<StackId>,
     pub sampling: Sampling,
+    /// cuMemRetainAllocationHandle calls not yet released: a release takes
+    /// one of these before it releases the memory.
+    pub retains: u32,
 }
 
 /// Another process's allocation mapped into this one (see share.rs).
@@ -100,6 +103,54 @@ pub enum Via {
     Ipc,
     /// cuMemPoolImportPointer.
     PoolPointer,
+    /// cuMemImportFromShareableHandle, then cuMemMap.
+    ShareableHandle,
+}
+
+/// A physical handle imported from another process
+/// (cuMemImportFromShareableHandle): its mappings here are imports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImportedHandle {
+    pub from_pid: Option<u32>,
+    pub from_comm: String,
+    /// The exporter's handle's bytes, where joined (else each mapping's size counts).
+    pub size: Option<u64>,
+    pub device: i32,
+    pub retains: u32,
+}
+
+/// A multicast object (NVLS): no memory of its own; the physical memory
+/// bound to it on each device is that device's own handles.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Multicast {
+    pub size: u64,
+    /// Devices it was made for (numDevices) and those added so far.
+    pub devices: u64,
+    pub added: Vec<i32>,
+    /// (device, offset in the object, bytes bound).
+    pub bound: Vec<(i32, u64, u64)>,
+}
+
+/// A CUDA graph's memory allocation node: the pointer it hands out when the
+/// graph runs, from the device's graph memory pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GraphNode {
+    pub graph: u64,
+    pub size: u64,
+    pub device: i32,
+}
+
+/// Where a checkpointing tool (cuda-checkpoint) has a process: its device
+/// memory is moved off the GPU while checkpointed, not freed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Suspension {
+    /// cuCheckpointProcessLock: its CUDA calls are held.
+    Locked,
+    /// cuCheckpointProcessCheckpoint: its device memory is saved to host memory and released from the GPU.
+    Checkpointed,
+    /// cuCheckpointProcessRestore: its memory is back, still locked.
+    Restored,
 }
 
 /// A stream-ordered pool: its handle (0: the device's default pool) and device.
@@ -260,12 +311,28 @@ pub struct Held {
     pub device_pool: HashMap<i32, u64>,
     /// Live allocations made from a pool: address → pool.
     pub pool_of: HashMap<u64, PoolKey>,
+    /// Handles imported from other processes, by the handle made here.
+    pub imported_handles: HashMap<u64, ImportedHandle>,
+    /// Multicast objects, by handle.
+    pub multicast: HashMap<u64, Multicast>,
+    /// Graph memory allocation nodes with no free node yet, by pointer.
+    pub graph_nodes: HashMap<u64, GraphNode>,
+    /// cuDeviceGraphMemTrim calls per device.
+    pub graph_trims: HashMap<i32, u64>,
 }
 
 impl Held {
     /// Table entries held (for the global bound).
     pub fn entries(&self) -> usize {
-        self.allocs.len() + self.vmm_handles.len() + self.mappings.len() + self.reservations.len() + self.tensors.len() + self.imports.len()
+        self.allocs.len()
+            + self.vmm_handles.len()
+            + self.mappings.len()
+            + self.reservations.len()
+            + self.tensors.len()
+            + self.imports.len()
+            + self.imported_handles.len()
+            + self.multicast.len()
+            + self.graph_nodes.len()
     }
 }
 
@@ -304,6 +371,8 @@ pub struct Process {
     pub untracked_tensor_frees: u64,
     /// What the process freed since its last allocation: at its exit, its wind-down.
     pub wind_down: WindDown,
+    /// A checkpointing tool's hold on it: (state, the tool's pid, since when, CLOCK_MONOTONIC ns).
+    pub suspension: Option<(Suspension, u32, u64)>,
 }
 
 /// The frees since a process's last device allocation, by device and

@@ -15,10 +15,14 @@
 //! keeps beyond its live allocations, and what a trim gives back, happen
 //! inside the driver: no call says it, so it is left to NVML's figure for
 //! the process (its overhead), and trims are counted, not guessed.
-use gpumem_common::{api, payload::Payload, payload::Pool as PoolCall, payload::PoolAlloc, ApiClass, Event};
+use gpumem_common::{
+    api,
+    payload::{Payload, Pool as PoolCall, PoolAlloc, ShareableHandle},
+    ApiClass, Event,
+};
 
 use super::{
-    process::{Import, PoolKey, PoolUse, Process, Via},
+    process::{Import, ImportedHandle, PoolKey, PoolUse, Process, Via},
     Applied, State,
 };
 
@@ -30,7 +34,9 @@ pub const EXPORTS_MAX: usize = 1 << 16;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Export {
     pub pid: u32,
+    /// The allocation's address, or (`handle`) the physical handle exported.
     pub addr: u64,
+    pub handle: bool,
     pub ts_ns: u64,
 }
 
@@ -47,9 +53,38 @@ impl State {
                     out.untracked = held.is_none();
                 });
                 if !applied.untracked {
-                    self.remember_export(shared.key, Export { pid: ev.pid, addr: shared.addr, ts_ns: ev.ts_ns });
+                    self.remember_export(shared.key, Export { pid: ev.pid, addr: shared.addr, handle: false, ts_ns: ev.ts_ns });
                 }
                 applied
+            }
+            ApiClass::HandleExport => {
+                let call = ShareableHandle::unpack(ev);
+                let applied = self.apply_counted(ev, |p, _, out| {
+                    let held = p.held.vmm_handles.get(&call.handle);
+                    out.device = held.map_or(out.device, |h| h.device);
+                    out.size = held.map_or(0, |h| h.size);
+                    out.untracked = held.is_none();
+                });
+                if !applied.untracked {
+                    self.remember_export(call.key, Export { pid: ev.pid, addr: call.handle, handle: true, ts_ns: ev.ts_ns });
+                }
+                applied
+            }
+            ApiClass::HandleImport => {
+                let call = ShareableHandle::unpack(ev);
+                let from = self.exported(call.key, ev.ts_ns);
+                self.apply_counted(ev, |p, room, out| {
+                    let device = from.as_ref().map_or(p.current_device(ev.tid), |f| f.3);
+                    out.device = device;
+                    out.exporter = from.as_ref().and_then(|f| f.0);
+                    out.size = 0;
+                    if !room {
+                        out.dropped = true;
+                        return;
+                    }
+                    let (from_pid, from_comm, size) = from.map_or((None, String::new(), None), |f| (f.0, f.1, Some(f.2)));
+                    p.held.imported_handles.insert(call.handle, ImportedHandle { from_pid, from_comm, size, device, retains: 0 });
+                })
             }
             ApiClass::Import => {
                 let from = self.exported(shared.key, ev.ts_ns);
@@ -93,8 +128,12 @@ impl State {
     fn exported(&self, key: u64, now_ns: u64) -> Option<(Option<u32>, String, u64, i32)> {
         let e = self.exports.get(&key)?;
         let p = self.processes.get(&e.pid).filter(|p| !p.exited)?;
-        let a = p.held.allocs.get(&e.addr).filter(|a| a.ts_ns <= e.ts_ns && e.ts_ns <= now_ns)?;
-        Some((Some(e.pid), p.comm.clone(), a.size, a.device()))
+        let (size, device, made_ns) = if e.handle {
+            p.held.vmm_handles.get(&e.addr).map(|h| (h.size, h.device, h.ts_ns))?
+        } else {
+            p.held.allocs.get(&e.addr).map(|a| (a.size, a.device(), a.ts_ns))?
+        };
+        (made_ns <= e.ts_ns && e.ts_ns <= now_ns).then(|| (Some(e.pid), p.comm.clone(), size, device))
     }
 
     /// Forgets the exports of a process that exited.
@@ -106,7 +145,7 @@ impl State {
 }
 
 impl Process {
-    fn add_import(&mut self, addr: u64, import: Import) {
+    pub(super) fn add_import(&mut self, addr: u64, import: Import) {
         if let Some(old) = self.held.imports.insert(addr, import.clone()) {
             self.uncount_import(&old);
         }

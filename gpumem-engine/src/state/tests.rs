@@ -461,3 +461,103 @@ fn registered_host_memory_is_pinned_host_memory() {
     s.apply(&Event { addr: 0x1000, ..ev(api::CU_MEM_HOST_UNREGISTER) });
     assert_eq!(s.processes[&100].held.pinned.bytes, 0);
 }
+
+fn create(handle: u64, size: u64, device: i32) -> Event {
+    Event { handle, size, device, ..ev(api::CU_MEM_CREATE) }
+}
+
+fn map(addr: u64, size: u64, handle: u64) -> Event {
+    Event { addr, size, handle, ..ev(api::CU_MEM_MAP) }
+}
+
+#[test]
+fn a_fabric_handle_mapped_by_its_importer_is_the_exporters_memory() {
+    let mut s = State::new(Limits::default());
+    state_of(&mut s, 100, 0);
+    state_of(&mut s, 200, 0);
+    s.apply(&of(100, 2, create(0x1000, 32 * MIB, 0)));
+    let fabric = gpumem_common::handle_type::FABRIC;
+    let export = s.apply(&of(100, 3, Event { handle: 0x1000, addr: 0xfab, aux: fabric, ..ev(api::CU_MEM_EXPORT_TO_SHAREABLE_HANDLE) }));
+    assert_eq!(export.size, 32 * MIB);
+    let import = s.apply(&of(200, 4, Event { handle: 0x2000, addr: 0xfab, aux: fabric, ..ev(api::CU_MEM_IMPORT_FROM_SHAREABLE_HANDLE) }));
+    assert_eq!(import.exporter, Some(100));
+    let mapped = s.apply(&of(200, 5, map(0x7000_0000, 32 * MIB, 0x2000)));
+    assert!(!mapped.untracked, "an imported handle is no longer mapped without a create");
+    assert_eq!(mapped.exporter, Some(100));
+    let t = totals(&s, 200, 0);
+    assert_eq!((t.imported_bytes, t.live_bytes), (32 * MIB, 0));
+    s.apply(&of(200, 6, Event { addr: 0x7000_0000, size: 32 * MIB, ..ev(api::CU_MEM_UNMAP) }));
+    assert_eq!(totals(&s, 200, 0).imported_bytes, 0);
+    let release = s.apply(&of(200, 7, Event { handle: 0x2000, ..ev(api::CU_MEM_RELEASE) }));
+    assert!(!release.untracked);
+    assert!(s.processes[&200].held.imported_handles.is_empty());
+    // A file descriptor joins nothing: the mapping is still an import, its exporter unnamed.
+    let fd = gpumem_common::handle_type::POSIX_FILE_DESCRIPTOR;
+    s.apply(&of(200, 8, Event { handle: 0x3000, addr: 0, aux: fd, ..ev(api::CU_MEM_IMPORT_FROM_SHAREABLE_HANDLE) }));
+    s.apply(&of(200, 9, map(0x8000_0000, 4 * MIB, 0x3000)));
+    assert_eq!(totals(&s, 200, 0).imported_bytes, 4 * MIB);
+    assert_eq!(s.processes[&200].held.imports[&0x8000_0000].from_pid, None);
+}
+
+#[test]
+fn a_retained_handle_needs_one_more_release() {
+    let mut s = state();
+    s.apply(&create(0x1000, 8 * MIB, 0));
+    s.apply(&Event { handle: 0x1000, addr: 0x5000, ..ev(api::CU_MEM_RETAIN_ALLOCATION_HANDLE) });
+    let first = s.apply(&Event { handle: 0x1000, ..ev(api::CU_MEM_RELEASE) });
+    assert_eq!((first.released.len(), totals(&s, 100, 0).live_bytes), (0, 8 * MIB), "the retain's release");
+    let second = s.apply(&Event { handle: 0x1000, ..ev(api::CU_MEM_RELEASE) });
+    assert_eq!(second.released, [Release { device: 0, bytes: 8 * MIB, allocs: 1 }]);
+}
+
+#[test]
+fn multicast_objects_hold_no_memory_of_their_own() {
+    let mut s = state();
+    s.apply(&Event { handle: 0x9000, size: 64 * MIB, aux: 2, ..ev(api::CU_MULTICAST_CREATE) });
+    s.apply(&Event { handle: 0x9000, device: 0, ..ev(api::CU_MULTICAST_ADD_DEVICE) });
+    s.apply(&create(0x1000, 64 * MIB, 0));
+    let bind = s.apply(&Event { handle: 0x9000, addr: 0x1000, size: 64 * MIB, aux: 0, ..ev(api::CU_MULTICAST_BIND_MEM) });
+    assert_eq!(bind.device, 0);
+    let m = s.apply(&map(0x7000_0000, 64 * MIB, 0x9000));
+    assert!(!m.untracked, "a multicast object is mapped without a create, and known");
+    assert_eq!(totals(&s, 100, 0).live_bytes, 64 * MIB, "the bound handle only");
+    let mc = &s.processes[&100].held.multicast[&0x9000];
+    assert_eq!((mc.added.as_slice(), mc.bound.as_slice()), (&[0][..], &[(0, 0, 64 * MIB)][..]));
+    s.apply(&Event { handle: 0x9000, device: 0, aux: 0, size: 64 * MIB, ..ev(api::CU_MULTICAST_UNBIND) });
+    assert!(s.processes[&100].held.multicast[&0x9000].bound.is_empty());
+    let r = s.apply(&Event { handle: 0x9000, ..ev(api::CU_MEM_RELEASE) });
+    assert!(!r.untracked && s.processes[&100].held.multicast.is_empty());
+}
+
+#[test]
+fn graph_allocation_nodes_declare_the_graph_pool_not_live_bytes() {
+    let mut s = state();
+    s.apply(&Event { addr: 0x1000, size: 16 * MIB, handle: 0x77, device: 1, ..ev(api::CU_GRAPH_ADD_MEM_ALLOC_NODE) });
+    s.apply(&Event { addr: 0x2000, size: 4 * MIB, handle: 0x77, device: 1, ..ev(api::CU_GRAPH_ADD_MEM_ALLOC_NODE) });
+    s.apply(&Event { addr: 0x3000, size: MIB, handle: 0x88, device: 1, ..ev(api::CU_GRAPH_ADD_MEM_ALLOC_NODE) });
+    assert_eq!(totals(&s, 100, 1).live_bytes, 0);
+    let f = s.apply(&Event { addr: 0x2000, handle: 0x77, ..ev(api::CU_GRAPH_ADD_MEM_FREE_NODE) });
+    assert_eq!((f.device, f.size), (1, 4 * MIB));
+    let d = s.apply(&Event { handle: 0x77, ..ev(api::CU_GRAPH_DESTROY) });
+    assert_eq!(d.size, 16 * MIB);
+    let p = &s.processes[&100];
+    assert_eq!(p.held.graph_nodes.len(), 1);
+    assert_eq!(p.held.graph_nodes[&0x3000], process::GraphNode { graph: 0x88, size: MIB, device: 1 });
+}
+
+#[test]
+fn a_checkpointed_process_keeps_its_memory_suspended() {
+    let mut s = state();
+    s.apply(&alloc(0x1000, 12 * MIB));
+    let tool = |api_id: u32, ts: u64| Event { addr: 100, ..of(300, ts, ev(api_id)) };
+    s.apply(&tool(api::CU_CHECKPOINT_PROCESS_LOCK, 2));
+    let c = s.apply(&tool(api::CU_CHECKPOINT_PROCESS_CHECKPOINT, 3));
+    assert_eq!(c.size, 12 * MIB);
+    let p = &s.processes[&100];
+    assert_eq!(p.suspension, Some((Suspension::Checkpointed, 300, 3)));
+    assert_eq!(totals(&s, 100, 0).live_bytes, 12 * MIB, "not freed");
+    assert_eq!(s.processes[&300].apis[&api::CU_CHECKPOINT_PROCESS_CHECKPOINT].calls, 1, "counted for the tool");
+    s.apply(&tool(api::CU_CHECKPOINT_PROCESS_RESTORE, 4));
+    s.apply(&tool(api::CU_CHECKPOINT_PROCESS_UNLOCK, 5));
+    assert_eq!(s.processes[&100].suspension, None);
+}

@@ -4,7 +4,7 @@
 use gpumem_common::{ApiClass, Event, DEVICE_UNKNOWN};
 
 use super::{
-    process::{Mapping, Process, VmmHandle},
+    process::{Import, Mapping, Process, Via, VmmHandle},
     Applied, Release,
 };
 use crate::stacks::{Sampling, StackId};
@@ -48,7 +48,16 @@ impl Process {
             out.dropped = true;
             return;
         }
-        let h = VmmHandle { size: ev.size, device, mappings: 0, released: false, ts_ns: ev.ts_ns, stack, sampling: Sampling::of(ev.flags) };
+        let h = VmmHandle {
+            size: ev.size,
+            device,
+            mappings: 0,
+            released: false,
+            ts_ns: ev.ts_ns,
+            stack,
+            sampling: Sampling::of(ev.flags),
+            retains: 0,
+        };
         if let Some(old) = self.held.vmm_handles.insert(ev.handle, h) {
             self.uncount_handle(&old);
         }
@@ -61,10 +70,16 @@ impl Process {
 
     fn vmm_release(&mut self, ev: &Event, out: &mut Applied) {
         let Some(h) = self.held.vmm_handles.get_mut(&ev.handle) else {
-            out.untracked = true;
+            self.release_other_handle(ev.handle, out);
             return;
         };
         out.device = h.device;
+        if h.retains > 0 {
+            // The release of a cuMemRetainAllocationHandle: the memory stays.
+            h.retains -= 1;
+            out.size = 0;
+            return;
+        }
         out.size = h.size;
         h.released = true;
         out.lifetime_ns = Some(ev.ts_ns.saturating_sub(h.ts_ns));
@@ -80,7 +95,7 @@ impl Process {
                 h.mappings += 1;
                 out.device = h.device;
             }
-            None => out.untracked = true,
+            None => self.map_other_handle(ev, room, out),
         }
         if room {
             self.held.mappings.insert(ev.addr, Mapping { size: ev.size, handle: ev.handle });
@@ -98,12 +113,71 @@ impl Process {
         }
         for start in starts {
             let m = self.held.mappings.remove(&start).expect("present");
-            let Some(h) = self.held.vmm_handles.get_mut(&m.handle) else { continue };
+            let Some(h) = self.held.vmm_handles.get_mut(&m.handle) else {
+                // An imported handle's mapping: the import goes.
+                if let Some(i) = self.remove_import(start) {
+                    out.device = i.device;
+                }
+                continue;
+            };
             h.mappings = h.mappings.saturating_sub(1);
             out.device = h.device;
             if h.released && h.mappings == 0 {
                 self.free_handle(m.handle, out);
             }
+        }
+    }
+
+    /// A cuMemMap of a handle that is not this process's own memory: an
+    /// imported handle (its mapping is an import of the exporter's bytes)
+    /// or a multicast object (no memory of its own); else untracked.
+    fn map_other_handle(&mut self, ev: &Event, room: bool, out: &mut Applied) {
+        if let Some(ih) = self.held.imported_handles.get(&ev.handle) {
+            let size = ih.size.map_or(ev.size, |s| s.min(ev.size));
+            let import = Import {
+                from_pid: ih.from_pid,
+                from_comm: ih.from_comm.clone(),
+                size,
+                device: ih.device,
+                via: Via::ShareableHandle,
+                ts_ns: ev.ts_ns,
+            };
+            out.device = ih.device;
+            out.exporter = ih.from_pid;
+            if room {
+                self.add_import(ev.addr, import);
+            }
+        } else if !self.held.multicast.contains_key(&ev.handle) {
+            out.untracked = true;
+        }
+    }
+
+    /// cuMemRelease of an imported handle or a multicast object.
+    fn release_other_handle(&mut self, handle: u64, out: &mut Applied) {
+        if let Some(ih) = self.held.imported_handles.get_mut(&handle) {
+            out.device = ih.device;
+            out.size = 0;
+            if ih.retains > 0 {
+                ih.retains -= 1;
+            } else {
+                // Its mappings stay imports until unmapped, as the driver keeps them.
+                self.held.imported_handles.remove(&handle);
+            }
+        } else if self.held.multicast.remove(&handle).is_none() {
+            out.untracked = true;
+        }
+    }
+
+    /// cuMemRetainAllocationHandle: one more release to come before the memory goes.
+    pub(super) fn retain_handle(&mut self, handle: u64, out: &mut Applied) {
+        if let Some(h) = self.held.vmm_handles.get_mut(&handle) {
+            h.retains += 1;
+            out.device = h.device;
+        } else if let Some(ih) = self.held.imported_handles.get_mut(&handle) {
+            ih.retains += 1;
+            out.device = ih.device;
+        } else {
+            out.untracked = true;
         }
     }
 

@@ -195,6 +195,13 @@ fn owner_families(fams: &mut Families, rows: &[&crate::analysis::view::Row], vie
     }
     let imported = fams.add(m::PROCESS_IMPORTED);
     imported.extend(rows.iter().filter(|r| r.totals.imports > 0).map(|r| (labelled(r), Value::int(r.totals.imported_bytes))));
+    let graphs = fams.add(m::PROCESS_GRAPH_POOL);
+    graphs.extend(rows.iter().filter_map(|r| Some((labelled(r), Value::int(r.breakdown.graph_pool.as_ref()?.bytes)))));
+    let checkpointed = fams.add(m::PROCESS_CHECKPOINTED);
+    checkpointed.extend(rows.iter().filter_map(|r| {
+        let s = r.breakdown.suspension.as_ref()?;
+        Some((labelled(r), Value::int((s.state == crate::state::Suspension::Checkpointed) as u64)))
+    }));
 }
 
 /// The leaking stack groups of the processes shown: bounded per process and GPU.
