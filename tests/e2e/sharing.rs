@@ -257,3 +257,52 @@ fn a_checkpointed_process_is_suspended_not_freed_and_comes_back() {
     assert!(status.success(), "{status:?}");
     serve.stop();
 }
+
+/// The README's worked example ("Where did my VRAM go"), byte for byte.
+#[test]
+fn the_readme_trainer_is_explained_byte_for_byte() {
+    require_root();
+    let f = fixtures();
+    let cmd = workload_cmd("trainer");
+    let libs = f.owner_libs.to_str().unwrap();
+    let envs = [("GPUMEM_WORKLOAD_HOLD_MS", "6000"), ("GPUMEM_OWNER_LIBS", libs)];
+    let v = leaks(&["--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0", "--duration", "3", "-c", &cmd], &envs);
+    let procs = v["processes"].as_array().unwrap();
+    let trainer = procs.iter().find(|p| p["live_bytes"].as_u64() == Some(448 * MIB)).unwrap_or_else(|| panic!("{v:#}"));
+    let peer = procs.iter().find(|p| p["live_bytes"].as_u64() == Some(16 * MIB)).unwrap_or_else(|| panic!("{v:#}"));
+    let owners: Vec<(&str, u64, u64, bool)> = trainer["by_owner"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            (
+                o["owner"].as_str().unwrap(),
+                o["bytes"].as_u64().unwrap(),
+                o["allocations"].as_u64().unwrap(),
+                o["estimated"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        owners,
+        [("workload", 288 * MIB, 3, false), ("libnccl.so.2", 128 * MIB, 2, false), ("libcublasLt.so.13", 32 * MIB, 1, false)],
+        "the module that asked the driver, exact"
+    );
+    let pools: Vec<(bool, u64)> =
+        trainer["pools"].as_array().unwrap().iter().map(|p| (p["pool"] == "default", p["bytes"].as_u64().unwrap())).collect();
+    assert_eq!(pools, [(false, 24 * MIB), (true, 8 * MIB)]);
+    assert_eq!(trainer["imported_bytes"].as_u64(), Some(16 * MIB));
+    assert_eq!(trainer["imported"][0]["pid"], peer["pid"]);
+    assert_eq!(trainer["imported"][0]["via"], "ipc");
+    // The human report says the same.
+    let out = run_gpumem(&["leaks", "--libcuda", f.libcuda.to_str().unwrap(), "--older-than", "0", "--duration", "3", "-c", &cmd], &envs);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for line in [
+        "by owner: workload 288.0 MiB, libnccl.so.2 128.0 MiB, libcublasLt.so.13 32.0 MiB",
+        "pools (live allocations; what a pool keeps beyond them is the driver's): ",
+        "imported 16.0 MiB (the exporters' memory, not in this process's bytes): 16.0 MiB from pid ",
+    ] {
+        assert!(text.contains(line), "{line:?} in:\n{text}");
+    }
+}

@@ -162,6 +162,8 @@ fn top_in_a_real_terminal_sorts_filters_switches_gpu_shows_stacks_and_quits() {
     tmux.keys(&["p", "Enter"]);
     let s = tmux.wait_for("the stacks", |s| s.contains("largest live allocation stacks"));
     assert!(s.contains("allocation(s), oldest"), "{s}");
+    // Above them, where its memory went: all of it the program's own.
+    assert!(s.contains("where its memory went") && s.contains("by owner: workload "), "{s}");
     tmux.keys(&["x"]);
     tmux.wait_for("the stacks to close", |s| !s.contains("largest live allocation stacks"));
     let busy = events_in_title(&tmux.screen());

@@ -70,6 +70,9 @@ pub struct Fixtures {
     /// The PyTorch-shaped test allocator with PyTorch's USDT probes, named
     /// like PyTorch's library (libc10_cuda.so).
     pub torch: PathBuf,
+    /// A folder with a library that allocates device memory itself, built
+    /// as libnccl.so.2 and libcublasLt.so.13 (the `trainer` scenario's owners).
+    pub owner_libs: PathBuf,
 }
 
 fn cc(args: &[&str]) {
@@ -128,7 +131,15 @@ pub fn fixtures() -> &'static Fixtures {
         let (t, s) = (torch_tmp.to_str().unwrap(), src.join("torch_alloc.c"));
         cc(&["-shared", "-fPIC", "-O2", "-g", "-Wall", "-o", t, s.to_str().unwrap(), "-ldl", "-lpthread"]);
         std::fs::rename(&torch_tmp, &torch).expect("installing the test allocator");
-        Fixtures { dir, libcuda, workload, nvioctl, nvml, torch }
+        let owner_libs = dir.join("owners");
+        std::fs::create_dir_all(&owner_libs).unwrap();
+        for name in ["libnccl.so.2", "libcublasLt.so.13"] {
+            let (lib, tmp) = (owner_libs.join(name), owner_libs.join(format!("{name}.tmp")));
+            let s = src.join("owner_lib.c");
+            cc(&["-shared", "-fPIC", "-O2", "-g", "-fomit-frame-pointer", "-Wall", "-o", tmp.to_str().unwrap(), s.to_str().unwrap()]);
+            std::fs::rename(&tmp, &lib).expect("installing an owner library");
+        }
+        Fixtures { dir, libcuda, workload, nvioctl, nvml, torch, owner_libs }
     })
 }
 

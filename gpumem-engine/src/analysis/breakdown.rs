@@ -35,6 +35,39 @@ pub struct Breakdown {
     /// A checkpointing tool's hold on the process: while `checkpointed`,
     /// its memory is off the GPU, suspended, not freed and not a leak.
     pub suspension: Option<SuspensionOf>,
+    /// What NVML says the process takes on the GPU beyond everything traced.
+    pub overhead: Overhead,
+}
+
+/// NVML's figure for the process on the GPU minus its traced live bytes:
+/// its context, loaded modules, the driver's reserves, what pools and the
+/// graph pool keep beyond their live allocations. Where NVML cannot say,
+/// `bytes` is None and `reason` says why.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Overhead {
+    pub bytes: Option<i64>,
+    pub nvml_bytes: Option<u64>,
+    pub reason: Option<String>,
+}
+
+impl Overhead {
+    /// The overhead of `pid` on `device` holding `traced` live bytes, by what NVML read last.
+    pub fn of(pid: u32, device: i32, traced: u64, gpus: &super::health::GpuWatch) -> Overhead {
+        let why = |r: &str| Overhead { reason: Some(r.to_string()), ..Default::default() };
+        if gpus.latest.is_empty() {
+            return why(gpus.error.as_deref().unwrap_or("NVML not read (--no-nvml, or no NVIDIA driver on this host)"));
+        }
+        let Some(g) = u32::try_from(device).ok().and_then(|d| gpus.latest.iter().find(|g| g.index == d)) else {
+            return why("NVML lists no GPU of this index (CUDA_VISIBLE_DEVICES may renumber them)");
+        };
+        let Some(procs) = &g.processes else {
+            return why("NVML gives no per-process figures on this GPU (MIG, MPS, or too few privileges)");
+        };
+        match procs.iter().find(|(p, _)| *p == pid) {
+            Some(&(_, nvml)) => Overhead { bytes: Some(nvml as i64 - traced as i64), nvml_bytes: Some(nvml), reason: None },
+            None => why("NVML does not list this process on this GPU"),
+        }
+    }
 }
 
 impl Breakdown {
@@ -161,7 +194,8 @@ pub fn of(p: &Process, device: i32, by_owner: Vec<OwnerBytes>) -> Breakdown {
     multicast.sort_by(|a, b| b.bound_bytes.cmp(&a.bound_bytes).then(a.handle.cmp(&b.handle)));
     multicast.truncate(POOLS_SHOWN);
     let suspension = p.suspension.map(|(state, by_pid, since_ns)| SuspensionOf { state, by_pid, since_ns });
-    Breakdown { by_owner, pools, imported_bytes: p.totals(device).imported_bytes, imported, graph_pool, multicast, suspension }
+    let imported_bytes = p.totals(device).imported_bytes;
+    Breakdown { by_owner, pools, imported_bytes, imported, graph_pool, multicast, suspension, overhead: Overhead::default() }
 }
 
 #[cfg(test)]

@@ -118,6 +118,15 @@ pub fn breakdown_lines(b: &crate::analysis::breakdown::Breakdown) -> Vec<String>
             .collect();
         lines.push(format!("multicast (its own handles, already counted): {}", each.join(", ")));
     }
+    match (&b.overhead.bytes, &b.overhead.reason) {
+        (Some(o), _) => lines.push(format!(
+            "overhead (NVML's {} minus everything traced: context, modules, driver and pool reserves): {}",
+            bytes(b.overhead.nvml_bytes.unwrap_or(0)),
+            signed_bytes(*o)
+        )),
+        (None, Some(why)) if !b.by_owner.is_empty() => lines.push(format!("overhead: not known ({why})")),
+        _ => {}
+    }
     if let Some(s) = &b.suspension {
         let what = match s.state {
             crate::state::Suspension::Locked => "locked by a checkpointing tool",
@@ -127,6 +136,15 @@ pub fn breakdown_lines(b: &crate::analysis::breakdown::Breakdown) -> Vec<String>
         lines.push(format!("{what} (pid {})", s.by_pid));
     }
     lines
+}
+
+/// Bytes that may be negative (traced memory NVML does not count).
+fn signed_bytes(v: i64) -> String {
+    if v < 0 {
+        format!("-{}", bytes(v.unsigned_abs()))
+    } else {
+        bytes(v as u64)
+    }
 }
 
 /// A group's own verdict after its figures: ` — LEAK (growing, ...)`; nothing where it has none.

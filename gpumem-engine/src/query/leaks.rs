@@ -36,6 +36,10 @@ pub fn report(p: &mut Pipeline, q: &LeaksQuery, at: Span, stacks_dropped: Stacks
     let mut processes = leaks::find(&p.state, &mut p.stacks, &mut p.growth, at.now_ns, (q.older_than_s * 1e9) as u64, q.top);
     let wanted = |pid: u32| q.pids.is_empty() || q.pids.contains(&pid);
     processes.retain(|l| wanted(l.pid));
+    for l in &mut processes {
+        let device = l.device.unwrap_or(gpumem_common::DEVICE_UNKNOWN);
+        l.breakdown.overhead = crate::analysis::breakdown::Overhead::of(l.pid, device, l.live_bytes, &p.gpus);
+    }
     let oom_events = p
         .ooms
         .records

@@ -20,7 +20,7 @@ pub struct SnapshotAnswer {
 /// What a pipeline holds now, as top shows it (sorted as top starts).
 pub fn snapshot(p: &mut Pipeline, now_ns: u64, lost_events: u64) -> Snapshot {
     p.note_kept();
-    let view = p.view(&ViewOptions { now_ns, trend: model::TREND_LEN, ..Default::default() });
+    let view = p.view(&ViewOptions { now_ns, trend: model::TREND_LEN, owners: true, ..Default::default() });
     let mut snap = top::build(&view, &p.host, p.state.events, lost_events, p.kept);
     snap.sort(Screen::default().sort);
     snap

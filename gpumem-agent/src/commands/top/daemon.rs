@@ -45,9 +45,9 @@ pub fn run(args: &TopArgs, mut answer: SnapshotAnswer) -> Result<ExitCode> {
                     Some(Input::Redraw) => {}
                     Some(Input::Key(k)) => match screen.key(&answer.snapshot, k) {
                         Action::Quit => break,
-                        Action::Stacks { pid, device, title } => {
+                        Action::Stacks { pid, device, title, breakdown } => {
                             let groups = stacks(args, pid, device);
-                            screen.stacks = Some((title, tui::stack_lines(groups.as_deref())));
+                            screen.stacks = Some((title, tui::stack_lines(&breakdown, groups.as_deref())));
                         }
                         Action::None => {}
                     },

@@ -19,10 +19,8 @@ use crate::{
     runtime::{self, Ctx, End, Flow, Output, Session},
 };
 use gpumem_engine::{
-    analysis::view::ViewOptions,
     clock::monotonic_ns,
     export::top::{
-        self, model,
         tui::{self, Action, Screen},
         Snapshot,
     },
@@ -115,8 +113,8 @@ impl Top {
     fn snapshot(&mut self, ctx: &mut Ctx<'_>) {
         ctx.pipeline.note_kept();
         ctx.pipeline.refresh_host();
-        let view = ctx.pipeline.view(&ViewOptions { now_ns: monotonic_ns(), trend: model::TREND_LEN, ..Default::default() });
-        self.snap = top::build(&view, &ctx.pipeline.host, ctx.pipeline.state.events, ctx.agent.kernel.lost.total(), ctx.pipeline.kept);
+        // The same snapshot a daemon answers (query::top), in this session's sort.
+        self.snap = query::top::snapshot(ctx.pipeline, monotonic_ns(), ctx.agent.kernel.lost.total());
         self.snap.sort(self.screen.sort);
     }
 
@@ -130,11 +128,11 @@ impl Top {
     fn key(&mut self, ctx: &mut Ctx<'_>, k: KeyEvent) -> Flow {
         match self.screen.key(&self.snap, k) {
             Action::Quit => return Flow::Stop,
-            Action::Stacks { pid, device, title } => {
+            Action::Stacks { pid, device, title, breakdown } => {
                 let p = &mut *ctx.pipeline;
                 let now = self.replay_now_ns.unwrap_or_else(monotonic_ns);
                 let groups = query::top::stacks(p, pid, device, now);
-                self.screen.stacks = Some((title, tui::stack_lines(groups.as_deref())));
+                self.screen.stacks = Some((title, tui::stack_lines(&breakdown, groups.as_deref())));
             }
             Action::None => {}
         }

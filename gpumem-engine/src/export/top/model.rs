@@ -51,6 +51,10 @@ pub struct Row {
     pub host_resident_bytes: Option<u64>,
     #[serde(default)]
     pub host_swap_bytes: Option<u64>,
+    /// Where its memory went (by owner, pool, imports, ...), for people:
+    /// shown above its stacks when the row is opened.
+    #[serde(default)]
+    pub breakdown: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -132,6 +136,7 @@ pub fn build(view: &View, host: &crate::model::host::HostMemory, events: u64, lo
             before_tracing: false,
             host_resident_bytes: resident(r.pid),
             host_swap_bytes: swap(r.pid),
+            breakdown: crate::export::breakdown_lines(&r.breakdown).iter().map(|l| printable(l)).collect(),
         })
         .chain(view.untraced.iter().map(|u| Row {
             pid: u.pid,
@@ -149,6 +154,7 @@ pub fn build(view: &View, host: &crate::model::host::HostMemory, events: u64, lo
             before_tracing: true,
             host_resident_bytes: resident(u.pid),
             host_swap_bytes: swap(u.pid),
+            breakdown: Vec::new(),
         }))
         .collect();
     let gpus = view

@@ -41,6 +41,8 @@ pub enum Action {
         pid: u32,
         device: i32,
         title: String,
+        /// The row's breakdown lines, shown above its stacks.
+        breakdown: Vec<String>,
     },
 }
 
@@ -93,8 +95,13 @@ impl Screen {
             KeyCode::Up | KeyCode::Char('k') => self.table.select(Some(self.table.selected().unwrap_or(0).saturating_sub(1))),
             KeyCode::Enter | KeyCode::Char('t') => {
                 if let Some(r) = self.visible(snap).get(self.table.selected().unwrap_or(0)) {
-                    let title = format!("{} (pid {}) on GPU {}: largest live allocation stacks", r.comm, r.pid, device_name(r.device));
-                    return Action::Stacks { pid: r.pid, device: r.device, title };
+                    let title = format!(
+                        "{} (pid {}) on GPU {}: where its memory went, its largest live allocation stacks",
+                        r.comm,
+                        r.pid,
+                        device_name(r.device)
+                    );
+                    return Action::Stacks { pid: r.pid, device: r.device, title, breakdown: r.breakdown.clone() };
                 }
             }
             _ => {}
@@ -103,13 +110,17 @@ impl Screen {
     }
 }
 
-/// A stacks popup's lines; None: the process is gone.
-pub fn stack_lines(groups: Option<&[LeakGroup]>) -> Vec<String> {
+/// A row's popup: where its memory went, then its stacks; None: the process is gone.
+pub fn stack_lines(breakdown: &[String], groups: Option<&[LeakGroup]>) -> Vec<String> {
     let Some(groups) = groups else { return vec!["the process is gone".into()] };
-    if groups.is_empty() {
-        return vec!["no live allocations with a stack".into()];
+    let mut lines: Vec<String> = breakdown.to_vec();
+    if !lines.is_empty() {
+        lines.push(String::new());
     }
-    let mut lines = Vec::new();
+    if groups.is_empty() {
+        lines.push("no live allocations with a stack".into());
+        return lines;
+    }
     for g in groups {
         lines.push(format!("{}, oldest {:.0} s{}", crate::export::group_figures(g), g.oldest_age_s, crate::export::group_verdict(g)));
         if g.frames.is_empty() {
