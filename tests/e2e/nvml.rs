@@ -222,3 +222,67 @@ fn a_driver_library_version_mismatch_is_named_in_status_and_health() {
     let out = health(&["--nvml", nvml.to_str().unwrap(), "--driver-version-file", dir.join("absent").to_str().unwrap()], &[]);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("mismatch"), "no module loaded here: nothing to compare");
 }
+
+/// MPS: NVML lists only the server, for its clients' memory; each client is
+/// traced as itself. The server is reconciled against its traced clients,
+/// not called untraced, and the clients are not "missing from NVML".
+#[test]
+fn an_mps_server_is_reconciled_against_its_traced_clients() {
+    require_root();
+    let f = fixtures();
+    // A stand-in for nvidia-cuda-mps-server: its comm is what the agent reads.
+    let dir = target_dir().join("gpumem-fixtures/mps");
+    std::fs::create_dir_all(&dir).unwrap();
+    let server_bin = dir.join("nvidia-cuda-mps-server");
+    std::fs::copy("/bin/sleep", &server_bin).unwrap();
+    let mut server = std::process::Command::new(&server_bin).arg("120").spawn().unwrap();
+    let pids_file = target_dir().join("gpumem-fixtures/nvml-pids-mps");
+    std::fs::write(&pids_file, "").unwrap();
+    let serve = Serve::start(
+        &["--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap(), "--nvml-interval", "1"],
+        &[("GPUMEM_FAKE_NVML_PIDS_FILE", pids_file.to_str().unwrap())],
+    );
+    // The client: 9 MiB on GPU 0 (and 2 MiB on GPU 1, where no server is listed).
+    let mut client = spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", "60000")]);
+    let (spid, cpid) = (server.id(), client.id());
+    // NVML: the server alone on GPU 0, with the client's 9 MiB and 300 MiB of context.
+    std::fs::write(&pids_file, format!("{spid}:{}", 309 * MIB)).unwrap();
+    let series = |text: &str, gpu: u32| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("gpumem_process_untracked_bytes{{pid=\"{spid}\"")) && l.contains(&format!("gpu=\"{gpu}\"")))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let untracked = poll(
+        30,
+        "the server reconciled against its client",
+        || {
+            let text = serve.metrics();
+            series(&text, 0).filter(|&v| v == (300 * MIB) as f64)
+        },
+        || serve.metrics(),
+    );
+    assert_eq!(untracked, (300 * MIB) as f64, "309 MiB listed for the server, 9 MiB of it traced in its client");
+    let text = serve.metrics();
+    assert_eq!(pid_series(&text, "gpumem_process_memory_bytes", cpid), Some((9 * MIB) as f64), "the client as itself");
+    serve.stop();
+    let _ = client.kill();
+    let _ = client.wait();
+    // A session's summary says the same, naming the client it traced.
+    let cmd = workload_cmd("hold");
+    let out = std::process::Command::new(gpumem_bin())
+        .args(["trace", "--json", "--duration", "3", "--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap()])
+        .args(["-c", &cmd])
+        .env("GPUMEM_FAKE_NVML_PIDS_FILE", &pids_file)
+        .env("GPUMEM_WORKLOAD_HOLD_MS", "6000")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    let rows = summary["reconciliation"].as_array().unwrap_or_else(|| panic!("{summary:#}"));
+    let r = rows.iter().find(|r| r["pid"] == spid).unwrap_or_else(|| panic!("{rows:#?}"));
+    assert_eq!(r["mps_clients"].as_array().map(Vec::len), Some(1), "{r:#}");
+    assert_ne!(r["mps_clients"][0], cpid, "the session's own client");
+    assert_eq!((r["traced_bytes"].as_u64(), r["untracked_bytes"].as_i64()), (Some(9 * MIB), Some(300 * MIB as i64)));
+    let _ = server.kill();
+    let _ = server.wait();
+}

@@ -22,7 +22,6 @@ use super::{
 };
 use crate::{nvml::Worker, probes::reader::EventReader, probes::Agent, selfstat};
 use gpumem_engine::{
-    analysis::reconcile,
     clock::monotonic_ns,
     model::agent::AgentStatus,
     pipeline::{Lookups, Pipeline, Stack},
@@ -389,7 +388,7 @@ impl<'o, O: Output> Live<'o, O> {
         self.agent.sweep_stale_calls();
         self.refresh();
         let (nvml, fresh) = if self.s.reconcile_at_end { self.final_nvml().await? } else { ("not asked".into(), false) };
-        let reconciliation = fresh.then(|| reconcile::reconcile(&self.pipeline.state, &self.pipeline.gpus.latest));
+        let reconciliation = fresh.then(|| self.pipeline.reconciliation());
         let footer = Footer {
             duration_s: self.elapsed_s(),
             ended_ns: monotonic_ns(),

@@ -17,6 +17,38 @@ pub struct Reconciliation {
     pub traced_bytes: u64,
     /// nvml_bytes − traced_bytes (negative: traced memory NVML does not count).
     pub untracked_bytes: i64,
+    /// An MPS server (NVML names it for its clients' memory): the traced
+    /// processes on this GPU NVML does not list, whose bytes `traced_bytes` sums.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mps_clients: Vec<u32>,
+}
+
+/// The comm of `nvidia-cuda-mps-server` (the kernel keeps 15 bytes of it).
+pub const MPS_SERVER_COMM: &str = "nvidia-cuda-mps";
+
+/// Under MPS, NVML may list only the server, for all its clients' memory,
+/// while each client is traced as itself (its uprobes run in it). A row of
+/// an untraced process named like the server is reconciled against the
+/// traced processes on its GPU that NVML does not list, instead of calling
+/// the server untraced and its clients "not in NVML".
+pub fn account_mps(rows: &mut [Reconciliation], state: &State, comm_of: impl Fn(u32) -> Option<String>) {
+    let listed: Vec<(u32, u32)> = rows.iter().map(|r| (r.gpu, r.pid)).collect();
+    for r in rows.iter_mut() {
+        let traced = state.processes.get(&r.pid).is_some_and(|p| !p.exited);
+        if traced || comm_of(r.pid).as_deref() != Some(MPS_SERVER_COMM) {
+            continue;
+        }
+        let device = r.gpu as i32;
+        let clients: Vec<(u32, u64)> = state
+            .processes
+            .values()
+            .filter(|p| !p.exited && !listed.contains(&(r.gpu, p.pid)))
+            .filter_map(|p| Some((p.pid, p.held.devices.get(&device).map(|t| t.live_bytes).filter(|&b| b > 0)?)))
+            .collect();
+        r.traced_bytes = clients.iter().map(|c| c.1).sum();
+        r.untracked_bytes = r.nvml_bytes as i64 - r.traced_bytes as i64;
+        r.mps_clients = clients.into_iter().map(|c| c.0).collect();
+    }
 }
 
 /// One row per (process, GPU) that NVML reports.
@@ -37,6 +69,7 @@ pub fn reconcile(state: &State, gpus: &[GpuSample]) -> Vec<Reconciliation> {
                 nvml_bytes,
                 traced_bytes,
                 untracked_bytes: nvml_bytes as i64 - traced_bytes as i64,
+                mps_clients: Vec::new(),
             });
         }
     }
@@ -63,5 +96,21 @@ mod tests {
         let rows: Vec<(u32, u32, u64, u64, i64)> =
             r.iter().map(|x| (x.pid, x.gpu, x.nvml_bytes, x.traced_bytes, x.untracked_bytes)).collect();
         assert_eq!(rows, [(100, 0, 50, 0, 50), (100, 1, 400, 100, 300), (7, 1, 10, 0, 10)]);
+    }
+
+    #[test]
+    fn an_mps_server_is_reconciled_against_its_clients() {
+        let mut s = State::new(Limits::default());
+        for (pid, bytes) in [(100, 100), (101, 50)] {
+            s.apply(&Event { pid, tid: pid, handle: 0xc, device: 0, ..ev(api::CU_CTX_CREATE_V2) });
+            s.apply(&Event { pid, tid: pid, addr: 1, size: bytes, ..ev(api::CU_MEM_ALLOC_V2) });
+        }
+        // NVML lists the server (pid 7) for 400 B and an unrelated untraced process.
+        let gpus = vec![GpuSample { index: 0, processes: Some(vec![(7, 400), (8, 30)]), ..Default::default() }];
+        let mut r = reconcile(&s, &gpus);
+        account_mps(&mut r, &s, |pid| (pid == 7).then(|| MPS_SERVER_COMM.to_string()));
+        let rows: Vec<(u32, u64, i64, Vec<u32>)> =
+            r.iter().map(|x| (x.pid, x.traced_bytes, x.untracked_bytes, x.mps_clients.clone())).collect();
+        assert_eq!(rows, [(7, 150, 250, vec![100, 101]), (8, 0, 30, vec![])]);
     }
 }

@@ -231,7 +231,9 @@ pub fn untraced(
 ) -> Vec<UntracedRow> {
     let mut out = Vec::new();
     for r in reconciliation {
-        if state.processes.get(&r.pid).is_some_and(|p| !p.exited) || scope.is_some_and(|s| !s.contains(&r.pid)) {
+        // An MPS server's bytes are its traced clients': not held before tracing.
+        let traced = state.processes.get(&r.pid).is_some_and(|p| !p.exited) || !r.mps_clients.is_empty();
+        if traced || scope.is_some_and(|s| !s.contains(&r.pid)) {
             continue;
         }
         let (comm, workload) = match names.get(&r.pid) {

@@ -398,9 +398,19 @@ impl Pipeline {
         }
     }
 
+    /// Traced bytes against NVML's per process and GPU, an MPS server's
+    /// against its traced clients.
+    pub fn reconciliation(&self) -> Vec<crate::analysis::reconcile::Reconciliation> {
+        use crate::analysis::reconcile;
+        let mut rows = reconcile::reconcile(&self.state, &self.gpus.latest);
+        reconcile::account_mps(&mut rows, &self.state, |pid| self.untraced.get(&pid).map(|(comm, _)| comm.clone()));
+        rows
+    }
+
     /// Where things stand now.
     pub fn view(&mut self, o: &ViewOptions) -> View {
         let mut v = View::build(&self.state, &mut self.growth, &self.gpus, o);
+        v.reconciliation = self.reconciliation();
         if o.owners {
             // One walk of a process's allocations serves all its devices' rows.
             let mut walked: FxHashMap<u32, Vec<(i32, Vec<owners::OwnerBytes>)>> = FxHashMap::default();
@@ -419,7 +429,7 @@ impl Pipeline {
     /// The processes NVML lists that no traced call came from (what `view`
     /// has in `untraced`, without building the rest of a view).
     pub fn untraced_rows(&self) -> Vec<view::UntracedRow> {
-        let reconciliation = crate::analysis::reconcile::reconcile(&self.state, &self.gpus.latest);
+        let reconciliation = self.reconciliation();
         view::untraced(&self.state, &reconciliation, &self.untraced, self.untraced_scope.as_deref())
     }
 }
