@@ -86,3 +86,66 @@ fn a_containers_memory_cgroup_usage_and_limit_are_exported_with_its_pod() {
     drop(container);
     serve.stop();
 }
+
+/// GPU memory limits from cgroup v2's dmem controller. This kernel has no
+/// such controller (and the synthetic driver registers no region), so the
+/// dmem files are laid out as the kernel writes them under a cgroup v2 root
+/// given with GPUMEM_CGROUP2_ROOT, for a real process in a real cgroup of
+/// that path; `status` on the real hierarchy says it is not available.
+#[test]
+fn a_cgroups_gpu_memory_usage_and_limit_come_from_dmem_files() {
+    require_root();
+    let f = fixtures();
+    let real_root = if std::path::Path::new("/sys/fs/cgroup/unified").is_dir() { "/sys/fs/cgroup/unified" } else { "/sys/fs/cgroup" };
+    let name = format!("gpumem-dmem-{}", std::process::id());
+    let real = format!("{real_root}/{name}");
+    std::fs::create_dir_all(&real).unwrap();
+    let fake_root = target_dir().join("gpumem-fixtures/dmem-root");
+    let fake = fake_root.join(&name);
+    std::fs::create_dir_all(&fake).unwrap();
+    std::fs::write(fake_root.join("cgroup.controllers"), "cpuset cpu io memory hugetlb pids rdma misc dmem\n").unwrap();
+    std::fs::write(fake.join("dmem.current"), format!("drm/0000:11:00.0/vram0 {}\n", 48 * MIB)).unwrap();
+    std::fs::write(fake.join("dmem.max"), format!("drm/0000:11:00.0/vram0 {}\n", 64 * MIB)).unwrap();
+    std::fs::write(fake.join("dmem.low"), "drm/0000:11:00.0/vram0 0\n").unwrap();
+    let root_env = ("GPUMEM_CGROUP2_ROOT", fake_root.to_str().unwrap());
+    let serve =
+        Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap(), "--nvml-interval", "1"], &[root_env]);
+    let script = format!("echo $$ > {real}/cgroup.procs && exec {}", workload_cmd("hold"));
+    let mut child = std::process::Command::new("sh").args(["-c", &script]).env("GPUMEM_WORKLOAD_HOLD_MS", "30000").spawn().unwrap();
+    let line =
+        |m: &str, family: &str| m.lines().find(|l| l.starts_with(family) && l.contains(&format!("cgroup=\"/{name}\""))).map(str::to_string);
+    let m = poll(
+        30,
+        "the cgroup's GPU memory on /metrics",
+        || Some(serve.metrics()).filter(|m| line(m, "gpumem_container_gpu_memory_limit_bytes{").is_some()),
+        || serve.metrics(),
+    );
+    let limit = line(&m, "gpumem_container_gpu_memory_limit_bytes{").unwrap();
+    let usage = line(&m, "gpumem_container_gpu_memory_usage_bytes{").unwrap();
+    assert!(limit.ends_with(&format!(" {}", 64 * MIB)) && usage.ends_with(&format!(" {}", 48 * MIB)), "{limit}\n{usage}");
+    // The region's GPU by its PCI bus id (the synthetic NVML's GPU 1 is at 00000000:11:00.0).
+    assert!(limit.contains("region=\"drm/0000:11:00.0/vram0\"") && limit.contains("gpu=\"1\""), "{limit}");
+    // A new usage is read at the next refresh; `max` is no limit.
+    std::fs::write(fake.join("dmem.current"), format!("drm/0000:11:00.0/vram0 {}\n", 50 * MIB)).unwrap();
+    std::fs::write(fake.join("dmem.max"), "drm/0000:11:00.0/vram0 max\n").unwrap();
+    poll(
+        30,
+        "the new usage, and no limit",
+        || {
+            let m = serve.metrics();
+            let usage = line(&m, "gpumem_container_gpu_memory_usage_bytes{")?;
+            (usage.ends_with(&format!(" {}", 50 * MIB)) && line(&m, "gpumem_container_gpu_memory_limit_bytes{").is_none()).then_some(())
+        },
+        || serve.metrics(),
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    serve.stop();
+    let _ = std::fs::remove_dir(&real);
+    // Where the kernel has no dmem controller, status says so.
+    let out = run_gpumem(&["status", "--json", "--no-discover"], &[]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let limits = v["gpu_memory_limits"].as_str().unwrap();
+    let has_dmem = std::fs::read_to_string(format!("{real_root}/cgroup.controllers")).unwrap().split_whitespace().any(|c| c == "dmem");
+    assert_eq!(limits.contains("not available"), !has_dmem, "{limits}");
+}

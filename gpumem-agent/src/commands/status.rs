@@ -41,6 +41,11 @@ pub fn run(args: StatusArgs) -> Result<()> {
         libraries.push(("NVML", path));
     }
     let driver = crate::driver::Versions::read(&args.driver_version_file, libraries);
+    // GPU memory limits per container: cgroup v2's dmem controller where the kernel has it.
+    let gpu_limits = match gpumem_engine::pipeline::dmem::availability() {
+        Ok(()) => "dmem: cgroup v2 dmem controller available (usage and limits read per traced process's cgroup, where its driver registers regions)".to_string(),
+        Err(why) => format!("dmem: {why}; limits set through NVML or MPS are not read"),
+    };
     let mut out = std::io::stdout().lock();
     if args.json {
         let report = json!({
@@ -50,6 +55,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
             "uprobe_links": agent.uprobe_links,
             "discovery": runtime::discovery::report(&agent),
             "nvml": nvml,
+            "gpu_memory_limits": gpu_limits,
             "driver": driver,
             "driver_mismatch": driver.mismatch_message(),
             "libraries": agent.libraries,
@@ -65,6 +71,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
         return Ok(());
     }
     crate::commands::status_text::write_human(&mut out, &features, &agent, &runtime::discovery::report(&agent), &nvml, &notes)?;
+    writeln!(out, "GPU memory limits: {gpu_limits}")?;
     crate::commands::status_text::write_driver(&mut out, &driver)?;
     crate::commands::status_text::write_continuity(&mut out, daemon.as_ref(), &pinned)?;
     out.flush()?;

@@ -19,6 +19,25 @@ pub struct CgroupMemory {
     pub pid: u32,
 }
 
+/// One device memory region of a cgroup's `dmem` controller, bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DmemRegion {
+    /// As the kernel names it: `drm/<PCI bus id>/vram0`.
+    pub region: String,
+    pub usage_bytes: u64,
+    /// dmem.max (None: `max`, no limit), dmem.low and dmem.min (protections).
+    pub limit_bytes: Option<u64>,
+    pub low_bytes: Option<u64>,
+    pub min_bytes: Option<u64>,
+}
+
+/// A cgroup's GPU memory regions, and a traced process in it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CgroupGpuMemory {
+    pub regions: Vec<DmemRegion>,
+    pub pid: u32,
+}
+
 /// What one refresh read (a recording's host frame holds one).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HostMemory {
@@ -29,6 +48,10 @@ pub struct HostMemory {
     pub swap_out_bytes: Option<u64>,
     /// The memory cgroups of traced processes' containers, by cgroup path.
     pub cgroups: BTreeMap<String, CgroupMemory>,
+    /// The GPU memory (cgroup v2 `dmem`) of traced processes' cgroups, by
+    /// cgroup path, where the kernel has the controller.
+    #[serde(default)]
+    pub gpu_cgroups: BTreeMap<String, CgroupGpuMemory>,
     /// Whether it was ever refreshed (what outputs show before is nothing, not zeros).
     #[serde(skip)]
     pub refreshed: bool,

@@ -6,7 +6,7 @@
 //! Read from /proc and cgroupfs when refreshed (serve: every few seconds).
 
 use crate::{
-    model::host::{CgroupMemory, HostMemory, ProcessHost},
+    model::host::{CgroupGpuMemory, CgroupMemory, HostMemory, ProcessHost},
     procfs,
     state::State,
 };
@@ -34,9 +34,17 @@ impl HostMemory {
     pub fn refresh(&mut self, state: &State) {
         self.processes.clear();
         self.cgroups.clear();
+        self.gpu_cgroups.clear();
         for (&pid, p) in state.processes.iter().filter(|(_, p)| !p.exited) {
             if let Some(h) = of_process(pid) {
                 self.processes.insert(pid, h);
+            }
+            if let Some((path, dir)) = p.container.as_ref().and_then(|c| c.dmem_dir.as_ref()) {
+                if !self.gpu_cgroups.contains_key(path) {
+                    if let Some(regions) = super::dmem::regions(dir) {
+                        self.gpu_cgroups.insert(path.clone(), CgroupGpuMemory { regions, pid });
+                    }
+                }
             }
             let Some((path, limit_file)) = p.container.as_ref().and_then(|c| c.memory_limit_file.as_ref()) else { continue };
             if self.cgroups.contains_key(path) {

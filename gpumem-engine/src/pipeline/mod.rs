@@ -2,6 +2,7 @@
 //! property tests alike: decode → lookups → stacks → state → analyses.
 //! `Pipeline::apply` is it; the rest feeds the analyses that are not per
 //! event (growth samples, NVML readings, forgetting).
+pub mod dmem;
 pub mod host;
 pub mod lookups;
 #[cfg(test)]

@@ -47,6 +47,8 @@ catalog! {
     HOST_SWAP_OUT, Counter, "gpumem_host_swap_out_bytes", "Bytes the node swapped out since boot (/proc/vmstat pswpout times the page size)";
     CONTAINER_MEMORY_USAGE, Gauge, "gpumem_container_memory_usage_bytes", "Host memory the memory cgroup of a traced process's container uses";
     CONTAINER_MEMORY_LIMIT, Gauge, "gpumem_container_memory_limit_bytes", "The memory limit of that cgroup (absent: none)";
+    CONTAINER_GPU_MEMORY_USAGE, Gauge, "gpumem_container_gpu_memory_usage_bytes", "Device memory the cgroup of a traced process uses in a region of cgroup v2's dmem controller (dmem.current; Linux 6.14+, drivers that register their memory)";
+    CONTAINER_GPU_MEMORY_LIMIT, Gauge, "gpumem_container_gpu_memory_limit_bytes", "That region's limit for the cgroup (dmem.max; absent: max, no limit)";
     PROCESS_HOST_PINNED, Gauge, "gpumem_process_host_pinned_bytes", "Page-locked host memory the process holds (cuMemHostAlloc/cuMemAllocHost)";
     PROCESS_EVENTS_LOST, Counter, "gpumem_process_events_lost", "Events of the process lost in the kernel (ring buffer or call table full): its other series may be wrong";
     PROCESS_UNTRACKED, Gauge, "gpumem_process_untracked_bytes", "GPU memory NVML reports for the process minus what gpumem traced (context overhead, memory allocated before the agent started, untraced paths)";

@@ -149,6 +149,34 @@ fn host_memory(fams: &mut Families, s: &Scrape<'_>) {
     fams.add(m::CONTAINER_MEMORY_LIMIT).extend(limits);
 }
 
+/// The GPU memory of traced processes' cgroups (cgroup v2 `dmem`), per
+/// region, against its limit; the region's GPU by its PCI bus id.
+fn gpu_cgroups(fams: &mut Families, s: &Scrape<'_>) {
+    let (mut usage, mut limits) = (Vec::new(), Vec::new());
+    for (cgroup, mem) in &s.host.gpu_cgroups {
+        let w = Workload::of(s.state.processes.get(&mem.pid).and_then(|p| p.container.as_ref()));
+        for r in &mem.regions {
+            let bus = crate::pipeline::dmem::region_pci_bus_id(&r.region).unwrap_or_default().to_ascii_lowercase();
+            let gpu = s.gpus.latest.iter().find(|g| !bus.is_empty() && g.pci_bus_id.to_ascii_lowercase().ends_with(&bus));
+            let labels = vec![
+                ("container", w.container.clone().unwrap_or_default()),
+                ("pod", w.pod.clone().unwrap_or_default()),
+                ("namespace", w.namespace.clone().unwrap_or_default()),
+                ("cgroup", cgroup.clone()),
+                ("region", r.region.clone()),
+                ("gpu", gpu.map(|g| g.index.to_string()).unwrap_or_default()),
+                ("UUID", gpu.map(|g| g.uuid.clone()).unwrap_or_default()),
+            ];
+            usage.push((labels.clone(), Value::int(r.usage_bytes)));
+            if let Some(limit) = r.limit_bytes {
+                limits.push((labels, Value::int(limit)));
+            }
+        }
+    }
+    fams.add(m::CONTAINER_GPU_MEMORY_USAGE).extend(usage);
+    fams.add(m::CONTAINER_GPU_MEMORY_LIMIT).extend(limits);
+}
+
 fn workload_labels(process: Option<(u32, &str, &Workload)>) -> Labels {
     let (pid, comm, w) = match process {
         Some((pid, comm, w)) => (pid.to_string(), comm.to_string(), w.clone()),
@@ -286,6 +314,7 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
     pinned.extend(capped.pinned.iter().map(|p| (workload_labels(Some((p.pid, &p.comm, &p.workload))), Value::int(p.bytes))));
     pinned.extend(capped.pinned_other.map(|bytes| (workload_labels(None), Value::int(bytes))));
     host_memory(fams, s);
+    gpu_cgroups(fams, s);
     // Only processes that lost events: their other series are uncertain.
     let lost = fams.add(m::PROCESS_EVENTS_LOST);
     for p in s.state.processes.values().filter(|p| p.events_lost > 0).take(cap) {
