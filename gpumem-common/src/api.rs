@@ -62,6 +62,7 @@ pub const CU_MULTICAST_UNBIND: u32 = 58;
 pub const CU_MEM_EXPORT_TO_SHAREABLE_HANDLE: u32 = 59;
 pub const CU_MEM_IMPORT_FROM_SHAREABLE_HANDLE: u32 = 60;
 pub const CU_MEM_RETAIN_ALLOCATION_HANDLE: u32 = 61;
+pub const CU_DEVICE_GET_UUID_V2: u32 = 62;
 /// Not a libcuda call: the `sched_process_exit` tracepoint for a traced process.
 pub const PROCESS_EXIT: u32 = 100;
 /// Not a libcuda call: the `oom:mark_victim` tracepoint (host OOM kill).

@@ -82,6 +82,9 @@ pub enum ApiClass {
     HandleImport,
     /// cuMemRetainAllocationHandle: `handle` the handle retained, `addr` the address asked.
     HandleRetain,
+    /// cuDeviceGetUuid_v2: the device's UUID (a MIG instance's, in a MIG
+    /// process), `addr` its first 8 bytes and `aux` the last 8; `device` the ordinal.
+    DeviceUuid,
     ProcessExit,
 }
 
@@ -168,6 +171,7 @@ apis! {
     CU_MEM_EXPORT_TO_SHAREABLE_HANDLE, "cuMemExportToShareableHandle", HandleExport, true;
     CU_MEM_IMPORT_FROM_SHAREABLE_HANDLE, "cuMemImportFromShareableHandle", HandleImport, true;
     CU_MEM_RETAIN_ALLOCATION_HANDLE, "cuMemRetainAllocationHandle", HandleRetain, true;
+    CU_DEVICE_GET_UUID_V2, "cuDeviceGetUuid_v2", DeviceUuid, true;
 }
 
 /// Looks up a probed API by id.

@@ -111,6 +111,11 @@ plain_payload! {
 }
 
 plain_payload! {
+    /// cuDeviceGetUuid_v2: the 16 bytes of the UUID, as two words in memory order.
+    DeviceUuid { first => addr, last => aux }
+}
+
+plain_payload! {
     /// A free: the pointer freed.
     Free { addr => addr }
 }
@@ -307,6 +312,7 @@ mod tests {
             round_trips(GreenCtx { ctx: w[0], green: w[1] }, ev)?;
             round_trips(GraphNode { addr: w[0], size: w[1], graph: w[2] }, ev)?;
             round_trips(CheckpointCall { target: w[0] }, ev)?;
+            round_trips(DeviceUuid { first: w[0], last: w[1] }, ev)?;
             round_trips(MulticastCall { mc: w[0], size: w[1], offset: w[2], memory: w[3] }, ev)?;
             round_trips(ShareableHandle { handle: w[0], key: w[1], kind: w[2] }, ev)?;
             round_trips(VmmCreate { handle: w[0], size: w[1] }, ev)?;

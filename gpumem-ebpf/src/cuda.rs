@@ -6,7 +6,7 @@ use gpumem_common::{
     api,
     counters::{Exit, Stat},
     flags,
-    payload::{Alloc, CheckpointCall, Context, Free, GreenCtx, Init, MemInfo, Payload, PitchAlloc, PoolAlloc},
+    payload::{Alloc, CheckpointCall, Context, DeviceUuid, Free, GreenCtx, Init, MemInfo, Payload, PitchAlloc, PoolAlloc},
     Event, DEVICE_UNKNOWN,
 };
 
@@ -169,13 +169,26 @@ fn decode(api_id: u32, p: &Pending, ok: bool, ev: &mut Event) {
         | api::CU_MEM_FREE_HOST
         | api::CU_MEM_HOST_UNREGISTER => Free { addr: a[0] }.pack(ev),
         id if share::decodes(id) => share::decode(api_id, p, ok, ev),
-        api::CU_GREEN_CTX_CREATE | api::CU_CTX_FROM_GREEN_CTX | api::CU_GREEN_CTX_DESTROY => green_ctx(api_id, a, ok, ev),
         id if vmm::decodes(id) => vmm::decode(api_id, p, ok, ev),
         // (int pid, CUcheckpoint*Args *args): the process acted on.
         api::CU_CHECKPOINT_PROCESS_LOCK
         | api::CU_CHECKPOINT_PROCESS_CHECKPOINT
         | api::CU_CHECKPOINT_PROCESS_RESTORE
         | api::CU_CHECKPOINT_PROCESS_UNLOCK => CheckpointCall { target: a[0] as u32 as u64 }.pack(ev),
+        _ => context(api_id, a, ok, ev),
+    }
+}
+
+/// Context and device calls: which device later calls go to.
+#[inline(always)]
+fn context(api_id: u32, a: &[u64; 6], ok: bool, ev: &mut Event) {
+    match api_id {
+        // (CUuuid *uuid, CUdevice dev)
+        api::CU_DEVICE_GET_UUID_V2 => {
+            device_arg(a[1], ev);
+            let (first, last) = (out_if(ok, a[0], ev), out_if(ok, a[0] + 8, ev));
+            DeviceUuid { first, last }.pack(ev);
+        }
         // (CUcontext *pctx, CUdevice dev)
         api::CU_DEVICE_PRIMARY_CTX_RETAIN => {
             device_arg(a[1], ev);
@@ -209,6 +222,7 @@ fn decode(api_id: u32, p: &Pending, ok: bool, ev: &mut Event) {
             let handle = read_out(a[0], ev);
             Context { handle }.pack(ev);
         }
+        api::CU_GREEN_CTX_CREATE | api::CU_CTX_FROM_GREEN_CTX | api::CU_GREEN_CTX_DESTROY => green_ctx(api_id, a, ok, ev),
         _ => {}
     }
 }

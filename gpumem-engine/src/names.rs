@@ -69,6 +69,7 @@ pub fn event_type(api_id: u32) -> &'static str {
         Some(ApiClass::HandleExport) => "handle_export",
         Some(ApiClass::HandleImport) => "handle_import",
         Some(ApiClass::HandleRetain) => "handle_retain",
+        Some(ApiClass::DeviceUuid) => "device_uuid",
         Some(ApiClass::ProcessExit) => "exit",
         None => "unknown",
     }

@@ -141,6 +141,7 @@ fn status_reports_probes_and_missing_symbols() {
         "cuMemExportToShareableHandle",
         "cuMemImportFromShareableHandle",
         "cuMemRetainAllocationHandle",
+        "cuDeviceGetUuid_v2",
     ] {
         let p = probes.iter().find(|p| p["symbol"] == symbol).unwrap_or_else(|| panic!("{symbol} in {probes:#?}"));
         assert_eq!(p["status"], "attached", "{p:#}");

@@ -286,3 +286,47 @@ fn an_mps_server_is_reconciled_against_its_traced_clients() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// MIG: a process in a MIG instance (CUDA_VISIBLE_DEVICES=MIG-…) sees the
+/// instance as its device 0; its own cuDeviceGetUuid_v2 says which, and its
+/// memory is the instance's, labelled as dcgm-exporter labels it, reconciled
+/// against what NVML lists on that instance.
+#[test]
+fn a_mig_instances_memory_carries_dcgm_exporters_instance_labels() {
+    require_root();
+    let f = fixtures();
+    let pids_file = target_dir().join("gpumem-fixtures/nvml-pids-mig");
+    std::fs::write(&pids_file, "").unwrap();
+    let envs = [("GPUMEM_FAKE_NVML_PIDS_FILE", pids_file.to_str().unwrap()), ("GPUMEM_FAKE_NVML_MIG", "2")];
+    let serve =
+        Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap(), "--nvml-interval", "1"], &envs);
+    // GPU instance 2 of GPU 0 (the synthetic NVML's MIG-…0012).
+    let mut child = spawn_workload(
+        "mig",
+        &[("CUDA_VISIBLE_DEVICES", "MIG-00000000-0000-0000-0000-000000000012"), ("GPUMEM_WORKLOAD_HOLD_MS", "30000")],
+    );
+    let pid = child.id();
+    std::fs::write(&pids_file, format!("0.2/{pid}:{}", 40 * MIB)).unwrap();
+    let line = |text: &str, family: &str| {
+        text.lines().find(|l| l.starts_with(&format!("{family}{{pid=\"{pid}\"")) && l.contains("GPU_I_ID=\"2\"")).map(str::to_string)
+    };
+    let text = poll(
+        30,
+        "the instance's memory and its reconciliation",
+        || {
+            Some(serve.metrics())
+                .filter(|t| line(t, "gpumem_process_memory_bytes").is_some() && line(t, "gpumem_process_untracked_bytes").is_some())
+        },
+        || serve.metrics(),
+    );
+    let memory = line(&text, "gpumem_process_memory_bytes").unwrap();
+    assert!(memory.ends_with(&format!(" {}", 12 * MIB)), "{memory}");
+    for label in ["gpu=\"0\"", "GPU_I_PROFILE=\"1g.18gb\"", "UUID=\"GPU-00000000-0000-0000-0000-000000000000\""] {
+        assert!(memory.contains(label), "{label} in {memory}");
+    }
+    let untracked = line(&text, "gpumem_process_untracked_bytes").unwrap();
+    assert!(untracked.ends_with(&format!(" {}", 28 * MIB)), "40 MiB on the instance, 12 MiB traced: {untracked}");
+    let _ = child.kill();
+    let _ = child.wait();
+    serve.stop();
+}

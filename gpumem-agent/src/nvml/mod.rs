@@ -11,7 +11,7 @@ pub mod xid;
 
 pub use worker::{Library, Worker};
 
-use gpumem_engine::model::nvml::{EccCounts, GpuSample, MemoryInfo, RemappedRows, RetiredPages};
+use gpumem_engine::model::nvml::{mig_profile, EccCounts, GpuSample, MemoryInfo, MigInstance, RemappedRows, RetiredPages};
 use nvml_wrapper::{
     enum_wrappers::device::{EccCounter, MemoryError, RetirementCause, TemperatureSensor},
     error::NvmlError,
@@ -82,10 +82,51 @@ impl Sampler {
             });
             s.gpu_temp_c = reading(u, index, "gpu_temperature", &mut s, || dev.temperature(TemperatureSensor::Gpu));
             field_readings(u, index, &dev, &mut s);
+            s.mig = mig_instances(&dev);
             out.push(s);
         }
         Ok(out)
     }
+}
+
+/// A GPU's MIG instances where MIG mode is on (nothing where it is off, or
+/// unsupported, or NVML lacks the calls).
+fn mig_instances(dev: &nvml_wrapper::Device<'_>) -> Vec<MigInstance> {
+    if !dev.mig_mode().is_ok_and(|m| m.current == 1) {
+        return Vec::new();
+    }
+    let count = dev.mig_device_count().unwrap_or(0).min(64);
+    (0..count)
+        .filter_map(|i| {
+            let mig = dev.mig_device_by_index(i).ok()?;
+            let (gpu_instance_id, compute_instance_id) = instance_ids(&mig);
+            Some(MigInstance {
+                gpu_instance_id,
+                compute_instance_id,
+                uuid: mig.uuid().unwrap_or_default(),
+                profile: mig_profile(&mig.name().unwrap_or_default()),
+                memory: mig.memory_info().ok().map(|m| MemoryInfo { total: m.total, used: m.used, free: m.free, reserved: m.reserved }),
+                processes: mig.running_compute_processes().ok().map(|p| process_bytes(&p)),
+            })
+        })
+        .collect()
+}
+
+/// A MIG device's GPU and compute instance ids (nvml-wrapper does not wrap them).
+fn instance_ids(mig: &nvml_wrapper::Device<'_>) -> (u32, u32) {
+    let lib = mig.nvml().lib();
+    let (mut gi, mut ci) = (u32::MAX, u32::MAX);
+    // SAFETY: the handle is a live MIG device of this NVML; the out-pointers
+    // are valid u32s; a symbol NVML lacks is an Err, never called.
+    unsafe {
+        if let Ok(f) = lib.nvmlDeviceGetGpuInstanceId.as_ref() {
+            f(mig.handle(), &mut gi);
+        }
+        if let Ok(f) = lib.nvmlDeviceGetComputeInstanceId.as_ref() {
+            f(mig.handle(), &mut ci);
+        }
+    }
+    (gi, ci)
 }
 
 /// (pid, bytes) of NVML's process list (bytes 0 where NVML does not say).

@@ -51,16 +51,21 @@ pub struct Overhead {
 }
 
 impl Overhead {
-    /// The overhead of `pid` on `device` holding `traced` live bytes, by what NVML read last.
-    pub fn of(pid: u32, device: i32, traced: u64, gpus: &super::health::GpuWatch) -> Overhead {
+    /// The overhead of `pid` on the GPU (or MIG instance) `at`, holding
+    /// `traced` live bytes there, by what NVML read last.
+    pub fn of(pid: u32, at: &super::placement::Placement, traced: u64, gpus: &super::health::GpuWatch) -> Overhead {
         let why = |r: &str| Overhead { reason: Some(r.to_string()), ..Default::default() };
         if gpus.latest.is_empty() {
             return why(gpus.error.as_deref().unwrap_or("NVML not read (--no-nvml, or no NVIDIA driver on this host)"));
         }
-        let Some(g) = u32::try_from(device).ok().and_then(|d| gpus.latest.iter().find(|g| g.index == d)) else {
+        let Some(g) = at.gpu.and_then(|d| gpus.latest.iter().find(|g| g.index == d)) else {
             return why("NVML lists no GPU of this index (CUDA_VISIBLE_DEVICES may renumber them)");
         };
-        let Some(procs) = &g.processes else {
+        let listed = match &at.mig {
+            Some(m) => g.mig.iter().find(|i| i.gpu_instance_id == m.gpu_instance_id).and_then(|i| i.processes.as_ref()),
+            None => g.processes.as_ref(),
+        };
+        let Some(procs) = listed else {
             return why("NVML gives no per-process figures on this GPU (MIG, MPS, or too few privileges)");
         };
         match procs.iter().find(|(p, _)| *p == pid) {

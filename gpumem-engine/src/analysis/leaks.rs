@@ -78,6 +78,8 @@ pub struct ProcessLeaks {
     /// Frees of the process's allocations that were never seen made (made
     /// before tracing began): what was held before is not all shown.
     pub untracked_frees: u64,
+    /// Which GPU (and MIG instance) `device` is on the host.
+    pub placement: super::placement::Placement,
 }
 
 #[derive(Default)]
@@ -260,6 +262,7 @@ pub fn find(
                 layout: fragmentation::layout(p, dev),
                 tensors,
                 untracked_frees: p.untracked_frees,
+                placement: Default::default(),
             });
         }
     }

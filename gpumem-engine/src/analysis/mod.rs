@@ -9,6 +9,7 @@ pub mod history;
 pub mod leaks;
 pub mod oom;
 pub mod owners;
+pub mod placement;
 pub mod profile;
 pub mod reconcile;
 pub mod series;

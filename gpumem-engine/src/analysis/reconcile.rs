@@ -21,6 +21,9 @@ pub struct Reconciliation {
     /// processes on this GPU NVML does not list, whose bytes `traced_bytes` sums.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mps_clients: Vec<u32>,
+    /// The MIG instance (GPU_I_ID) NVML lists it on; `UUID` is then the instance's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance_id: Option<u32>,
 }
 
 /// The comm of `nvidia-cuda-mps-server` (the kernel keeps 15 bytes of it).
@@ -51,26 +54,39 @@ pub fn account_mps(rows: &mut [Reconciliation], state: &State, comm_of: impl Fn(
     }
 }
 
-/// One row per (process, GPU) that NVML reports.
+/// One row per (process, GPU or MIG instance) that NVML reports. A
+/// process's devices are placed by its own device UUIDs (placement.rs).
 pub fn reconcile(state: &State, gpus: &[GpuSample]) -> Vec<Reconciliation> {
+    let traced_on = |pid: u32, gpu: u32, instance: Option<u32>| -> u64 {
+        let Some(p) = state.processes.get(&pid).filter(|p| !p.exited) else { return 0 };
+        p.held
+            .devices
+            .iter()
+            .filter(|(&d, _)| {
+                let at = super::placement::place(p, d, gpus);
+                at.gpu == Some(gpu) && at.mig.map(|m| m.gpu_instance_id) == instance
+            })
+            .map(|(_, t)| t.live_bytes)
+            .sum()
+    };
+    let row = |pid: u32, gpu: u32, uuid: &str, nvml_bytes: u64, instance: Option<u32>| {
+        let traced_bytes = traced_on(pid, gpu, instance);
+        Reconciliation {
+            pid,
+            gpu,
+            uuid: uuid.to_string(),
+            nvml_bytes,
+            traced_bytes,
+            untracked_bytes: nvml_bytes as i64 - traced_bytes as i64,
+            mps_clients: Vec::new(),
+            gpu_instance_id: instance,
+        }
+    };
     let mut out = Vec::new();
     for g in gpus {
-        for &(pid, nvml_bytes) in g.processes.iter().flatten() {
-            let traced_bytes = state
-                .processes
-                .get(&pid)
-                .filter(|p| !p.exited)
-                .and_then(|p| p.held.devices.get(&(g.index as i32)))
-                .map_or(0, |t| t.live_bytes);
-            out.push(Reconciliation {
-                pid,
-                gpu: g.index,
-                uuid: g.uuid.clone(),
-                nvml_bytes,
-                traced_bytes,
-                untracked_bytes: nvml_bytes as i64 - traced_bytes as i64,
-                mps_clients: Vec::new(),
-            });
+        out.extend(g.processes.iter().flatten().map(|&(pid, bytes)| row(pid, g.index, &g.uuid, bytes, None)));
+        for m in &g.mig {
+            out.extend(m.processes.iter().flatten().map(|&(pid, bytes)| row(pid, g.index, &m.uuid, bytes, Some(m.gpu_instance_id))));
         }
     }
     out

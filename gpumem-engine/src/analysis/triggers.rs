@@ -255,6 +255,7 @@ mod tests {
             events_lost: 0,
             layout: None,
             free_blocks: None,
+            placement: Default::default(),
         }
     }
 

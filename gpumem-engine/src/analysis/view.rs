@@ -97,6 +97,8 @@ pub struct Row {
     /// Where PyTorch's allocator probes fired: how its tensors use the
     /// segments (`totals.allocated_bytes` is then known).
     pub free_blocks: Option<FreeBlocks>,
+    /// Which GPU (and MIG instance) the device is on the host.
+    pub placement: super::placement::Placement,
 }
 
 impl Row {
@@ -179,7 +181,9 @@ impl View {
                 let totals = p.totals(device);
                 // A checkpointed process's memory is off the GPU until restored.
                 let off_gpu = matches!(p.suspension, Some((crate::state::Suspension::Checkpointed, ..)));
-                *traced.entry(device).or_default() += if off_gpu { 0 } else { totals.live_bytes };
+                let placement = super::placement::place(p, device, &gpus.latest);
+                let on = placement.gpu.map_or(device, |g| g as i32);
+                *traced.entry(on).or_default() += if off_gpu { 0 } else { totals.live_bytes };
                 let verdict = if p.exited { None } else { growth.verdict(p.pid, device) };
                 let leak_suspect_bytes = match &verdict {
                     Some(v) if v.leaking => leaks::bytes_allocated_before(p, device, o.now_ns.saturating_sub(o.leak_age_ns)),
@@ -201,6 +205,7 @@ impl View {
                     events_lost: p.events_lost,
                     layout: o.layouts.then(|| fragmentation::layout(p, device)),
                     free_blocks: p.free_blocks(device),
+                    placement,
                 });
             }
         }

@@ -335,6 +335,7 @@ mod tests {
                 layout: DeviceLayout { largest_allocation: 4 << 20, ..Default::default() },
                 tensors: None,
                 untracked_frees: 0,
+                placement: Default::default(),
             }],
             oom: OomCounters { cuda_ooms: 1, fragmentation_ooms: 1, host_oom_kills: 0 },
             oom_events: Vec::new(),

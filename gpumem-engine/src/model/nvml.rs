@@ -59,6 +59,30 @@ pub struct GpuSample {
     pub memory_temp_c: Option<u32>,
     /// Readings this device does not support.
     pub unsupported: BTreeSet<&'static str>,
+    /// Its MIG instances, where MIG mode is on (empty otherwise): a process
+    /// in one sees the instance as its CUDA device.
+    pub mig: Vec<MigInstance>,
+}
+
+/// One MIG instance (a MIG device of NVML) of a GPU.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MigInstance {
+    /// GPU instance and compute instance ids (dcgm-exporter's GPU_I_ID is the former).
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    #[serde(rename = "UUID")]
+    pub uuid: String,
+    /// The profile, as dcgm-exporter's GPU_I_PROFILE: `1g.18gb` (from NVML's name of the MIG device).
+    pub profile: String,
+    pub memory: Option<MemoryInfo>,
+    /// (pid, bytes) NVML lists on this instance.
+    pub processes: Option<Vec<(u32, u64)>>,
+}
+
+/// The profile a MIG device's name ends with (`NVIDIA H200 MIG 1g.18gb` → `1g.18gb`).
+pub fn mig_profile(name: &str) -> String {
+    name.rsplit_once("MIG ")
+        .map_or(String::new(), |(_, p)| p.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '.' || *c == '+').take(32).collect())
 }
 
 /// What the NVML thread reports.

@@ -420,7 +420,7 @@ impl Pipeline {
                 let per_dev = walked.entry(r.pid).or_insert_with(|| owners::by_owner(p, &mut self.stacks));
                 let owners = per_dev.iter().find(|(d, _)| *d == r.device).map(|(_, o)| o.clone()).unwrap_or_default();
                 r.breakdown = crate::analysis::breakdown::of(p, r.device, owners);
-                r.breakdown.overhead = crate::analysis::breakdown::Overhead::of(r.pid, r.device, r.totals.live_bytes, &self.gpus);
+                r.breakdown.overhead = crate::analysis::breakdown::Overhead::of(r.pid, &r.placement, r.totals.live_bytes, &self.gpus);
             }
         }
         v.untraced = view::untraced(&self.state, &v.reconciliation, &self.untraced, self.untraced_scope.as_deref());

@@ -38,7 +38,10 @@ pub fn report(p: &mut Pipeline, q: &LeaksQuery, at: Span, stacks_dropped: Stacks
     processes.retain(|l| wanted(l.pid));
     for l in &mut processes {
         let device = l.device.unwrap_or(gpumem_common::DEVICE_UNKNOWN);
-        l.breakdown.overhead = crate::analysis::breakdown::Overhead::of(l.pid, device, l.live_bytes, &p.gpus);
+        let Some(proc) = p.state.processes.get(&l.pid) else { continue };
+        let at = crate::analysis::placement::place(proc, device, &p.gpus.latest);
+        l.breakdown.overhead = crate::analysis::breakdown::Overhead::of(l.pid, &at, l.live_bytes, &p.gpus);
+        l.placement = at;
     }
     let oom_events = p
         .ooms

@@ -10,7 +10,20 @@ use gpumem_common::{
     Event, DEVICE_UNKNOWN,
 };
 
-use super::{process::Suspension, Applied, State};
+use super::{Applied, State};
+
+/// Where a checkpointing tool (cuda-checkpoint) has a process: its device
+/// memory is moved off the GPU while checkpointed, not freed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Suspension {
+    /// cuCheckpointProcessLock: its CUDA calls are held.
+    Locked,
+    /// cuCheckpointProcessCheckpoint: its device memory is saved to host memory and released from the GPU.
+    Checkpointed,
+    /// cuCheckpointProcessRestore: its memory is back, still locked.
+    Restored,
+}
 
 impl State {
     /// A successful checkpoint call, counted for the tool that made it and

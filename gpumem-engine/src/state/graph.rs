@@ -9,10 +9,28 @@ use gpumem_common::{
     ApiClass, Event, DEVICE_UNKNOWN,
 };
 
-use super::{
-    process::{GraphNode, Multicast, Process},
-    Applied,
-};
+use super::{process::Process, Applied};
+
+/// A multicast object (NVLS): no memory of its own; the physical memory
+/// bound to it on each device is that device's own handles.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Multicast {
+    pub size: u64,
+    /// Devices it was made for (numDevices) and those added so far.
+    pub devices: u64,
+    pub added: Vec<i32>,
+    /// (device, offset in the object, bytes bound).
+    pub bound: Vec<(i32, u64, u64)>,
+}
+
+/// A CUDA graph's memory allocation node: the pointer it hands out when the
+/// graph runs, from the device's graph memory pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GraphNode {
+    pub graph: u64,
+    pub size: u64,
+    pub device: i32,
+}
 
 impl Process {
     /// A successful graph memory call.

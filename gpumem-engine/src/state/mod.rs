@@ -266,6 +266,7 @@ impl State {
                 p.apply_multicast(info.class, ev, room, out)
             }
             ApiClass::HandleRetain => p.retain_handle(ev.handle, out),
+            ApiClass::DeviceUuid => p.note_uuid(ev),
             ApiClass::Export
             | ApiClass::Import
             | ApiClass::ImportClose

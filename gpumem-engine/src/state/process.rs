@@ -11,6 +11,11 @@ use std::{
 // beyond what the per-process entry caps already bound.
 pub use rustc_hash::FxHashMap as HashMap;
 
+pub use super::{
+    checkpoint::Suspension,
+    graph::{GraphNode, Multicast},
+    share::{Import, ImportedHandle, PoolKey, PoolUse, Via},
+};
 use crate::stacks::{Sampling, StackId};
 
 const _: () = assert!(std::mem::size_of::<Allocation>() == 32, "a million live allocations: keep it packed");
@@ -79,97 +84,6 @@ pub struct VmmHandle {
     /// cuMemRetainAllocationHandle calls not yet released: a release takes
     /// one of these before it releases the memory.
     pub retains: u32,
-}
-
-/// Another process's allocation mapped into this one (see share.rs).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Import {
-    /// The exporter, where its export was seen and it still held the
-    /// allocation; None: exported before tracing began, or by an untraced
-    /// process (the bytes are then unknown, 0).
-    pub from_pid: Option<u32>,
-    pub from_comm: String,
-    pub size: u64,
-    pub device: i32,
-    pub via: Via,
-    pub ts_ns: u64,
-}
-
-/// How an import came.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Via {
-    /// cuIpcOpenMemHandle_v2.
-    Ipc,
-    /// cuMemPoolImportPointer.
-    PoolPointer,
-    /// cuMemImportFromShareableHandle, then cuMemMap.
-    ShareableHandle,
-}
-
-/// A physical handle imported from another process
-/// (cuMemImportFromShareableHandle): its mappings here are imports.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ImportedHandle {
-    pub from_pid: Option<u32>,
-    pub from_comm: String,
-    /// The exporter's handle's bytes, where joined (else each mapping's size counts).
-    pub size: Option<u64>,
-    pub device: i32,
-    pub retains: u32,
-}
-
-/// A multicast object (NVLS): no memory of its own; the physical memory
-/// bound to it on each device is that device's own handles.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Multicast {
-    pub size: u64,
-    /// Devices it was made for (numDevices) and those added so far.
-    pub devices: u64,
-    pub added: Vec<i32>,
-    /// (device, offset in the object, bytes bound).
-    pub bound: Vec<(i32, u64, u64)>,
-}
-
-/// A CUDA graph's memory allocation node: the pointer it hands out when the
-/// graph runs, from the device's graph memory pool.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GraphNode {
-    pub graph: u64,
-    pub size: u64,
-    pub device: i32,
-}
-
-/// Where a checkpointing tool (cuda-checkpoint) has a process: its device
-/// memory is moved off the GPU while checkpointed, not freed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Suspension {
-    /// cuCheckpointProcessLock: its CUDA calls are held.
-    Locked,
-    /// cuCheckpointProcessCheckpoint: its device memory is saved to host memory and released from the GPU.
-    Checkpointed,
-    /// cuCheckpointProcessRestore: its memory is back, still locked.
-    Restored,
-}
-
-/// A stream-ordered pool: its handle (0: the device's default pool) and device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PoolKey {
-    pub pool: u64,
-    pub device: i32,
-}
-
-/// What a pool holds in live allocations, and what was done to it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PoolUse {
-    pub bytes: u64,
-    pub allocs: u64,
-    /// cuMemPoolTrimTo calls: what each released is not visible from outside.
-    pub trims: u64,
-    pub last_trim_keep: Option<u64>,
-    /// cuMemPoolDestroy was called while allocations were live.
-    pub destroyed: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -373,6 +287,10 @@ pub struct Process {
     pub wind_down: WindDown,
     /// A checkpointing tool's hold on it: (state, the tool's pid, since when, CLOCK_MONOTONIC ns).
     pub suspension: Option<(Suspension, u32, u64)>,
+    /// The UUID of each CUDA device ordinal as the process's own
+    /// cuDeviceGetUuid_v2 said it: which GPU, or which MIG instance, the
+    /// ordinal is (CUDA_VISIBLE_DEVICES renumbers and hides them).
+    pub device_uuids: BTreeMap<i32, [u8; 16]>,
 }
 
 /// The frees since a process's last device allocation, by device and
@@ -470,6 +388,22 @@ impl Process {
             }
             None => false,
         }
+    }
+
+    /// A device's UUID, from the process's cuDeviceGetUuid_v2 (a few devices: bounded).
+    pub fn note_uuid(&mut self, ev: &gpumem_common::Event) {
+        use gpumem_common::payload::{DeviceUuid, Payload};
+        const DEVICES_MAX: usize = 64;
+        if ev.device == gpumem_common::DEVICE_UNKNOWN
+            || (self.device_uuids.len() >= DEVICES_MAX && !self.device_uuids.contains_key(&ev.device))
+        {
+            return;
+        }
+        let u = DeviceUuid::unpack(ev);
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&u.first.to_le_bytes());
+        bytes[8..].copy_from_slice(&u.last.to_le_bytes());
+        self.device_uuids.insert(ev.device, bytes);
     }
 
     /// Moves what is held on an unknown device to `device`, and sends later

@@ -21,10 +21,7 @@ use gpumem_common::{
     ApiClass, Event,
 };
 
-use super::{
-    process::{Import, ImportedHandle, PoolKey, PoolUse, Process, Via},
-    Applied, State,
-};
+use super::{process::Process, Applied, State};
 
 /// Exports remembered across all processes; beyond, new ones are counted
 /// as dropped (their importers then read "exporter unknown").
@@ -38,6 +35,63 @@ pub struct Export {
     pub addr: u64,
     pub handle: bool,
     pub ts_ns: u64,
+}
+
+/// Another process's allocation mapped into this one (see share.rs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Import {
+    /// The exporter, where its export was seen and it still held the
+    /// allocation; None: exported before tracing began, or by an untraced
+    /// process (the bytes are then unknown, 0).
+    pub from_pid: Option<u32>,
+    pub from_comm: String,
+    pub size: u64,
+    pub device: i32,
+    pub via: Via,
+    pub ts_ns: u64,
+}
+
+/// How an import came.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Via {
+    /// cuIpcOpenMemHandle_v2.
+    Ipc,
+    /// cuMemPoolImportPointer.
+    PoolPointer,
+    /// cuMemImportFromShareableHandle, then cuMemMap.
+    ShareableHandle,
+}
+
+/// A physical handle imported from another process
+/// (cuMemImportFromShareableHandle): its mappings here are imports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImportedHandle {
+    pub from_pid: Option<u32>,
+    pub from_comm: String,
+    /// The exporter's handle's bytes, where joined (else each mapping's size counts).
+    pub size: Option<u64>,
+    pub device: i32,
+    pub retains: u32,
+}
+
+/// A stream-ordered pool: its handle (0: the device's default pool) and device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolKey {
+    pub pool: u64,
+    pub device: i32,
+}
+
+/// What a pool holds in live allocations, and what was done to it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolUse {
+    pub bytes: u64,
+    pub allocs: u64,
+    /// cuMemPoolTrimTo calls: what each released is not visible from outside.
+    pub trims: u64,
+    pub last_trim_keep: Option<u64>,
+    /// cuMemPoolDestroy was called while allocations were live.
+    pub destroyed: bool,
 }
 
 impl State {

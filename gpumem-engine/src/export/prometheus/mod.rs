@@ -107,6 +107,30 @@ fn device_labels(device: i32, view: &View) -> Labels {
     ]
 }
 
+/// A process row's workload and device labels: its GPU as NVML numbers it
+/// (by the process's own device UUIDs) and, in a MIG instance,
+/// dcgm-exporter's GPU_I_ID and GPU_I_PROFILE.
+fn row_labels(r: &crate::analysis::view::Row, view: &View) -> Labels {
+    let mut labels = workload_labels(Some((r.pid, &r.comm, &r.workload)));
+    match r.placement.gpu {
+        Some(gpu) if r.device != DEVICE_UNKNOWN => labels.extend(device_labels(gpu as i32, view)),
+        _ => labels.extend(device_labels(r.device, view)),
+    }
+    if let Some(m) = &r.placement.mig {
+        labels.push(("GPU_I_ID", m.gpu_instance_id.to_string()));
+        labels.push(("GPU_I_PROFILE", m.profile.clone()));
+    }
+    labels
+}
+
+/// A MIG reconciliation row's GPU_I_ID and GPU_I_PROFILE (nothing for a whole GPU).
+fn instance_labels(r: &crate::analysis::reconcile::Reconciliation, view: &View) -> Labels {
+    let Some(id) = r.gpu_instance_id else { return Vec::new() };
+    let gpu = view.gpus.iter().find(|g| g.index == r.gpu as i32).and_then(|g| g.nvml.as_ref());
+    let profile = gpu.and_then(|g| g.mig.iter().find(|m| m.gpu_instance_id == id)).map(|m| m.profile.clone()).unwrap_or_default();
+    vec![("GPU_I_ID", id.to_string()), ("GPU_I_PROFILE", profile)]
+}
+
 fn gpu_labels(g: &GpuSample) -> Labels {
     vec![("gpu", g.index.to_string()), ("UUID", g.uuid.clone()), ("pci_bus_id", g.pci_bus_id.clone()), ("modelName", g.name.clone())]
 }
@@ -201,8 +225,7 @@ fn histograms(fams: &mut Families, d: &Distributions) {
 /// Where the memory of the processes shown went (by owner, by pool,
 /// imported): bounded per process and GPU.
 fn owner_families(fams: &mut Families, rows: &[&crate::analysis::view::Row], view: &View) {
-    let labelled =
-        |r: &crate::analysis::view::Row| [workload_labels(Some((r.pid, &r.comm, &r.workload))), device_labels(r.device, view)].concat();
+    let labelled = |r: &crate::analysis::view::Row| row_labels(r, view);
     let owners = fams.add(m::PROCESS_BY_OWNER);
     for r in rows {
         let labels = labelled(r);
@@ -237,7 +260,7 @@ fn leak_group_families(fams: &mut Families, rows: &[&crate::analysis::view::Row]
     let groups: Vec<(Labels, &crate::analysis::series::LeakingGroup)> = rows
         .iter()
         .flat_map(|r| {
-            let labels = [workload_labels(Some((r.pid, &r.comm, &r.workload))), device_labels(r.device, view)].concat();
+            let labels = row_labels(r, view);
             r.leaking_groups.iter().map(move |g| {
                 let mut l = labels.clone();
                 l.push(("stack_id", g.stack_id.clone().unwrap_or_default()));
@@ -269,7 +292,7 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
         .rows
         .iter()
         .map(|r| Series {
-            labels: [workload_labels(Some((r.pid, &r.comm, &r.workload))), device_labels(r.device, view)].concat(),
+            labels: row_labels(r, view),
             totals: r.totals.clone(),
             leak_suspect_bytes: r.leak_suspect_bytes,
             growth_bytes_per_s: r.growth_bytes_per_s(),
@@ -325,8 +348,10 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
         let p = s.state.processes.get(&r.pid).filter(|p| !p.exited);
         let w = Workload::of(p.and_then(|p| p.container.as_ref()));
         let comm = p.map_or("", |p| p.comm.as_str());
-        untracked
-            .push(([workload_labels(Some((r.pid, comm, &w))), device_labels(r.gpu as i32, view)].concat(), Value::Int(r.untracked_bytes)));
+        untracked.push((
+            [workload_labels(Some((r.pid, comm, &w))), device_labels(r.gpu as i32, view), instance_labels(r, view)].concat(),
+            Value::Int(r.untracked_bytes),
+        ));
     }
     fams.add(m::EXPORTER_PROCESS_SERIES).push((vec![], Value::int(view.rows.len() as u64)));
     fams.add(m::EXPORTER_AGGREGATED_SERIES).push((vec![], Value::int(capped.aggregated as u64)));
