@@ -1,7 +1,7 @@
 //! Where a process's memory on a device went: its own bytes by owner
 //! (owners.rs) and by stream-ordered pool, and beside them what it maps
 //! of other processes (imports: their exporters' bytes, never its own).
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::owners::OwnerBytes;
 use crate::state::{share, Process, Suspension, Via};
@@ -12,7 +12,7 @@ pub const IMPORTERS_SHOWN: usize = 8;
 /// Pools shown per process and device, the largest first.
 pub const POOLS_SHOWN: usize = 8;
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Breakdown {
     /// Its own live memory by the module (or Python file) that asked the
     /// driver for it: the largest owners, then `other`.
@@ -28,7 +28,7 @@ pub struct Breakdown {
     /// CUDA graphs' memory allocation nodes on this device: what the graph
     /// memory pool hands out when they run (declared by the nodes; the
     /// pool's physical size is the driver's, in NVML's figure).
-    pub graph_pool: Option<GraphPool>,
+    pub graph_pool: Option<Box<GraphPool>>,
     /// Multicast objects (NVLS) with memory of this device bound to them:
     /// that memory is the process's own handles, already in its bytes.
     pub multicast: Vec<MulticastBytes>,
@@ -43,20 +43,21 @@ pub struct Breakdown {
 /// its context, loaded modules, the driver's reserves, what pools and the
 /// graph pool keep beyond their live allocations. Where NVML cannot say,
 /// `bytes` is None and `reason` says why.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Overhead {
     pub bytes: Option<i64>,
     pub nvml_bytes: Option<u64>,
-    pub reason: Option<String>,
+    pub reason: Option<&'static str>,
 }
 
 impl Overhead {
     /// The overhead of `pid` on the GPU (or MIG instance) `at`, holding
     /// `traced` live bytes there, by what NVML read last.
     pub fn of(pid: u32, at: &super::placement::Placement, traced: u64, gpus: &super::health::GpuWatch) -> Overhead {
-        let why = |r: &str| Overhead { reason: Some(r.to_string()), ..Default::default() };
+        let why = |r: &'static str| Overhead { reason: Some(r), ..Default::default() };
         if gpus.latest.is_empty() {
-            return why(gpus.error.as_deref().unwrap_or("NVML not read (--no-nvml, or no NVIDIA driver on this host)"));
+            // The same in a replay as live: why NVML is missing is said once, as `nvml`.
+            return why("no NVML reading (its status says why)");
         }
         let Some(g) = at.gpu.and_then(|d| gpus.latest.iter().find(|g| g.index == d)) else {
             return why("NVML lists no GPU of this index (CUDA_VISIBLE_DEVICES may renumber them)");
@@ -86,7 +87,7 @@ impl Breakdown {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct GraphPool {
     pub bytes: u64,
     pub nodes: u64,
@@ -95,7 +96,7 @@ pub struct GraphPool {
     pub trims: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct MulticastBytes {
     pub handle: String,
     /// The object's size and the devices it spans (asked; added so far).
@@ -106,7 +107,7 @@ pub struct MulticastBytes {
     pub bound_bytes: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SuspensionOf {
     pub state: Suspension,
     /// The checkpointing tool's pid.
@@ -116,7 +117,7 @@ pub struct SuspensionOf {
 }
 
 /// What one exporter's memory mapped here comes to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ImportedFrom {
     /// None: its export was not seen (made before tracing began, by an
     /// untraced process, or freed since): its bytes are then unknown (0).
@@ -127,7 +128,7 @@ pub struct ImportedFrom {
     pub mappings: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PoolBytes {
     /// The pool's handle, or `default` for the device's own pool.
     pub pool: String,
@@ -154,7 +155,7 @@ pub fn of(p: &Process, device: i32, by_owner: Vec<OwnerBytes>) -> Breakdown {
         .collect();
     pools.truncate(POOLS_SHOWN);
     let mut imported: Vec<ImportedFrom> = Vec::new();
-    for i in p.held.imports.values().filter(|i| i.device == device) {
+    for i in p.held.sharing().imports.values().filter(|i| i.device == device) {
         match imported.iter_mut().find(|f| f.pid == i.from_pid && f.via == i.via) {
             Some(f) => {
                 f.bytes += i.size;
@@ -175,16 +176,17 @@ pub fn of(p: &Process, device: i32, by_owner: Vec<OwnerBytes>) -> Breakdown {
             mappings: rest.iter().map(|f| f.mappings).sum(),
         });
     }
-    let nodes: Vec<_> = p.held.graph_nodes.values().filter(|n| n.device == device).collect();
-    let trims = p.held.graph_trims.get(&device).copied().unwrap_or(0);
+    let nodes: Vec<_> = p.held.sharing().graph_nodes.values().filter(|n| n.device == device).collect();
+    let trims = p.held.sharing().graph_trims.get(&device).copied().unwrap_or(0);
     let graph_pool = (!nodes.is_empty() || trims > 0).then(|| {
         let mut graphs: Vec<u64> = nodes.iter().map(|n| n.graph).collect();
         graphs.sort_unstable();
         graphs.dedup();
-        GraphPool { bytes: nodes.iter().map(|n| n.size).sum(), nodes: nodes.len() as u64, graphs: graphs.len() as u64, trims }
+        Box::new(GraphPool { bytes: nodes.iter().map(|n| n.size).sum(), nodes: nodes.len() as u64, graphs: graphs.len() as u64, trims })
     });
     let mut multicast: Vec<MulticastBytes> = p
         .held
+        .sharing()
         .multicast
         .iter()
         .filter(|(_, m)| m.added.contains(&device) || m.bound.iter().any(|b| b.0 == device))

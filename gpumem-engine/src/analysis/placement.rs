@@ -21,7 +21,8 @@ pub struct MigPlace {
 pub struct Placement {
     /// The NVML index of the GPU (None: the device is unknown).
     pub gpu: Option<u32>,
-    pub mig: Option<MigPlace>,
+    /// Boxed: most devices are whole GPUs, and every view row has one.
+    pub mig: Option<Box<MigPlace>>,
 }
 
 /// `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` of 16 bytes, as NVML writes UUIDs.
@@ -53,7 +54,7 @@ pub fn place(p: &Process, device: i32, gpus: &[GpuSample]) -> Placement {
                 return Placement { gpu: Some(g.index), mig: None };
             }
             if let Some(m) = g.mig.iter().find(|m| is("MIG-", &m.uuid)) {
-                return Placement { gpu: Some(g.index), mig: Some(mig_place(m)) };
+                return Placement { gpu: Some(g.index), mig: Some(Box::new(mig_place(m))) };
             }
         }
     }

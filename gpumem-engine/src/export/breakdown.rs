@@ -13,13 +13,20 @@ pub fn breakdown_lines(b: &Breakdown) -> Vec<String> {
     if !b.by_owner.is_empty() {
         lines.push(format!("by owner: {}", owners_line(&b.by_owner)));
     }
+    lines.extend(beyond_owners(b));
+    lines
+}
+
+/// The lines after the owners'.
+pub fn beyond_owners(b: &Breakdown) -> Vec<String> {
+    let mut lines = Vec::new();
     if !b.pools.is_empty() {
         lines.push(pools_line(&b.pools));
     }
     if !b.imported.is_empty() {
         lines.push(imports_line(b.imported_bytes, &b.imported));
     }
-    lines.extend(b.graph_pool.as_ref().map(graph_line));
+    lines.extend(b.graph_pool.as_deref().map(graph_line));
     if !b.multicast.is_empty() {
         lines.push(multicast_line(&b.multicast));
     }

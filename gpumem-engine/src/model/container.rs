@@ -29,9 +29,9 @@ pub struct ContainerInfo {
     /// kept so that an OOM kill is placed in it even when the victim is gone
     /// before /proc can be read.
     pub memory_limit_file: Option<(String, String)>,
-    /// The process's cgroup v2 directory (path, directory) where it has dmem
-    /// files: its GPU memory usage and limits are read there.
-    pub dmem_dir: Option<(String, String)>,
+    /// The process's cgroup v2 path where it has dmem files: its GPU memory
+    /// usage and limits are read there (under pipeline::dmem::cgroup2_root).
+    pub dmem_cgroup: Option<String>,
 }
 
 /// ContainerInfo as read back from a recording.
@@ -48,7 +48,7 @@ struct RecordedContainerInfo {
     #[serde(default)]
     memory_limit_file: Option<(String, String)>,
     #[serde(default)]
-    dmem_dir: Option<(String, String)>,
+    dmem_cgroup: Option<String>,
 }
 
 // By hand: a derive would ask the input to outlive 'static for the &'static str fields.
@@ -73,7 +73,7 @@ impl From<RecordedContainerInfo> for ContainerInfo {
             pod_name: r.pod_name,
             namespace: r.namespace,
             memory_limit_file: r.memory_limit_file,
-            dmem_dir: r.dmem_dir,
+            dmem_cgroup: r.dmem_cgroup,
         }
     }
 }

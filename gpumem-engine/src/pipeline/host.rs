@@ -39,9 +39,9 @@ impl HostMemory {
             if let Some(h) = of_process(pid) {
                 self.processes.insert(pid, h);
             }
-            if let Some((path, dir)) = p.container.as_ref().and_then(|c| c.dmem_dir.as_ref()) {
+            if let Some(path) = p.container.as_ref().and_then(|c| c.dmem_cgroup.as_ref()) {
                 if !self.gpu_cgroups.contains_key(path) {
-                    if let Some(regions) = super::dmem::regions(dir) {
+                    if let Some(regions) = super::dmem::regions(&format!("{}{path}", super::dmem::cgroup2_root())) {
                         self.gpu_cgroups.insert(path.clone(), CgroupGpuMemory { regions, pid });
                     }
                 }

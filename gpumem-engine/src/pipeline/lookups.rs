@@ -121,7 +121,7 @@ fn lookup(pid: u32) -> Option<ContainerInfo> {
     let cgroups = procfs::read_cgroup(pid).ok()?;
     let mut info = container::from_cgroups(&cgroups);
     info.memory_limit_file = memory_cgroup(&cgroups);
-    info.dmem_dir = dmem_cgroup(&cgroups);
+    info.dmem_cgroup = dmem_cgroup(&cgroups);
     info.ns_pid = status.ns_pid().filter(|&p| p != 0);
     if info.pod_uid.is_some() {
         (info.pod_name, info.namespace) = pod_identity(std::path::Path::new(&format!("/proc/{pid}/root")));
@@ -167,11 +167,11 @@ fn memory_cgroup(lines: &[procfs::CgroupLine]) -> Option<(String, String)> {
     None
 }
 
-/// The cgroup v2 directory of a process, where it has dmem files.
-fn dmem_cgroup(lines: &[procfs::CgroupLine]) -> Option<(String, String)> {
+/// The cgroup v2 path of a process, where it has dmem files.
+fn dmem_cgroup(lines: &[procfs::CgroupLine]) -> Option<String> {
     let line = lines.iter().find(|l| l.is_v2())?;
     let dir = format!("{}{}", super::dmem::cgroup2_root(), line.path);
-    std::path::Path::new(&format!("{dir}/dmem.current")).exists().then(|| (line.path.clone(), dir))
+    std::path::Path::new(&format!("{dir}/dmem.current")).exists().then(|| line.path.clone())
 }
 
 /// The cgroup path, if its limit file says it has a memory limit.

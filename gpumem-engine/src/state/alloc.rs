@@ -88,7 +88,7 @@ impl Process {
             // A pool pointer imported from another process is freed here
             // (cuMemFree/cuMemFreeAsync): the mapping goes, the memory stays
             // its exporter's.
-            None if !self.held.imports.is_empty() && self.remove_import(ev.addr).is_some() => {
+            None if !self.held.sharing().imports.is_empty() && self.remove_import(ev.addr).is_some() => {
                 out.size = 0;
             }
             None => {

@@ -45,9 +45,9 @@ impl Process {
                     return;
                 }
                 self.totals_mut(device);
-                self.held.graph_nodes.insert(call.addr, GraphNode { graph: call.graph, size: call.size, device });
+                self.held.sharing_mut().graph_nodes.insert(call.addr, GraphNode { graph: call.graph, size: call.size, device });
             }
-            ApiClass::GraphFree => match self.held.graph_nodes.remove(&call.addr) {
+            ApiClass::GraphFree => match self.held.sharing_mut().graph_nodes.remove(&call.addr) {
                 Some(n) => {
                     out.device = n.device;
                     out.size = n.size;
@@ -55,11 +55,11 @@ impl Process {
                 None => out.untracked = true,
             },
             ApiClass::GraphDestroy => {
-                let before: u64 = self.held.graph_nodes.values().map(|n| n.size).sum();
-                self.held.graph_nodes.retain(|_, n| n.graph != call.graph);
-                out.size = before - self.held.graph_nodes.values().map(|n| n.size).sum::<u64>();
+                let before: u64 = self.held.sharing_mut().graph_nodes.values().map(|n| n.size).sum();
+                self.held.sharing_mut().graph_nodes.retain(|_, n| n.graph != call.graph);
+                out.size = before - self.held.sharing_mut().graph_nodes.values().map(|n| n.size).sum::<u64>();
             }
-            ApiClass::GraphTrim => *self.held.graph_trims.entry(ev.device).or_default() += 1,
+            ApiClass::GraphTrim => *self.held.sharing_mut().graph_trims.entry(ev.device).or_default() += 1,
             _ => {}
         }
     }
@@ -73,9 +73,12 @@ impl Process {
                     out.dropped = true;
                     return;
                 }
-                self.held.multicast.insert(call.mc, Multicast { size: call.size, devices: call.offset, ..Default::default() });
+                self.held
+                    .sharing_mut()
+                    .multicast
+                    .insert(call.mc, Multicast { size: call.size, devices: call.offset, ..Default::default() });
             }
-            ApiClass::MulticastAddDevice => match self.held.multicast.get_mut(&call.mc) {
+            ApiClass::MulticastAddDevice => match self.held.sharing_mut().multicast.get_mut(&call.mc) {
                 Some(m) => {
                     if !m.added.contains(&ev.device) {
                         m.added.push(ev.device);
@@ -93,12 +96,12 @@ impl Process {
                 };
                 let device = handle.and_then(|h| self.held.vmm_handles.get(&h)).map_or(DEVICE_UNKNOWN, |h| h.device);
                 out.device = device;
-                match self.held.multicast.get_mut(&call.mc) {
+                match self.held.sharing_mut().multicast.get_mut(&call.mc) {
                     Some(m) => m.bound.push((device, call.offset, call.size)),
                     None => out.untracked = true,
                 }
             }
-            ApiClass::MulticastUnbind => match self.held.multicast.get_mut(&call.mc) {
+            ApiClass::MulticastUnbind => match self.held.sharing_mut().multicast.get_mut(&call.mc) {
                 Some(m) => m.bound.retain(|&(d, o, _)| !(d == ev.device && o == call.offset)),
                 None => out.untracked = true,
             },

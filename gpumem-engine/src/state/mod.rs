@@ -22,7 +22,7 @@ use rustc_hash::FxHashMap;
 
 use crate::{events::Kind, stacks::StackId};
 pub use outcome::{Applied, CudaOom, Holder, OomCounters, OomKill, Release, OOM_TOP_HOLDERS};
-pub use process::{Allocation, Failure, Import, Memory, PoolKey, PoolUse, Process, Suspension, Via, VmmHandle};
+pub use process::{Allocation, Failure, Import, Memory, PoolKey, PoolUse, Process, Sharing, Suspension, Via, VmmHandle};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {

@@ -216,6 +216,15 @@ pub struct Held {
     pub driver: DriverObjects,
     /// Live tensors of PyTorch's allocator, by address.
     pub tensors: super::tensor::Tensors,
+    /// Memory shared with other processes, pools, multicast objects and
+    /// graph nodes: boxed on first use, as most processes have none (a
+    /// host tracks thousands of processes; see `sharing`).
+    pub sharing: Option<Box<Sharing>>,
+}
+
+/// What few processes hold: see `Held::sharing`.
+#[derive(Clone, Debug, Default)]
+pub struct Sharing {
     /// Other processes' allocations mapped here, by the address they got.
     pub imports: HashMap<u64, Import>,
     /// Stream-ordered pools and what they hold.
@@ -235,7 +244,26 @@ pub struct Held {
     pub graph_trims: HashMap<i32, u64>,
 }
 
+impl Sharing {
+    fn entries(&self) -> usize {
+        self.imports.len() + self.imported_handles.len() + self.multicast.len() + self.graph_nodes.len()
+    }
+}
+
+/// What a process without sharing reads.
+static NO_SHARING: std::sync::LazyLock<Sharing> = std::sync::LazyLock::new(Sharing::default);
+
 impl Held {
+    /// What it shares, pools, multicast objects, graph nodes (empty if none).
+    pub fn sharing(&self) -> &Sharing {
+        self.sharing.as_deref().unwrap_or(&NO_SHARING)
+    }
+
+    /// The same, to change (made on first use).
+    pub fn sharing_mut(&mut self) -> &mut Sharing {
+        self.sharing.get_or_insert_with(Default::default)
+    }
+
     /// Table entries held (for the global bound).
     pub fn entries(&self) -> usize {
         self.allocs.len()
@@ -243,10 +271,7 @@ impl Held {
             + self.mappings.len()
             + self.reservations.len()
             + self.tensors.len()
-            + self.imports.len()
-            + self.imported_handles.len()
-            + self.multicast.len()
-            + self.graph_nodes.len()
+            + self.sharing.as_ref().map_or(0, |s| s.entries())
     }
 }
 

@@ -137,7 +137,10 @@ impl State {
                         return;
                     }
                     let (from_pid, from_comm, size) = from.map_or((None, String::new(), None), |f| (f.0, f.1, Some(f.2)));
-                    p.held.imported_handles.insert(call.handle, ImportedHandle { from_pid, from_comm, size, device, retains: 0 });
+                    p.held
+                        .sharing_mut()
+                        .imported_handles
+                        .insert(call.handle, ImportedHandle { from_pid, from_comm, size, device, retains: 0 });
                 })
             }
             ApiClass::Import => {
@@ -200,7 +203,7 @@ impl State {
 
 impl Process {
     pub(super) fn add_import(&mut self, addr: u64, import: Import) {
-        if let Some(old) = self.held.imports.insert(addr, import.clone()) {
+        if let Some(old) = self.held.sharing_mut().imports.insert(addr, import.clone()) {
             self.uncount_import(&old);
         }
         let t = self.totals_mut(import.device);
@@ -209,7 +212,7 @@ impl Process {
     }
 
     pub(super) fn remove_import(&mut self, addr: u64) -> Option<Import> {
-        let i = self.held.imports.remove(&addr)?;
+        let i = self.held.sharing.as_deref_mut()?.imports.remove(&addr)?;
         self.uncount_import(&i);
         Some(i)
     }
@@ -227,24 +230,25 @@ impl Process {
             ApiClass::PoolCreate => {
                 let device = if ev.device != gpumem_common::DEVICE_UNKNOWN { ev.device } else { self.current_device(ev.tid) };
                 out.device = device;
-                self.held.pools.entry(PoolKey { pool: call.pool, device }).or_default();
+                self.held.sharing_mut().pools.entry(PoolKey { pool: call.pool, device }).or_default();
             }
             ApiClass::PoolDestroy => {
                 // Its live allocations stay until freed (the driver releases
                 // the pool after the last one); it is forgotten then.
-                let Some((&key, u)) = self.held.pools.iter_mut().find(|(k, _)| k.pool == call.pool) else {
+                let sh = self.held.sharing_mut();
+                let Some((&key, u)) = sh.pools.iter_mut().find(|(k, _)| k.pool == call.pool) else {
                     out.untracked = true;
                     return;
                 };
                 out.device = key.device;
                 u.destroyed = true;
                 if u.allocs == 0 {
-                    self.held.pools.remove(&key);
+                    sh.pools.remove(&key);
                 }
-                self.held.device_pool.retain(|_, p| *p != call.pool);
+                sh.device_pool.retain(|_, p| *p != call.pool);
             }
             ApiClass::PoolTrim => {
-                let Some((&key, u)) = self.held.pools.iter_mut().find(|(k, _)| k.pool == call.pool) else {
+                let Some((&key, u)) = self.held.sharing_mut().pools.iter_mut().find(|(k, _)| k.pool == call.pool) else {
                     out.untracked = true;
                     return;
                 };
@@ -254,9 +258,9 @@ impl Process {
             }
             ApiClass::PoolSetDevice => {
                 if call.pool == 0 {
-                    self.held.device_pool.remove(&ev.device);
+                    self.held.sharing_mut().device_pool.remove(&ev.device);
                 } else {
-                    self.held.device_pool.insert(ev.device, call.pool);
+                    self.held.sharing_mut().device_pool.insert(ev.device, call.pool);
                 }
             }
             _ => {}
@@ -268,37 +272,41 @@ impl Process {
     pub(super) fn pool_of_alloc(&self, ev: &Event, device: i32) -> Option<PoolKey> {
         let pool = match ev.api {
             api::CU_MEM_ALLOC_FROM_POOL_ASYNC | api::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => PoolAlloc::unpack(ev).pool,
-            api::CU_MEM_ALLOC_ASYNC | api::CU_MEM_ALLOC_ASYNC_PTSZ => self.held.device_pool.get(&device).copied().unwrap_or(0),
+            api::CU_MEM_ALLOC_ASYNC | api::CU_MEM_ALLOC_ASYNC_PTSZ => self.held.sharing().device_pool.get(&device).copied().unwrap_or(0),
             _ => return None,
         };
         // A pool made while traced knows its device.
-        let known = (pool != 0).then(|| self.held.pools.keys().find(|k| k.pool == pool).copied()).flatten();
+        let known = (pool != 0).then(|| self.held.sharing().pools.keys().find(|k| k.pool == pool).copied()).flatten();
         Some(known.unwrap_or(PoolKey { pool, device }))
     }
 
     /// Counts a live allocation to its pool.
     pub(super) fn pool_alloc(&mut self, addr: u64, key: PoolKey, size: u64) {
-        let u = self.held.pools.entry(key).or_default();
+        let sh = self.held.sharing_mut();
+        let u = sh.pools.entry(key).or_default();
         u.bytes += size;
         u.allocs += 1;
-        self.held.pool_of.insert(addr, key);
+        sh.pool_of.insert(addr, key);
     }
 
     /// Takes a freed allocation off its pool's count.
     pub(super) fn pool_free(&mut self, addr: u64, size: u64) {
-        let Some(key) = self.held.pool_of.remove(&addr) else { return };
-        let Some(u) = self.held.pools.get_mut(&key) else { return };
+        // Most processes have no pool: a free costs no lookup then.
+        let Some(sh) = self.held.sharing.as_deref_mut() else { return };
+        let Some(key) = sh.pool_of.remove(&addr) else { return };
+        let Some(u) = sh.pools.get_mut(&key) else { return };
         u.bytes = u.bytes.saturating_sub(size);
         u.allocs = u.allocs.saturating_sub(1);
         if u.destroyed && u.allocs == 0 {
-            self.held.pools.remove(&key);
+            sh.pools.remove(&key);
         }
     }
 }
 
 /// What a pool holds now, for the breakdown.
 pub fn pools_on(p: &Process, device: i32) -> Vec<(PoolKey, PoolUse)> {
-    let mut v: Vec<(PoolKey, PoolUse)> = p.held.pools.iter().filter(|(k, _)| k.device == device).map(|(k, u)| (*k, u.clone())).collect();
+    let mut v: Vec<(PoolKey, PoolUse)> =
+        p.held.sharing().pools.iter().filter(|(k, _)| k.device == device).map(|(k, u)| (*k, u.clone())).collect();
     v.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.pool.cmp(&b.0.pool)));
     v
 }

@@ -365,7 +365,7 @@ fn an_ipc_import_is_its_exporters_memory_counted_once() {
     assert_eq!((t.imported_bytes, t.imports, t.live_bytes), (64 * MIB, 1, 0), "imported, not the importer's own");
     assert_eq!(totals(&s, 200, 0).live_bytes, MIB);
     assert_eq!(totals(&s, 100, 1).live_bytes, 64 * MIB);
-    let i = &s.processes[&200].held.imports[&0x7000_0000];
+    let i = &s.processes[&200].held.sharing().imports[&0x7000_0000];
     assert_eq!((i.from_pid, i.via), (Some(100), Via::Ipc));
     // Every live byte on device 1 is the exporter's, once.
     assert_eq!(s.live_totals(), (2, 65 * MIB));
@@ -388,8 +388,8 @@ fn an_import_of_a_freed_or_unseen_export_names_no_exporter() {
     let unseen = s.apply(&of(200, 6, Event { addr: 0x8000, handle: 0xdef, ..ev(api::CU_IPC_OPEN_MEM_HANDLE_V2) }));
     assert!(unseen.untracked);
     let p = &s.processes[&200];
-    assert_eq!(p.held.imports.len(), 2);
-    assert!(p.held.imports.values().all(|i| i.from_pid.is_none() && i.size == 0));
+    assert_eq!(p.held.sharing().imports.len(), 2);
+    assert!(p.held.sharing().imports.values().all(|i| i.from_pid.is_none() && i.size == 0));
     // The exporter's exit forgets its exports.
     s.apply(&of(100, 7, alloc(0x2000, MIB)));
     s.apply(&of(100, 8, Event { addr: 0x2000, handle: 0x123, ..ev(api::CU_IPC_GET_MEM_HANDLE) }));
@@ -406,7 +406,7 @@ fn a_pool_pointer_import_is_freed_by_cu_mem_free_in_the_importer() {
     s.apply(&of(100, 3, Event { addr: 0x1000, handle: 0x55, ..ev(api::CU_MEM_POOL_EXPORT_POINTER) }));
     let import = s.apply(&of(200, 4, Event { addr: 0x5000, handle: 0x55, aux: 0x88, ..ev(api::CU_MEM_POOL_IMPORT_POINTER) }));
     assert_eq!(import.size, 4 * MIB);
-    assert_eq!(s.processes[&200].held.imports[&0x5000].via, Via::PoolPointer);
+    assert_eq!(s.processes[&200].held.sharing().imports[&0x5000].via, Via::PoolPointer);
     let f = s.apply(&of(200, 5, free(0x5000)));
     assert!(!f.untracked, "an imported pointer, not an untracked free");
     assert_eq!((f.size, s.processes[&200].untracked_frees), (0, 0));
@@ -423,23 +423,23 @@ fn pool_allocations_are_counted_to_their_pool_on_its_device() {
     s.apply(&alloc(0x3000, MIB));
     assert_eq!(totals(&s, 100, 1).live_bytes, 4 * MIB, "the pool's device");
     let p = &s.processes[&100];
-    let pool = &p.held.pools[&PoolKey { pool: 0x77, device: 1 }];
+    let pool = &p.held.sharing().pools[&PoolKey { pool: 0x77, device: 1 }];
     assert_eq!((pool.bytes, pool.allocs), (4 * MIB, 1));
-    let default = &p.held.pools[&PoolKey { pool: 0, device: 0 }];
+    let default = &p.held.sharing().pools[&PoolKey { pool: 0, device: 0 }];
     assert_eq!((default.bytes, default.allocs), (2 * MIB, 1), "cuMemAllocAsync: the device's default pool");
     // cuDeviceSetMemPool sends later cuMemAllocAsync to the chosen pool.
     s.apply(&Event { handle: 0x66, device: 0, ..ev(api::CU_MEM_POOL_CREATE) });
     s.apply(&Event { handle: 0x66, device: 0, ..ev(api::CU_DEVICE_SET_MEM_POOL) });
     s.apply(&Event { addr: 0x4000, size: MIB, ..ev(api::CU_MEM_ALLOC_ASYNC) });
-    assert_eq!(s.processes[&100].held.pools[&PoolKey { pool: 0x66, device: 0 }].bytes, MIB);
+    assert_eq!(s.processes[&100].held.sharing().pools[&PoolKey { pool: 0x66, device: 0 }].bytes, MIB);
     s.apply(&Event { handle: 0x77, size: 0, ..ev(api::CU_MEM_POOL_TRIM_TO) });
     s.apply(&Event { addr: 0x1000, ..ev(api::CU_MEM_FREE_ASYNC) });
     s.apply(&Event { handle: 0x77, ..ev(api::CU_MEM_POOL_DESTROY) });
     let p = &s.processes[&100];
-    assert!(!p.held.pools.contains_key(&PoolKey { pool: 0x77, device: 1 }), "destroyed and empty: gone");
-    assert_eq!(p.held.pools[&PoolKey { pool: 0, device: 0 }].bytes, 2 * MIB);
-    assert_eq!(p.held.pool_of.len(), 2);
-    assert_eq!(p.held.pools.len(), 2);
+    assert!(!p.held.sharing().pools.contains_key(&PoolKey { pool: 0x77, device: 1 }), "destroyed and empty: gone");
+    assert_eq!(p.held.sharing().pools[&PoolKey { pool: 0, device: 0 }].bytes, 2 * MIB);
+    assert_eq!(p.held.sharing().pool_of.len(), 2);
+    assert_eq!(p.held.sharing().pools.len(), 2);
 }
 
 #[test]
@@ -490,13 +490,13 @@ fn a_fabric_handle_mapped_by_its_importer_is_the_exporters_memory() {
     assert_eq!(totals(&s, 200, 0).imported_bytes, 0);
     let release = s.apply(&of(200, 7, Event { handle: 0x2000, ..ev(api::CU_MEM_RELEASE) }));
     assert!(!release.untracked);
-    assert!(s.processes[&200].held.imported_handles.is_empty());
+    assert!(s.processes[&200].held.sharing().imported_handles.is_empty());
     // A file descriptor joins nothing: the mapping is still an import, its exporter unnamed.
     let fd = gpumem_common::handle_type::POSIX_FILE_DESCRIPTOR;
     s.apply(&of(200, 8, Event { handle: 0x3000, addr: 0, aux: fd, ..ev(api::CU_MEM_IMPORT_FROM_SHAREABLE_HANDLE) }));
     s.apply(&of(200, 9, map(0x8000_0000, 4 * MIB, 0x3000)));
     assert_eq!(totals(&s, 200, 0).imported_bytes, 4 * MIB);
-    assert_eq!(s.processes[&200].held.imports[&0x8000_0000].from_pid, None);
+    assert_eq!(s.processes[&200].held.sharing().imports[&0x8000_0000].from_pid, None);
 }
 
 #[test]
@@ -521,12 +521,12 @@ fn multicast_objects_hold_no_memory_of_their_own() {
     let m = s.apply(&map(0x7000_0000, 64 * MIB, 0x9000));
     assert!(!m.untracked, "a multicast object is mapped without a create, and known");
     assert_eq!(totals(&s, 100, 0).live_bytes, 64 * MIB, "the bound handle only");
-    let mc = &s.processes[&100].held.multicast[&0x9000];
+    let mc = &s.processes[&100].held.sharing().multicast[&0x9000];
     assert_eq!((mc.added.as_slice(), mc.bound.as_slice()), (&[0][..], &[(0, 0, 64 * MIB)][..]));
     s.apply(&Event { handle: 0x9000, device: 0, aux: 0, size: 64 * MIB, ..ev(api::CU_MULTICAST_UNBIND) });
-    assert!(s.processes[&100].held.multicast[&0x9000].bound.is_empty());
+    assert!(s.processes[&100].held.sharing().multicast[&0x9000].bound.is_empty());
     let r = s.apply(&Event { handle: 0x9000, ..ev(api::CU_MEM_RELEASE) });
-    assert!(!r.untracked && s.processes[&100].held.multicast.is_empty());
+    assert!(!r.untracked && s.processes[&100].held.sharing().multicast.is_empty());
 }
 
 #[test]
@@ -541,8 +541,8 @@ fn graph_allocation_nodes_declare_the_graph_pool_not_live_bytes() {
     let d = s.apply(&Event { handle: 0x77, ..ev(api::CU_GRAPH_DESTROY) });
     assert_eq!(d.size, 16 * MIB);
     let p = &s.processes[&100];
-    assert_eq!(p.held.graph_nodes.len(), 1);
-    assert_eq!(p.held.graph_nodes[&0x3000], process::GraphNode { graph: 0x88, size: MIB, device: 1 });
+    assert_eq!(p.held.sharing().graph_nodes.len(), 1);
+    assert_eq!(p.held.sharing().graph_nodes[&0x3000], process::GraphNode { graph: 0x88, size: MIB, device: 1 });
 }
 
 #[test]

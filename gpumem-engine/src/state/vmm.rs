@@ -132,7 +132,7 @@ impl Process {
     /// imported handle (its mapping is an import of the exporter's bytes)
     /// or a multicast object (no memory of its own); else untracked.
     fn map_other_handle(&mut self, ev: &Event, room: bool, out: &mut Applied) {
-        if let Some(ih) = self.held.imported_handles.get(&ev.handle) {
+        if let Some(ih) = self.held.sharing().imported_handles.get(&ev.handle) {
             let size = ih.size.map_or(ev.size, |s| s.min(ev.size));
             let import = Import {
                 from_pid: ih.from_pid,
@@ -147,23 +147,27 @@ impl Process {
             if room {
                 self.add_import(ev.addr, import);
             }
-        } else if !self.held.multicast.contains_key(&ev.handle) {
+        } else if !self.held.sharing().multicast.contains_key(&ev.handle) {
             out.untracked = true;
         }
     }
 
     /// cuMemRelease of an imported handle or a multicast object.
     fn release_other_handle(&mut self, handle: u64, out: &mut Applied) {
-        if let Some(ih) = self.held.imported_handles.get_mut(&handle) {
+        let Some(sh) = self.held.sharing.as_deref_mut() else {
+            out.untracked = true;
+            return;
+        };
+        if let Some(ih) = sh.imported_handles.get_mut(&handle) {
             out.device = ih.device;
             out.size = 0;
             if ih.retains > 0 {
                 ih.retains -= 1;
             } else {
                 // Its mappings stay imports until unmapped, as the driver keeps them.
-                self.held.imported_handles.remove(&handle);
+                sh.imported_handles.remove(&handle);
             }
-        } else if self.held.multicast.remove(&handle).is_none() {
+        } else if sh.multicast.remove(&handle).is_none() {
             out.untracked = true;
         }
     }
@@ -173,7 +177,7 @@ impl Process {
         if let Some(h) = self.held.vmm_handles.get_mut(&handle) {
             h.retains += 1;
             out.device = h.device;
-        } else if let Some(ih) = self.held.imported_handles.get_mut(&handle) {
+        } else if let Some(ih) = self.held.sharing.as_deref_mut().and_then(|s| s.imported_handles.get_mut(&handle)) {
             ih.retains += 1;
             out.device = ih.device;
         } else {

@@ -369,7 +369,10 @@ impl ReportData {
                 p.outstanding_allocs,
                 escape(&verdict)
             );
-            for line in super::breakdown_lines(&p.breakdown) {
+            if !p.breakdown.by_owner.is_empty() {
+                let _ = writeln!(h, "<p>By owner (who asked the driver): {}</p>", escape(&super::owners_line(&p.breakdown.by_owner)));
+            }
+            for line in super::breakdown::beyond_owners(&p.breakdown) {
                 let _ = writeln!(h, "<p>{}</p>", escape(&line));
             }
             for g in &p.stacks {
