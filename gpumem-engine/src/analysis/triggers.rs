@@ -250,7 +250,7 @@ mod tests {
             leak_suspect_bytes: 0,
             trend: Vec::new(),
             leaking_groups: Vec::new(),
-            breakdown: Default::default(),
+            breakdown: None,
             last_failure: None,
             events_lost: 0,
             layout: None,

@@ -89,8 +89,9 @@ pub struct Row {
     /// The stack groups whose own verdict is `leak`, the largest first.
     pub leaking_groups: Vec<LeakingGroup>,
     /// Where its memory went (by owner, by pool, imports), where asked
-    /// (`ViewOptions::owners`).
-    pub breakdown: Breakdown,
+    /// (`ViewOptions::owners`) and the process is alive: boxed, as a view
+    /// has a row for every process and device kept.
+    pub breakdown: Option<Box<Breakdown>>,
     pub last_failure: Option<Failure>,
     pub events_lost: u64,
     pub layout: Option<DeviceLayout>,
@@ -200,7 +201,7 @@ impl View {
                     leak_suspect_bytes,
                     trend: if o.trend > 0 { growth.recent(p.pid, device, o.trend) } else { Vec::new() },
                     leaking_groups: if p.exited { Vec::new() } else { growth.leaking_groups(p.pid, device) },
-                    breakdown: Breakdown::default(),
+                    breakdown: None,
                     last_failure: p.last_failure,
                     events_lost: p.events_lost,
                     layout: o.layouts.then(|| fragmentation::layout(p, device)),

@@ -150,7 +150,7 @@ fn process_summary(p: &Process, view: &View) -> ProcessSummary {
                 tensors: p.tensor_probes.then_some(r.totals.tensors),
                 verdict: r.growth.as_ref().map(|g| g.verdict),
                 layout: r.layout.clone().unwrap_or_default(),
-                breakdown: r.breakdown.clone(),
+                breakdown: r.breakdown.as_deref().cloned().unwrap_or_default(),
             })
             .collect(),
         host_pinned_bytes: p.held.pinned.bytes,

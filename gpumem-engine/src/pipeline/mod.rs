@@ -419,8 +419,9 @@ impl Pipeline {
                 let Some(p) = self.state.processes.get(&r.pid) else { continue };
                 let per_dev = walked.entry(r.pid).or_insert_with(|| owners::by_owner(p, &mut self.stacks));
                 let owners = per_dev.iter().find(|(d, _)| *d == r.device).map(|(_, o)| o.clone()).unwrap_or_default();
-                r.breakdown = crate::analysis::breakdown::of(p, r.device, owners);
-                r.breakdown.overhead = crate::analysis::breakdown::Overhead::of(r.pid, &r.placement, r.totals.live_bytes, &self.gpus);
+                let mut b = crate::analysis::breakdown::of(p, r.device, owners);
+                b.overhead = crate::analysis::breakdown::Overhead::of(r.pid, &r.placement, r.totals.live_bytes, &self.gpus);
+                r.breakdown = Some(Box::new(b));
             }
         }
         v.untraced = view::untraced(&self.state, &v.reconciliation, &self.untraced, self.untraced_scope.as_deref());

@@ -99,30 +99,10 @@ impl State {
     pub(super) fn share_call(&mut self, class: ApiClass, ev: &Event) -> Applied {
         let shared = gpumem_common::payload::Shared::unpack(ev);
         match class {
-            ApiClass::Export => {
-                let applied = self.apply_counted(ev, |p, _, out| {
-                    let held = p.held.allocs.get(&shared.addr);
-                    out.device = held.map_or(out.device, |a| a.device());
-                    out.size = held.map_or(0, |a| a.size);
-                    out.untracked = held.is_none();
-                });
-                if !applied.untracked {
-                    self.remember_export(shared.key, Export { pid: ev.pid, addr: shared.addr, handle: false, ts_ns: ev.ts_ns });
-                }
-                applied
-            }
+            ApiClass::Export => self.export(ev, shared.key, shared.addr, false),
             ApiClass::HandleExport => {
                 let call = ShareableHandle::unpack(ev);
-                let applied = self.apply_counted(ev, |p, _, out| {
-                    let held = p.held.vmm_handles.get(&call.handle);
-                    out.device = held.map_or(out.device, |h| h.device);
-                    out.size = held.map_or(0, |h| h.size);
-                    out.untracked = held.is_none();
-                });
-                if !applied.untracked {
-                    self.remember_export(call.key, Export { pid: ev.pid, addr: call.handle, handle: true, ts_ns: ev.ts_ns });
-                }
-                applied
+                self.export(ev, call.key, call.handle, true)
             }
             ApiClass::HandleImport => {
                 let call = ShareableHandle::unpack(ev);
@@ -167,6 +147,25 @@ impl State {
                 None => out.untracked = true,
             }),
         }
+    }
+
+    /// An export of the allocation at `addr` (or, `handle`, of that physical
+    /// handle): remembered by its key if the exporter holds it.
+    fn export(&mut self, ev: &Event, key: u64, addr: u64, handle: bool) -> Applied {
+        let applied = self.apply_counted(ev, |p, _, out| {
+            let held = if handle {
+                p.held.vmm_handles.get(&addr).map(|h| (h.device, h.size))
+            } else {
+                p.held.allocs.get(&addr).map(|a| (a.device(), a.size))
+            };
+            out.device = held.map_or(out.device, |h| h.0);
+            out.size = held.map_or(0, |h| h.1);
+            out.untracked = held.is_none();
+        });
+        if !applied.untracked {
+            self.remember_export(key, Export { pid: ev.pid, addr, handle, ts_ns: ev.ts_ns });
+        }
+        applied
     }
 
     fn remember_export(&mut self, key: u64, export: Export) {

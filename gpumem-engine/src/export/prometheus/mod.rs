@@ -229,7 +229,7 @@ fn owner_families(fams: &mut Families, rows: &[&crate::analysis::view::Row], vie
     let owners = fams.add(m::PROCESS_BY_OWNER);
     for r in rows {
         let labels = labelled(r);
-        for o in &r.breakdown.by_owner {
+        for o in r.breakdown.iter().flat_map(|b| &b.by_owner) {
             let mut l = labels.clone();
             l.push(("owner", o.owner.clone()));
             owners.push((l, Value::int(o.bytes)));
@@ -238,7 +238,7 @@ fn owner_families(fams: &mut Families, rows: &[&crate::analysis::view::Row], vie
     let pools = fams.add(m::PROCESS_BY_POOL);
     for r in rows {
         let labels = labelled(r);
-        for p in &r.breakdown.pools {
+        for p in r.breakdown.iter().flat_map(|b| &b.pools) {
             let mut l = labels.clone();
             l.push(("pool", p.pool.clone()));
             pools.push((l, Value::int(p.bytes)));
@@ -247,10 +247,10 @@ fn owner_families(fams: &mut Families, rows: &[&crate::analysis::view::Row], vie
     let imported = fams.add(m::PROCESS_IMPORTED);
     imported.extend(rows.iter().filter(|r| r.totals.imports > 0).map(|r| (labelled(r), Value::int(r.totals.imported_bytes))));
     let graphs = fams.add(m::PROCESS_GRAPH_POOL);
-    graphs.extend(rows.iter().filter_map(|r| Some((labelled(r), Value::int(r.breakdown.graph_pool.as_ref()?.bytes)))));
+    graphs.extend(rows.iter().filter_map(|r| Some((labelled(r), Value::int(r.breakdown.as_ref()?.graph_pool.as_ref()?.bytes)))));
     let checkpointed = fams.add(m::PROCESS_CHECKPOINTED);
     checkpointed.extend(rows.iter().filter_map(|r| {
-        let s = r.breakdown.suspension.as_ref()?;
+        let s = r.breakdown.as_ref()?.suspension.as_ref()?;
         Some((labelled(r), Value::int((s.state == crate::state::Suspension::Checkpointed) as u64)))
     }));
 }

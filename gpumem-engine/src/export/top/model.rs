@@ -136,7 +136,11 @@ pub fn build(view: &View, host: &crate::model::host::HostMemory, events: u64, lo
             before_tracing: false,
             host_resident_bytes: resident(r.pid),
             host_swap_bytes: swap(r.pid),
-            breakdown: crate::export::breakdown_lines(&r.breakdown).iter().map(|l| printable(l)).collect(),
+            breakdown: r
+                .breakdown
+                .as_deref()
+                .map(|b| crate::export::breakdown_lines(b).iter().map(|l| printable(l)).collect())
+                .unwrap_or_default(),
         })
         .chain(view.untraced.iter().map(|u| Row {
             pid: u.pid,
