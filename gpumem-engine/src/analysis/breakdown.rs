@@ -57,7 +57,7 @@ impl Overhead {
         let why = |r: &'static str| Overhead { reason: Some(r), ..Default::default() };
         if gpus.latest.is_empty() {
             // The same in a replay as live: why NVML is missing is said once, as `nvml`.
-            return why("no NVML reading (its status says why)");
+            return why("no NVML reading; its status says why");
         }
         let Some(g) = at.gpu.and_then(|d| gpus.latest.iter().find(|g| g.index == d)) else {
             return why("NVML lists no GPU of this index (CUDA_VISIBLE_DEVICES may renumber them)");
