@@ -201,7 +201,7 @@ pub fn of(p: &Process, device: i32, by_owner: Vec<OwnerBytes>) -> Breakdown {
     multicast.sort_by(|a, b| b.bound_bytes.cmp(&a.bound_bytes).then(a.handle.cmp(&b.handle)));
     multicast.truncate(POOLS_SHOWN);
     let suspension = p.suspension.map(|(state, by_pid, since_ns)| SuspensionOf { state, by_pid, since_ns });
-    let imported_bytes = p.totals(device).imported_bytes;
+    let imported_bytes = imported.iter().map(|f| f.bytes).sum();
     Breakdown { by_owner, pools, imported_bytes, imported, graph_pool, multicast, suspension, overhead: Overhead::default() }
 }
 

@@ -34,19 +34,18 @@ pub const MPS_SERVER_COMM: &str = "nvidia-cuda-mps";
 /// an untraced process named like the server is reconciled against the
 /// traced processes on its GPU that NVML does not list, instead of calling
 /// the server untraced and its clients "not in NVML".
-pub fn account_mps(rows: &mut [Reconciliation], state: &State, comm_of: impl Fn(u32) -> Option<String>) {
+pub fn account_mps(rows: &mut [Reconciliation], state: &State, gpus: &[GpuSample], comm_of: impl Fn(u32) -> Option<String>) {
     let listed: Vec<(u32, u32)> = rows.iter().map(|r| (r.gpu, r.pid)).collect();
     for r in rows.iter_mut() {
         let traced = state.processes.get(&r.pid).is_some_and(|p| !p.exited);
         if traced || comm_of(r.pid).as_deref() != Some(MPS_SERVER_COMM) {
             continue;
         }
-        let device = r.gpu as i32;
         let clients: Vec<(u32, u64)> = state
             .processes
             .values()
             .filter(|p| !p.exited && !listed.contains(&(r.gpu, p.pid)))
-            .filter_map(|p| Some((p.pid, p.held.devices.get(&device).map(|t| t.live_bytes).filter(|&b| b > 0)?)))
+            .filter_map(|p| Some((p.pid, Some(traced_on(p, gpus, r.gpu, r.gpu_instance_id)).filter(|&b| b > 0)?)))
             .collect();
         r.traced_bytes = clients.iter().map(|c| c.1).sum();
         r.untracked_bytes = r.nvml_bytes as i64 - r.traced_bytes as i64;
@@ -54,23 +53,21 @@ pub fn account_mps(rows: &mut [Reconciliation], state: &State, comm_of: impl Fn(
     }
 }
 
-/// One row per (process, GPU or MIG instance) that NVML reports. A
-/// process's devices are placed by its own device UUIDs (placement.rs).
-pub fn reconcile(state: &State, gpus: &[GpuSample]) -> Vec<Reconciliation> {
-    let traced_on = |pid: u32, gpu: u32, instance: Option<u32>| -> u64 {
-        let Some(p) = state.processes.get(&pid).filter(|p| !p.exited) else { return 0 };
-        p.held
-            .devices
-            .iter()
-            .filter(|(&d, _)| {
-                let at = super::placement::place(p, d, gpus);
-                at.gpu == Some(gpu) && at.mig.map(|m| m.gpu_instance_id) == instance
-            })
-            .map(|(_, t)| t.live_bytes)
-            .sum()
+/// The live bytes `p` holds on NVML's GPU `gpu` (in its MIG instance
+/// `instance`, or on the whole GPU), its devices placed by its own device
+/// UUIDs (placement.rs).
+fn traced_on(p: &crate::state::Process, gpus: &[GpuSample], gpu: u32, instance: Option<u32>) -> u64 {
+    let on = |d: i32| {
+        let at = super::placement::place(p, d, gpus);
+        at.gpu == Some(gpu) && at.mig.map(|m| m.gpu_instance_id) == instance
     };
+    p.held.devices.iter().filter(|(&d, _)| on(d)).map(|(_, t)| t.live_bytes).sum()
+}
+
+/// One row per (process, GPU or MIG instance) that NVML reports.
+pub fn reconcile(state: &State, gpus: &[GpuSample]) -> Vec<Reconciliation> {
     let row = |pid: u32, gpu: u32, uuid: &str, nvml_bytes: u64, instance: Option<u32>| {
-        let traced_bytes = traced_on(pid, gpu, instance);
+        let traced_bytes = state.processes.get(&pid).filter(|p| !p.exited).map_or(0, |p| traced_on(p, gpus, gpu, instance));
         Reconciliation {
             pid,
             gpu,
@@ -124,7 +121,7 @@ mod tests {
         // NVML lists the server (pid 7) for 400 B and an unrelated untraced process.
         let gpus = vec![GpuSample { index: 0, processes: Some(vec![(7, 400), (8, 30)]), ..Default::default() }];
         let mut r = reconcile(&s, &gpus);
-        account_mps(&mut r, &s, |pid| (pid == 7).then(|| MPS_SERVER_COMM.to_string()));
+        account_mps(&mut r, &s, &gpus, |pid| (pid == 7).then(|| MPS_SERVER_COMM.to_string()));
         let rows: Vec<(u32, u64, i64, Vec<u32>)> =
             r.iter().map(|x| (x.pid, x.traced_bytes, x.untracked_bytes, x.mps_clients.clone())).collect();
         assert_eq!(rows, [(7, 150, 250, vec![100, 101]), (8, 0, 30, vec![])]);

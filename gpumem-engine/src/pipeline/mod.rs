@@ -402,16 +402,21 @@ impl Pipeline {
     /// Traced bytes against NVML's per process and GPU, an MPS server's
     /// against its traced clients.
     pub fn reconciliation(&self) -> Vec<crate::analysis::reconcile::Reconciliation> {
-        use crate::analysis::reconcile;
-        let mut rows = reconcile::reconcile(&self.state, &self.gpus.latest);
-        reconcile::account_mps(&mut rows, &self.state, |pid| self.untraced.get(&pid).map(|(comm, _)| comm.clone()));
+        let mut rows = crate::analysis::reconcile::reconcile(&self.state, &self.gpus.latest);
+        self.account_mps(&mut rows);
         rows
+    }
+
+    /// MPS servers among the untraced processes NVML lists, by their names.
+    fn account_mps(&self, rows: &mut [crate::analysis::reconcile::Reconciliation]) {
+        let comm_of = |pid: u32| self.untraced.get(&pid).map(|(comm, _)| comm.clone());
+        crate::analysis::reconcile::account_mps(rows, &self.state, &self.gpus.latest, comm_of);
     }
 
     /// Where things stand now.
     pub fn view(&mut self, o: &ViewOptions) -> View {
         let mut v = View::build(&self.state, &mut self.growth, &self.gpus, o);
-        v.reconciliation = self.reconciliation();
+        self.account_mps(&mut v.reconciliation);
         if o.owners {
             // One walk of a process's allocations serves all its devices' rows.
             let mut walked: FxHashMap<u32, Vec<(i32, Vec<owners::OwnerBytes>)>> = FxHashMap::default();

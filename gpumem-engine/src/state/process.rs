@@ -107,10 +107,6 @@ pub struct DeviceTotals {
     /// carved from live_bytes (what it reserved).
     pub allocated_bytes: u64,
     pub tensors: u64,
-    /// Other processes' memory mapped here (IPC, pool pointers): counted
-    /// for its exporter, never in live_bytes.
-    pub imported_bytes: u64,
-    pub imports: u64,
 }
 
 impl DeviceTotals {
@@ -123,8 +119,6 @@ impl DeviceTotals {
         self.reserved_bytes += other.reserved_bytes;
         self.allocated_bytes += other.allocated_bytes;
         self.tensors += other.tensors;
-        self.imported_bytes += other.imported_bytes;
-        self.imports += other.imports;
     }
 }
 

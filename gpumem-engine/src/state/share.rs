@@ -37,6 +37,14 @@ pub struct Export {
     pub ts_ns: u64,
 }
 
+/// Who exported what an import names: the process and its allocation's bytes and device.
+struct Exporter {
+    pid: u32,
+    comm: String,
+    size: u64,
+    device: i32,
+}
+
 /// Another process's allocation mapped into this one (see share.rs).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Import {
@@ -48,7 +56,6 @@ pub struct Import {
     pub size: u64,
     pub device: i32,
     pub via: Via,
-    pub ts_ns: u64,
 }
 
 /// How an import came.
@@ -89,7 +96,6 @@ pub struct PoolUse {
     pub allocs: u64,
     /// cuMemPoolTrimTo calls: what each released is not visible from outside.
     pub trims: u64,
-    pub last_trim_keep: Option<u64>,
     /// cuMemPoolDestroy was called while allocations were live.
     pub destroyed: bool,
 }
@@ -108,15 +114,15 @@ impl State {
                 let call = ShareableHandle::unpack(ev);
                 let from = self.exported(call.key, ev.ts_ns);
                 self.apply_counted(ev, |p, room, out| {
-                    let device = from.as_ref().map_or(p.current_device(ev.tid), |f| f.3);
+                    let device = from.as_ref().map_or(p.current_device(ev.tid), |f| f.device);
                     out.device = device;
-                    out.exporter = from.as_ref().and_then(|f| f.0);
+                    out.exporter = from.as_ref().map(|f| f.pid);
                     out.size = 0;
                     if !room {
                         out.dropped = true;
                         return;
                     }
-                    let (from_pid, from_comm, size) = from.map_or((None, String::new(), None), |f| (f.0, f.1, Some(f.2)));
+                    let (from_pid, from_comm, size) = from.map_or((None, String::new(), None), |f| (Some(f.pid), f.comm, Some(f.size)));
                     p.held
                         .sharing_mut()
                         .imported_handles
@@ -127,7 +133,10 @@ impl State {
                 let from = self.exported(shared.key, ev.ts_ns);
                 let via = if ev.api == api::CU_MEM_POOL_IMPORT_POINTER { Via::PoolPointer } else { Via::Ipc };
                 self.apply_counted(ev, |p, room, out| {
-                    let (from_pid, from_comm, size, device) = from.unwrap_or((None, String::new(), 0, p.current_device(ev.tid)));
+                    let (from_pid, from_comm, size, device) = match from {
+                        Some(f) => (Some(f.pid), f.comm, f.size, f.device),
+                        None => (None, String::new(), 0, p.current_device(ev.tid)),
+                    };
                     out.device = device;
                     out.size = size;
                     out.untracked = from_pid.is_none();
@@ -136,7 +145,7 @@ impl State {
                         out.dropped = true;
                         return;
                     }
-                    p.add_import(ev.addr, Import { from_pid, from_comm, size, device, via, ts_ns: ev.ts_ns });
+                    p.add_import(ev.addr, Import { from_pid, from_comm, size, device, via });
                 })
             }
             _ => self.apply_counted(ev, |p, _, out| match p.remove_import(shared.addr) {
@@ -180,8 +189,8 @@ impl State {
     }
 
     /// The exporter of `key` and the allocation it names, if the exporter
-    /// still holds it as it was when exported: (pid, comm, bytes, device).
-    fn exported(&self, key: u64, now_ns: u64) -> Option<(Option<u32>, String, u64, i32)> {
+    /// still holds it as it was when exported.
+    fn exported(&self, key: u64, now_ns: u64) -> Option<Exporter> {
         let e = self.exports.get(&key)?;
         let p = self.processes.get(&e.pid).filter(|p| !p.exited)?;
         let (size, device, made_ns) = if e.handle {
@@ -189,7 +198,7 @@ impl State {
         } else {
             p.held.allocs.get(&e.addr).map(|a| (a.size, a.device(), a.ts_ns))?
         };
-        (made_ns <= e.ts_ns && e.ts_ns <= now_ns).then(|| (Some(e.pid), p.comm.clone(), size, device))
+        (made_ns <= e.ts_ns && e.ts_ns <= now_ns).then(|| Exporter { pid: e.pid, comm: p.comm.clone(), size, device })
     }
 
     /// Forgets the exports of a process that exited.
@@ -202,24 +211,19 @@ impl State {
 
 impl Process {
     pub(super) fn add_import(&mut self, addr: u64, import: Import) {
-        if let Some(old) = self.held.sharing_mut().imports.insert(addr, import.clone()) {
-            self.uncount_import(&old);
-        }
-        let t = self.totals_mut(import.device);
-        t.imported_bytes += import.size;
-        t.imports += 1;
+        // The device is one the process has memory on, its own or not (its row).
+        self.totals_mut(import.device);
+        self.held.sharing_mut().imports.insert(addr, import);
     }
 
     pub(super) fn remove_import(&mut self, addr: u64) -> Option<Import> {
-        let i = self.held.sharing.as_deref_mut()?.imports.remove(&addr)?;
-        self.uncount_import(&i);
-        Some(i)
+        self.held.sharing.as_deref_mut()?.imports.remove(&addr)
     }
 
-    fn uncount_import(&mut self, i: &Import) {
-        let t = self.totals_mut(i.device);
-        t.imported_bytes -= i.size;
-        t.imports -= 1;
+    /// Other processes' memory mapped here on `device`: (bytes, mappings).
+    pub fn imports_on(&self, device: i32) -> (u64, u64) {
+        let on = self.held.sharing().imports.values().filter(|i| i.device == device);
+        on.fold((0, 0), |(bytes, n), i| (bytes + i.size, n + 1))
     }
 
     /// A successful pool call.
@@ -253,7 +257,6 @@ impl Process {
                 };
                 out.device = key.device;
                 u.trims += 1;
-                u.last_trim_keep = Some(call.keep);
             }
             ApiClass::PoolSetDevice => {
                 if call.pool == 0 {

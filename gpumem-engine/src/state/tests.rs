@@ -362,7 +362,7 @@ fn an_ipc_import_is_its_exporters_memory_counted_once() {
     let import = s.apply(&of(200, 4, Event { addr: 0x7000_0000, handle: 0xabc, ..ev(api::CU_IPC_OPEN_MEM_HANDLE_V2) }));
     assert_eq!((import.device, import.size, import.untracked), (1, 64 * MIB, false), "on the exporter's device");
     let t = totals(&s, 200, 1);
-    assert_eq!((t.imported_bytes, t.imports, t.live_bytes), (64 * MIB, 1, 0), "imported, not the importer's own");
+    assert_eq!((s.processes[&200].imports_on(1), t.live_bytes), ((64 * MIB, 1), 0), "imported, not the importer's own");
     assert_eq!(totals(&s, 200, 0).live_bytes, MIB);
     assert_eq!(totals(&s, 100, 1).live_bytes, 64 * MIB);
     let i = &s.processes[&200].held.sharing().imports[&0x7000_0000];
@@ -371,7 +371,7 @@ fn an_ipc_import_is_its_exporters_memory_counted_once() {
     assert_eq!(s.live_totals(), (2, 65 * MIB));
     let close = s.apply(&of(200, 5, Event { addr: 0x7000_0000, ..ev(api::CU_IPC_CLOSE_MEM_HANDLE) }));
     assert_eq!((close.size, close.untracked), (64 * MIB, false));
-    assert_eq!(totals(&s, 200, 1).imported_bytes, 0);
+    assert_eq!(s.processes[&200].imports_on(1), (0, 0));
     assert_eq!(s.live_entries(), 2);
 }
 
@@ -410,7 +410,7 @@ fn a_pool_pointer_import_is_freed_by_cu_mem_free_in_the_importer() {
     let f = s.apply(&of(200, 5, free(0x5000)));
     assert!(!f.untracked, "an imported pointer, not an untracked free");
     assert_eq!((f.size, s.processes[&200].untracked_frees), (0, 0));
-    assert_eq!(totals(&s, 200, 0).imported_bytes, 0);
+    assert_eq!(s.processes[&200].imports_on(0).0, 0);
 }
 
 #[test]
@@ -485,9 +485,9 @@ fn a_fabric_handle_mapped_by_its_importer_is_the_exporters_memory() {
     assert!(!mapped.untracked, "an imported handle is no longer mapped without a create");
     assert_eq!(mapped.exporter, Some(100));
     let t = totals(&s, 200, 0);
-    assert_eq!((t.imported_bytes, t.live_bytes), (32 * MIB, 0));
+    assert_eq!((s.processes[&200].imports_on(0).0, t.live_bytes), (32 * MIB, 0));
     s.apply(&of(200, 6, Event { addr: 0x7000_0000, size: 32 * MIB, ..ev(api::CU_MEM_UNMAP) }));
-    assert_eq!(totals(&s, 200, 0).imported_bytes, 0);
+    assert_eq!(s.processes[&200].imports_on(0).0, 0);
     let release = s.apply(&of(200, 7, Event { handle: 0x2000, ..ev(api::CU_MEM_RELEASE) }));
     assert!(!release.untracked);
     assert!(s.processes[&200].held.sharing().imported_handles.is_empty());
@@ -495,7 +495,7 @@ fn a_fabric_handle_mapped_by_its_importer_is_the_exporters_memory() {
     let fd = gpumem_common::handle_type::POSIX_FILE_DESCRIPTOR;
     s.apply(&of(200, 8, Event { handle: 0x3000, addr: 0, aux: fd, ..ev(api::CU_MEM_IMPORT_FROM_SHAREABLE_HANDLE) }));
     s.apply(&of(200, 9, map(0x8000_0000, 4 * MIB, 0x3000)));
-    assert_eq!(totals(&s, 200, 0).imported_bytes, 4 * MIB);
+    assert_eq!(s.processes[&200].imports_on(0).0, 4 * MIB);
     assert_eq!(s.processes[&200].held.sharing().imports[&0x8000_0000].from_pid, None);
 }
 

@@ -134,14 +134,8 @@ impl Process {
     fn map_other_handle(&mut self, ev: &Event, room: bool, out: &mut Applied) {
         if let Some(ih) = self.held.sharing().imported_handles.get(&ev.handle) {
             let size = ih.size.map_or(ev.size, |s| s.min(ev.size));
-            let import = Import {
-                from_pid: ih.from_pid,
-                from_comm: ih.from_comm.clone(),
-                size,
-                device: ih.device,
-                via: Via::ShareableHandle,
-                ts_ns: ev.ts_ns,
-            };
+            let import =
+                Import { from_pid: ih.from_pid, from_comm: ih.from_comm.clone(), size, device: ih.device, via: Via::ShareableHandle };
             out.device = ih.device;
             out.exporter = ih.from_pid;
             if room {

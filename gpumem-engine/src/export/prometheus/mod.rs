@@ -112,10 +112,7 @@ fn device_labels(device: i32, view: &View) -> Labels {
 /// dcgm-exporter's GPU_I_ID and GPU_I_PROFILE.
 fn row_labels(r: &crate::analysis::view::Row, view: &View) -> Labels {
     let mut labels = workload_labels(Some((r.pid, &r.comm, &r.workload)));
-    match r.placement.gpu {
-        Some(gpu) if r.device != DEVICE_UNKNOWN => labels.extend(device_labels(gpu as i32, view)),
-        _ => labels.extend(device_labels(r.device, view)),
-    }
+    labels.extend(device_labels(r.placement.gpu.map_or(r.device, |g| g as i32), view));
     if let Some(m) = &r.placement.mig {
         labels.push(("GPU_I_ID", m.gpu_instance_id.to_string()));
         labels.push(("GPU_I_PROFILE", m.profile.clone()));
@@ -225,34 +222,31 @@ fn histograms(fams: &mut Families, d: &Distributions) {
 /// Where the memory of the processes shown went (by owner, by pool,
 /// imported): bounded per process and GPU.
 fn owner_families(fams: &mut Families, rows: &[&crate::analysis::view::Row], view: &View) {
-    let labelled = |r: &crate::analysis::view::Row| row_labels(r, view);
-    let owners = fams.add(m::PROCESS_BY_OWNER);
-    for r in rows {
-        let labels = labelled(r);
-        for o in r.breakdown.iter().flat_map(|b| &b.by_owner) {
+    let (mut owners, mut pools, mut imported, mut graphs, mut checkpointed) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (r, b) in rows.iter().filter_map(|r| Some((r, r.breakdown.as_deref()?))) {
+        let labels = row_labels(r, view);
+        let with = |name: &'static str, value: &str| {
             let mut l = labels.clone();
-            l.push(("owner", o.owner.clone()));
-            owners.push((l, Value::int(o.bytes)));
+            l.push((name, value.to_string()));
+            l
+        };
+        owners.extend(b.by_owner.iter().map(|o| (with("owner", &o.owner), Value::int(o.bytes))));
+        pools.extend(b.pools.iter().map(|p| (with("pool", &p.pool), Value::int(p.bytes))));
+        if !b.imported.is_empty() {
+            imported.push((labels.clone(), Value::int(b.imported_bytes)));
+        }
+        if let Some(g) = &b.graph_pool {
+            graphs.push((labels.clone(), Value::int(g.bytes)));
+        }
+        if let Some(s) = &b.suspension {
+            checkpointed.push((labels, Value::int((s.state == crate::state::Suspension::Checkpointed) as u64)));
         }
     }
-    let pools = fams.add(m::PROCESS_BY_POOL);
-    for r in rows {
-        let labels = labelled(r);
-        for p in r.breakdown.iter().flat_map(|b| &b.pools) {
-            let mut l = labels.clone();
-            l.push(("pool", p.pool.clone()));
-            pools.push((l, Value::int(p.bytes)));
-        }
-    }
-    let imported = fams.add(m::PROCESS_IMPORTED);
-    imported.extend(rows.iter().filter(|r| r.totals.imports > 0).map(|r| (labelled(r), Value::int(r.totals.imported_bytes))));
-    let graphs = fams.add(m::PROCESS_GRAPH_POOL);
-    graphs.extend(rows.iter().filter_map(|r| Some((labelled(r), Value::int(r.breakdown.as_ref()?.graph_pool.as_ref()?.bytes)))));
-    let checkpointed = fams.add(m::PROCESS_CHECKPOINTED);
-    checkpointed.extend(rows.iter().filter_map(|r| {
-        let s = r.breakdown.as_ref()?.suspension.as_ref()?;
-        Some((labelled(r), Value::int((s.state == crate::state::Suspension::Checkpointed) as u64)))
-    }));
+    fams.add(m::PROCESS_BY_OWNER).extend(owners);
+    fams.add(m::PROCESS_BY_POOL).extend(pools);
+    fams.add(m::PROCESS_IMPORTED).extend(imported);
+    fams.add(m::PROCESS_GRAPH_POOL).extend(graphs);
+    fams.add(m::PROCESS_CHECKPOINTED).extend(checkpointed);
 }
 
 /// The leaking stack groups of the processes shown: bounded per process and GPU.
