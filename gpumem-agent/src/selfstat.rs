@@ -44,3 +44,13 @@ mod tests {
         assert!(super::resident_bytes() > 0);
     }
 }
+
+/// Gives the allocator's free pages back to the kernel: glibc keeps what a
+/// burst freed (decoding, symbolizing) in its arenas, so the agent's RSS
+/// would stay at the burst's peak.
+pub fn return_freed_memory() {
+    // SAFETY: malloc_trim only walks glibc's own arenas; no pointer is passed.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

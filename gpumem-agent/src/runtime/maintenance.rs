@@ -63,6 +63,9 @@ impl Maintenance {
         if let Some(grace) = s.forget_after {
             pipeline.forget_exited_before(monotonic_ns().saturating_sub(grace.as_nanos() as u64));
         }
+        if pipeline.stacks.release_idle() {
+            crate::selfstat::return_freed_memory();
+        }
         self.refresh(agent, pipeline, status, reader);
         !s.pids.is_empty() && s.pids.iter().all(|&p| !gpumem_engine::procfs::alive(p, None))
     }

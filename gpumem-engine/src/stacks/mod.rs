@@ -189,6 +189,12 @@ impl Stacks {
         self.copy.forget(pid);
     }
 
+    /// Lets the symbolizer's parsed files go once idle (see
+    /// `symbolize::IDLE_RELEASE`); a maintenance tick calls it. True if it did.
+    pub fn release_idle(&mut self) -> bool {
+        self.symbolizer.release_if_idle()
+    }
+
     /// A Python process's interpreter, so that its stacks' Python frames resolve.
     pub fn add_interpreter(&mut self, interp: crate::python::Interpreter) {
         self.python.add(interp);
@@ -209,9 +215,25 @@ impl Stacks {
             // Stacks come and go with processes: the cache is bounded as the table is.
             self.owners.clear();
         }
-        let o = find(&self.frames(id));
+        let o = find(&self.module_frames(id));
         self.owners.insert(id, o.clone());
         o
+    }
+
+    /// A stack's frames as far as an owner needs them: native frames'
+    /// modules and the Python frames, without symbolizing (an owner is a
+    /// module, and symbolizing every stack would keep every library's DWARF
+    /// in the agent's memory).
+    fn module_frames(&self, id: StackId) -> Vec<Frame> {
+        let natives = match (self.symbolized.get(&id), self.table.get(&id)) {
+            (Some(frames), _) => frames.clone(),
+            (None, Some(raw)) => raw.iter().map(Frame::unsymbolized).collect(),
+            (None, None) => return Vec::new(),
+        };
+        match self.python_frames.get(&id) {
+            Some(py) => python::interleave(natives, py),
+            None => natives,
+        }
     }
 
     /// A stack from a recording, symbolized when it was recorded.

@@ -1,6 +1,10 @@
 //! Turning (module, file offset) into function, offset and file:line with
 //! blazesym, cached per frame.
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use blazesym::symbolize::{source::Elf, source::Source, Input, Symbolized};
 use serde::Serialize;
@@ -55,30 +59,56 @@ impl Frame {
     }
 }
 
+impl Frame {
+    /// A native frame's module and offset, before symbolization.
+    pub fn unsymbolized(raw: &RawFrame) -> Frame {
+        Frame {
+            function: None,
+            offset: None,
+            file: None,
+            line: None,
+            module: raw.module.path.clone(),
+            module_offset: raw.file_offset,
+            python: false,
+        }
+    }
+}
+
+/// blazesym keeps every file it opened parsed (symbol tables, DWARF, the
+/// mapped debug file): kept while new frames come, let go after this long
+/// without one. Frames already symbolized stay cached.
+pub const IDLE_RELEASE: Duration = Duration::from_secs(5);
+
 #[derive(Default)]
 pub struct Symbolizer {
     inner: blazesym::symbolize::Symbolizer,
     /// By file identity and offset: a path names different files in
     /// different containers, and a deleted file and its replacement.
     cache: HashMap<((Arc<str>, u64), u64), Frame>,
+    /// When `inner` last read a file; None while it holds nothing.
+    last_used: Option<Instant>,
 }
 
 impl Symbolizer {
+    /// Lets blazesym's parsed files go if no frame needed them for
+    /// [`IDLE_RELEASE`]; true if it did.
+    pub fn release_if_idle(&mut self) -> bool {
+        if !self.last_used.is_some_and(|t| t.elapsed() >= IDLE_RELEASE) {
+            return false;
+        }
+        self.inner = blazesym::symbolize::Symbolizer::default();
+        self.last_used = None;
+        true
+    }
+
     pub fn frame(&mut self, raw: &RawFrame) -> Frame {
         let key = (raw.module.file.clone(), raw.file_offset);
         if let Some(f) = self.cache.get(&key) {
             return f.clone();
         }
         let module = &raw.module;
-        let mut frame = Frame {
-            function: None,
-            offset: None,
-            file: None,
-            line: None,
-            module: module.path.clone(),
-            module_offset: raw.file_offset,
-            python: false,
-        };
+        let mut frame = Frame::unsymbolized(raw);
+        self.last_used = Some(Instant::now());
         // The process may be gone: try its view of the file, then the host
         // path — unless the file was replaced, when the host path is another file.
         let host = (!module.deleted).then_some(&*module.path);
