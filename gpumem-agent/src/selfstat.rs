@@ -35,16 +35,6 @@ pub fn bpf_map_resident_bytes() -> u64 {
     gpumem_engine::procfs::own_smaps_resident_kib("anon_inode:bpf-map") * 1024
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn bpf_map_share_is_part_of_the_resident_total() {
-        // No BPF map is mapped by the test process: the share is 0, the total is not.
-        assert_eq!(super::bpf_map_resident_bytes(), 0);
-        assert!(super::resident_bytes() > 0);
-    }
-}
-
 /// Gives the allocator's free pages back to the kernel: glibc keeps what a
 /// burst freed (decoding, symbolizing) in its arenas, so the agent's RSS
 /// would stay at the burst's peak.
@@ -52,5 +42,15 @@ pub fn return_freed_memory() {
     // SAFETY: malloc_trim only walks glibc's own arenas; no pointer is passed.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bpf_map_share_is_part_of_the_resident_total() {
+        // No BPF map is mapped by the test process: the share is 0, the total is not.
+        assert_eq!(super::bpf_map_resident_bytes(), 0);
+        assert!(super::resident_bytes() > 0);
     }
 }

@@ -152,7 +152,14 @@ mod tests {
 /// and newlines included, become '?'. JSON, Prometheus labels and HTML have
 /// their own escaping and get the text as it is.
 pub fn printable(s: &str) -> String {
-    s.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
+    s.chars().map(|c| if c.is_control() || is_invisible_format(c) { '?' } else { c }).collect()
+}
+
+/// Characters that reorder or hide text on a terminal without being
+/// control characters: bidirectional overrides and isolates (a name that
+/// reads backwards), zero-width ones.
+fn is_invisible_format(c: char) -> bool {
+    matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
 }
 
 #[cfg(test)]
@@ -162,5 +169,6 @@ mod printable_tests {
         assert_eq!(super::printable("evil\x1b[2Jname\x07"), "evil?[2Jname?");
         assert_eq!(super::printable("a\nb\r\u{9b}c"), "a?b??c", "newlines and C1 controls too");
         assert_eq!(super::printable("python3 ü"), "python3 ü");
+        assert_eq!(super::printable("job\u{202e}gnp.exe\u{200b}"), "job?gnp.exe?", "bidi overrides and zero-width");
     }
 }

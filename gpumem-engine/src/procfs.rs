@@ -43,30 +43,62 @@ impl MapsEntry {
 
 /// Parses `/proc/PID/maps`; lines that do not parse are skipped.
 pub fn parse_maps(text: &str) -> Vec<MapsEntry> {
-    text.lines().filter_map(parse_maps_line).collect()
+    parse_maps_bytes(text.as_bytes())
 }
 
-fn parse_maps_line(line: &str) -> Option<MapsEntry> {
+/// Parses `/proc/PID/maps` as the kernel writes it: bytes, since a file name
+/// need not be UTF-8 (such a name is kept lossily; the file still opens
+/// through `map_files`), and one unreadable name must not hide the process.
+pub fn parse_maps_bytes(text: &[u8]) -> Vec<MapsEntry> {
+    text.split(|&b| b == b'\n').filter_map(parse_maps_line).collect()
+}
+
+/// The kernel writes a newline in a mapped file's name as `\012` (its
+/// only escape there: `seq_file_path(m, file, "\n")`), so that one mapping
+/// stays one line.
+fn unescape_maps_path(path: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    const NEWLINE: &[u8] = b"\\012";
+    if !path.windows(NEWLINE.len()).any(|w| w == NEWLINE) {
+        return std::borrow::Cow::Borrowed(path);
+    }
+    let mut out = Vec::with_capacity(path.len());
+    let mut rest = path;
+    while !rest.is_empty() {
+        if rest.starts_with(NEWLINE) {
+            out.push(b'\n');
+            rest = &rest[NEWLINE.len()..];
+        } else {
+            out.push(rest[0]);
+            rest = &rest[1..];
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+fn parse_maps_line(line: &[u8]) -> Option<MapsEntry> {
     // address perms offset dev inode [pathname]; the pathname may hold spaces.
-    let mut fields = line.splitn(6, ' ');
-    let (range, perms, offset, dev, inode) = (fields.next()?, fields.next()?, fields.next()?, fields.next()?, fields.next()?);
-    let rest = fields.next().unwrap_or("").trim_start();
+    let mut fields = line.splitn(6, |&b| b == b' ');
+    let mut text = || std::str::from_utf8(fields.next()?).ok();
+    let (range, perms, offset, dev, inode) = (text()?, text()?, text()?, text()?, text()?);
+    let rest = fields.next().unwrap_or(b"");
+    let rest = &rest[rest.iter().position(|&b| b != b' ').unwrap_or(rest.len())..];
     let (start, end) = range.split_once('-')?;
     let range = u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?;
     let offset = u64::from_str_radix(offset, 16).ok()?;
     let inode = inode.parse().ok()?;
-    let (path, deleted) = match rest.strip_suffix(" (deleted)") {
+    let (path, deleted) = match rest.strip_suffix(b" (deleted)") {
         Some(p) => (p, true),
         None => (rest, false),
     };
-    let deleted = deleted && path.starts_with('/');
-    let path = path.starts_with('/').then(|| path.to_string());
+    let file = path.starts_with(b"/");
+    let deleted = deleted && file;
+    let path = file.then(|| String::from_utf8_lossy(&unescape_maps_path(path)).into_owned());
     Some(MapsEntry { range, perms: perms.to_string(), offset, dev: dev.to_string(), inode, path, deleted })
 }
 
 /// Reads and parses `/proc/PID/maps`.
 pub fn read_maps(pid: u32) -> io::Result<Vec<MapsEntry>> {
-    Ok(parse_maps(&std::fs::read_to_string(format!("/proc/{pid}/maps"))?))
+    Ok(parse_maps_bytes(&std::fs::read(format!("/proc/{pid}/maps"))?))
 }
 
 /// A path inside a process's mount namespace, as the agent can open it.
@@ -74,16 +106,32 @@ pub fn in_root(pid: u32, path: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/root{path}"))
 }
 
+/// Whether `path` is (now) the file with inode `inode`.
+fn is_inode(path: &Path, inode: u64) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.ino() == inode)
+}
+
+/// Whether `path` is the file maps names by device (`fd:01`) and inode.
+pub fn is_file_of(path: &Path, dev: &str, inode: u64) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path)
+        .is_ok_and(|m| m.is_file() && m.ino() == inode && format!("{:02x}:{:02x}", libc::major(m.dev()), libc::minor(m.dev())) == dev)
+}
+
 /// Where the agent opens the file a process maps at `path` (inode
 /// `inode`): through the process's root (its mount namespace), or, for a
 /// process that chroot'ed without a mount namespace of its own (whose maps
 /// name paths as the host sees them), the path itself: whichever is the
-/// mapped file.
+/// mapped file. A path through the root must lead to the mapped file both
+/// as the kernel walks it and resolved inside that root only
+/// ([`open_in_root`]): an absolute symlink in a container would otherwise
+/// reach the host's files.
 pub fn mapped_file(pid: u32, path: &str, inode: u64) -> PathBuf {
     use std::os::unix::fs::MetadataExt as _;
     let through_root = in_root(pid, path);
-    let is_it = |p: &std::path::Path| std::fs::metadata(p).is_ok_and(|m| m.ino() == inode);
-    if !is_it(&through_root) && is_it(std::path::Path::new(path)) {
+    let within = || open_in_root(pid, path).and_then(|f| f.metadata()).is_ok_and(|m| m.ino() == inode);
+    if !(is_inode(&through_root, inode) && within()) && is_inode(Path::new(path), inode) {
         PathBuf::from(path)
     } else {
         through_root
@@ -97,11 +145,68 @@ pub fn map_files_path(pid: u32, entry: &MapsEntry) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/map_files/{}", entry.range_name()))
 }
 
-/// Where the agent opens a mapped file: the old inode for a deleted one,
-/// the path through the process's root otherwise.
+/// Where the agent opens a mapped file: its `map_files` link, which is the
+/// mapped file itself whatever its name says (escaped characters, a name
+/// that is not UTF-8, a file renamed or swapped under the same path since);
+/// without the capability for it, the path through the process's root
+/// when that is the mapped inode.
 pub fn open_path(pid: u32, entry: &MapsEntry) -> Option<PathBuf> {
     let path = entry.path.as_deref()?;
-    Some(if entry.deleted { map_files_path(pid, entry) } else { mapped_file(pid, path, entry.inode) })
+    let link = map_files_path(pid, entry);
+    Some(if entry.deleted || is_inode(&link, entry.inode) { link } else { mapped_file(pid, path, entry.inode) })
+}
+
+/// Opens `path` as process `pid` sees it (see [`open_within`]).
+pub fn open_in_root(pid: u32, path: &str) -> io::Result<std::fs::File> {
+    open_within(Path::new(&format!("/proc/{pid}/root")), path)
+}
+
+/// Opens `path` resolved inside the directory `root` only, as if it were
+/// `/` (`..` and symlinks, absolute ones included, cannot leave it; no
+/// magic links), as a regular file (a FIFO or a device in its place would
+/// block or never end).
+pub fn open_within(root: &Path, path: &str) -> io::Result<std::fs::File> {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+    use std::os::unix::ffi::OsStrExt as _;
+    let root = std::fs::File::open(root)?;
+    let name = std::ffi::CString::new(Path::new(path).as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))?;
+    // SAFETY: open_how is plain data; zeroed is its documented default.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY) as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: the pointers are valid for the call; the size is open_how's.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            name.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: openat2 returned a new descriptor that nothing else owns.
+    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{path} is not a regular file")));
+    }
+    Ok(file)
+}
+
+/// Reads at most `limit` bytes of a file inside `root` (see
+/// [`open_within`]); a longer file is an error, not a truncated read.
+pub fn read_within(root: &Path, path: &str, limit: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut data = Vec::new();
+    open_within(root, path)?.take(limit + 1).read_to_end(&mut data)?;
+    if data.len() as u64 > limit {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{path} is over {limit} bytes")));
+    }
+    Ok(data)
 }
 
 /// The fields of `/proc/PID/status` the agent uses.
@@ -170,7 +275,7 @@ pub fn page_size() -> u64 {
 
 /// `pid`: a number, or `self`.
 pub fn read_status(pid: impl std::fmt::Display) -> io::Result<Status> {
-    Ok(parse_status(&std::fs::read_to_string(format!("/proc/{pid}/status"))?))
+    Ok(parse_status(&String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/status"))?)))
 }
 
 /// One line of `/proc/PID/cgroup`: `hierarchy:controllers:path`.
@@ -206,7 +311,7 @@ pub fn parse_cgroup(text: &str) -> Vec<CgroupLine> {
 }
 
 pub fn read_cgroup(pid: u32) -> io::Result<Vec<CgroupLine>> {
-    Ok(parse_cgroup(&std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?))
+    Ok(parse_cgroup(&String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cgroup"))?)))
 }
 
 /// Resident pages from `/proc/PID/statm` (its second field).
@@ -331,6 +436,33 @@ mod tests {
         assert_eq!(open_path(7, &m[4]), Some(PathBuf::from("/proc/7/map_files/7f20-7f30")));
         assert_eq!(open_path(7, &m[3]), Some(PathBuf::from("/proc/7/root/opt/lib dir/libx.so")));
         assert_eq!((m[5].path.as_deref(), m[5].deleted), (None, false));
+    }
+
+    #[test]
+    fn maps_names_as_the_kernel_writes_them() {
+        // A newline is written as \012; a name need not be UTF-8; one such
+        // name does not lose the other lines.
+        let mut text = b"7f00-7f10 r-xp 00000000 fd:01 5 /tmp/a\\012b c/libcuda.so.1\n".to_vec();
+        text.extend_from_slice(b"7f10-7f20 r-xp 00000000 fd:01 6 /tmp/\xff\xfe/libx.so (deleted)\n");
+        text.extend_from_slice(b"7f20-7f30 r-xp 00000000 fd:01 7 /usr/lib/liby.so\n");
+        let m = parse_maps_bytes(&text);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[0].path.as_deref(), Some("/tmp/a\nb c/libcuda.so.1"));
+        assert_eq!((m[1].path.as_deref(), m[1].deleted), (Some("/tmp/\u{fffd}\u{fffd}/libx.so"), true));
+        assert_eq!(m[2].path.as_deref(), Some("/usr/lib/liby.so"));
+    }
+
+    #[test]
+    fn a_mapped_file_opens_by_its_inode() {
+        // This process's own executable: its map_files link is the file.
+        let maps = read_maps(std::process::id()).unwrap();
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let e = maps.iter().find(|e| e.path.as_deref() == exe.to_str()).unwrap();
+        let opened = open_path(std::process::id(), e).unwrap();
+        assert!(is_inode(&opened, e.inode), "{}", opened.display());
+        // Resolved inside this process's root, which is /.
+        assert!(open_in_root(std::process::id(), exe.to_str().unwrap()).is_ok());
+        assert!(open_in_root(std::process::id(), "/proc/self/exe").is_err(), "no magic links");
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod continuity;
 mod discovery;
 mod export;
 mod host;
+mod hostile;
 mod image;
 mod ioctl;
 mod k8s;

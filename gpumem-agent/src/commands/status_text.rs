@@ -51,8 +51,8 @@ pub fn write_human(
     writeln!(out, "discovery: {} — {}; every process rescanned every {} s", d.mode.replace('_', "-"), d.why, d.full_scan_every_s)?;
     for l in &d.loaders {
         match &l.error {
-            None => writeln!(out, "  loader {} (inode {}) hooked", l.path, l.inode)?,
-            Some(e) => writeln!(out, "  loader {} (inode {}) NOT hooked: {e}", l.path, l.inode)?,
+            None => writeln!(out, "  loader {} (inode {}) hooked", shown(&l.path), l.inode)?,
+            Some(e) => writeln!(out, "  loader {} (inode {}) NOT hooked: {}", shown(&l.path), l.inode, shown(e))?,
         }
     }
     writeln!(out, "NVML: {nvml}")?;
@@ -60,9 +60,9 @@ pub fn write_human(
         writeln!(out, "libcuda: none found (not in ld.so.cache, not loaded by any process); give one with --libcuda PATH")?;
     }
     for lib in &agent.libraries {
-        writeln!(out, "libcuda {} (inode {}, dev {:#x}, found by {})", lib.path, lib.inode, lib.dev, lib.source)?;
+        writeln!(out, "libcuda {} (inode {}, dev {:#x}, found by {})", shown(&lib.path), lib.inode, lib.dev, lib.source)?;
         if let Some(e) = &lib.error {
-            writeln!(out, "  not attached: {e}")?;
+            writeln!(out, "  not attached: {}", shown(e))?;
             continue;
         }
         let links = lib.links.map(|m| format!(" ({} links)", m.name())).unwrap_or_default();
@@ -72,7 +72,7 @@ pub fn write_human(
                 ProbeStatus::Attached => "attached (uprobe + uretprobe)".to_string(),
                 ProbeStatus::NotExported { required: true } => "skipped: not exported by this library".to_string(),
                 ProbeStatus::NotExported { required: false } => "skipped: not exported (newer drivers only)".to_string(),
-                ProbeStatus::Failed { error } => format!("FAILED: {error}"),
+                ProbeStatus::Failed { error } => format!("FAILED: {}", shown(error)),
             };
             writeln!(out, "  {:<30} {what}", p.symbol)?;
         }
@@ -83,6 +83,12 @@ pub fn write_human(
         writeln!(out, "{n}")?;
     }
     Ok(())
+}
+
+/// A path or message that may carry a traced process's file names: one
+/// line, no control characters.
+fn shown(s: &str) -> String {
+    gpumem_engine::names::printable(s)
 }
 
 /// The driver's versions, and the mismatch named where there is one.
@@ -97,9 +103,9 @@ pub fn write_driver(out: &mut impl Write, v: &crate::driver::Versions) -> std::i
 /// Each PyTorch library found and its allocator probe sites.
 fn write_torch(out: &mut impl Write, agent: &Agent) -> std::io::Result<()> {
     for t in &agent.torch {
-        writeln!(out, "PyTorch {} (inode {}, dev {:#x}, found by {})", t.path, t.inode, t.dev, t.source)?;
+        writeln!(out, "PyTorch {} (inode {}, dev {:#x}, found by {})", shown(&t.path), t.inode, t.dev, t.source)?;
         match (&t.error, t.attached) {
-            (Some(e), _) => writeln!(out, "  allocator probes NOT attached: {e}")?,
+            (Some(e), _) => writeln!(out, "  allocator probes NOT attached: {}", shown(e))?,
             (None, true) => {
                 let how = if t.links == Some(crate::probes::links::LinkMode::Multi) {
                     "one uprobe_multi link"

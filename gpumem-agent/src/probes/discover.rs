@@ -37,8 +37,13 @@ impl std::fmt::Display for Source {
 /// One libcuda file, identified by (device, inode).
 #[derive(Clone, Debug)]
 pub struct Library {
-    /// A path the agent can open (through /proc/PID/root for other mount namespaces).
+    /// A path the agent opens and attaches to: for a mapped file, its
+    /// /proc/PID/map_files link (that file whatever its name says, and
+    /// nothing another process could swap in); else through /proc/PID/root.
     pub path: PathBuf,
+    /// How it is named to the user: the path through the process's root,
+    /// as the process names it (may hold any character: print it escaped).
+    pub name: String,
     pub dev: u64,
     pub ino: u64,
     pub source: Source,
@@ -52,7 +57,15 @@ impl Library {
 
 pub fn stat_library(path: &Path, source: Source) -> std::io::Result<Library> {
     let md = fs::metadata(path)?;
-    Ok(Library { path: path.to_path_buf(), dev: md.dev(), ino: md.ino(), source })
+    Ok(Library { path: path.to_path_buf(), name: path.display().to_string(), dev: md.dev(), ino: md.ino(), source })
+}
+
+/// The library a process maps with `entry`, opened by its inode (see
+/// `procfs::open_path`) and named by its path in the process's root.
+fn mapped_library(pid: u32, entry: &procfs::MapsEntry, source: Source) -> Option<Library> {
+    let lib = stat_library(&procfs::open_path(pid, entry)?, source).ok()?;
+    let name = procfs::in_root(pid, entry.path.as_deref()?).display().to_string();
+    (lib.ino == entry.inode).then_some(Library { name, ..lib })
 }
 
 /// Is this file name a libcuda driver library (libcuda.so, libcuda.so.1, libcuda.so.535.x)?
@@ -78,33 +91,27 @@ fn is_libcuda_mapping(e: &procfs::MapsEntry) -> bool {
 
 /// The libcuda files one process maps, each once: paths inside its mount namespace.
 pub fn libcuda_in_maps(maps: &[procfs::MapsEntry]) -> Vec<String> {
-    named_in_maps(maps, is_libcuda_name)
+    named_in_maps(maps, is_libcuda_name).into_iter().filter(|e| !e.deleted).filter_map(|e| e.path.clone()).collect()
 }
 
-/// The files one process maps whose name passes `is_name`, each once.
-fn named_in_maps(maps: &[procfs::MapsEntry], is_name: fn(&str) -> bool) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
+/// The first mapping of each file one process maps whose name passes
+/// `is_name`, deleted ones included (their map_files link opens the old
+/// inode, which is what the process still runs).
+fn named_in_maps(maps: &[procfs::MapsEntry], is_name: fn(&str) -> bool) -> Vec<&procfs::MapsEntry> {
+    let mut out: Vec<&procfs::MapsEntry> = Vec::new();
     let named = |e: &&procfs::MapsEntry| e.path.as_deref().is_some_and(|p| is_name(p.rsplit('/').next().unwrap_or("")));
-    for path in maps.iter().filter(|e| !e.deleted).filter(named).filter_map(|e| e.path.clone()) {
-        if !out.contains(&path) {
-            out.push(path);
+    for e in maps.iter().filter(named) {
+        if !out.iter().any(|o| (o.path == e.path && o.deleted == e.deleted) || (o.dev == e.dev && o.inode == e.inode)) {
+            out.push(e);
         }
     }
     out
 }
 
 /// libcuda mappings whose file was deleted or replaced on disk while in use
-/// (a driver upgrade under a running job), the first mapping of each file:
-/// its /proc/PID/map_files link opens the old inode, which is what the
-/// process still runs.
+/// (a driver upgrade under a running job), the first mapping of each file.
 pub fn deleted_libcuda_in_maps(maps: &[procfs::MapsEntry]) -> Vec<&procfs::MapsEntry> {
-    let mut out: Vec<&procfs::MapsEntry> = Vec::new();
-    for e in maps.iter().filter(|e| e.deleted && is_libcuda_mapping(e)) {
-        if !out.iter().any(|o| o.path == e.path) {
-            out.push(e);
-        }
-    }
-    out
+    named_in_maps(maps, is_libcuda_name).into_iter().filter(|e| e.deleted && is_libcuda_mapping(e)).collect()
 }
 
 /// Is this file name a dynamic loader (glibc's ld-linux-x86-64.so.2,
@@ -116,7 +123,7 @@ pub fn is_loader_name(name: &str) -> bool {
 
 /// The dynamic loaders one process maps, each once (paths inside its mount namespace).
 pub fn loaders_in_maps(maps: &[procfs::MapsEntry]) -> Vec<String> {
-    named_in_maps(maps, is_loader_name)
+    named_in_maps(maps, is_loader_name).into_iter().filter(|e| !e.deleted).filter_map(|e| e.path.clone()).collect()
 }
 
 /// What one process maps that the agent attaches to.
@@ -132,33 +139,21 @@ pub struct Found {
 /// maps cannot be read (exited meanwhile, a kernel thread).
 pub fn in_process(pid: u32) -> Option<Found> {
     let maps = procfs::read_maps(pid).ok()?;
-    let file = |path: &str| {
-        let inode = maps.iter().find(|e| e.path.as_deref() == Some(path)).map_or(0, |e| e.inode);
-        procfs::mapped_file(pid, path, inode)
+    let source = |e: &procfs::MapsEntry| if e.deleted { Source::DeletedInProcess { pid } } else { Source::ProcessMaps { pid } };
+    let libraries = |is_name: fn(&str) -> bool, deleted_too: bool| -> Vec<Library> {
+        named_in_maps(&maps, is_name)
+            .into_iter()
+            .filter(|e| deleted_too || !e.deleted)
+            .filter_map(|e| mapped_library(pid, e, source(e)))
+            .collect()
     };
-    let mut found = Found::default();
-    for path in libcuda_in_maps(&maps) {
-        if let Ok(lib) = stat_library(&file(&path), Source::ProcessMaps { pid }) {
-            found.libcuda.push(lib);
-        }
-    }
-    for e in deleted_libcuda_in_maps(&maps) {
-        // Needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE; without, the copy is missed.
-        if let Ok(lib) = stat_library(&procfs::map_files_path(pid, e), Source::DeletedInProcess { pid }) {
-            found.libcuda.push(lib);
-        }
-    }
-    for path in loaders_in_maps(&maps) {
-        if let Ok(lib) = stat_library(&file(&path), Source::ProcessMaps { pid }) {
-            found.loaders.push(lib);
-        }
-    }
-    for path in named_in_maps(&maps, super::torch::is_torch_cuda_name) {
-        if let Ok(lib) = stat_library(&file(&path), Source::ProcessMaps { pid }) {
-            found.torch.push(lib);
-        }
-    }
-    Some(found)
+    // A deleted copy opens only through map_files (CAP_SYS_ADMIN or
+    // CAP_CHECKPOINT_RESTORE); without, it is missed.
+    Some(Found {
+        libcuda: libraries(is_libcuda_name, true),
+        loaders: libraries(is_loader_name, false),
+        torch: libraries(super::torch::is_torch_cuda_name, false),
+    })
 }
 
 /// Scans every process's maps for libcuda copies and dynamic loaders;

@@ -35,7 +35,7 @@ impl Agent {
         self.links_changed = true;
         let result = self.attach_hook(lib);
         self.loaders.push(LoaderReport {
-            path: lib.path.display().to_string(),
+            path: lib.name.clone(),
             dev: lib.dev,
             inode: lib.ino,
             attached: result.is_ok(),
@@ -55,10 +55,10 @@ impl Agent {
             return Err(ProbeError::Injected("attaching the loader hook"));
         }
         let offset = symbols::function_offsets(&lib.path)
-            .map_err(|e| ProbeError::Hook(format!("{}: {e}", lib.path.display())))?
+            .map_err(|e| ProbeError::Hook(format!("{}: {e}", lib.name)))?
             .get(HOOK)
             .copied()
-            .ok_or_else(|| ProbeError::Hook(format!("{} has no {HOOK}", lib.path.display())))?;
+            .ok_or_else(|| ProbeError::Hook(format!("{} has no {HOOK}", lib.name)))?;
         if !self.hook_loaded {
             let prog: &mut UProbe = self.program(PROGRAM)?;
             prog.load().map_err(|source| ProbeError::Program { program: PROGRAM.to_string(), source: Box::new(source) })?;
@@ -68,7 +68,7 @@ impl Agent {
         let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: None };
         prog.attach([point], &lib.path, UProbeScope::AllProcesses).map_err(|source| ProbeError::Attach {
             program: PROGRAM.to_string(),
-            target: format!("{HOOK} in {}", lib.path.display()),
+            target: format!("{HOOK} in {}", lib.name),
             source: Box::new(source),
         })?;
         Ok(())

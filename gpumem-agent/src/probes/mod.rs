@@ -370,7 +370,7 @@ impl Agent {
         }
         self.links_changed = true;
         let mut report = LibraryReport {
-            path: lib.path.display().to_string(),
+            path: lib.name.clone(),
             source: lib.source.to_string(),
             dev: lib.dev,
             inode: lib.ino,

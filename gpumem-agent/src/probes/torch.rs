@@ -240,7 +240,7 @@ impl Agent {
         }
         self.links_changed = true;
         let mut report = TorchReport {
-            path: lib.path.display().to_string(),
+            path: lib.name.clone(),
             source: lib.source.to_string(),
             dev: lib.dev,
             inode: lib.ino,

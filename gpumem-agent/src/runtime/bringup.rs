@@ -162,7 +162,9 @@ pub fn attach_in_process(agent: &mut Agent, pid: u32, mut say: impl FnMut(String
 }
 
 /// Attaches new libcuda copies, then hooks new loaders; whether a loader was new.
+/// What it says names files as processes map them: one line each, escaped.
 fn attach_found(agent: &mut Agent, found: discover::Found, say: &mut impl FnMut(String)) -> bool {
+    let say = &mut |m: String| say(gpumem_engine::names::printable(&m));
     for lib in found.libcuda {
         if agent.knows(&lib) {
             continue;

@@ -135,14 +135,16 @@ fn lookup(pid: u32) -> Option<ContainerInfo> {
 /// and the namespace to the service-account volume (absent when
 /// `automountServiceAccountToken: false`).
 fn pod_identity(root: &std::path::Path) -> (Option<String>, Option<String>) {
+    // Inside the container's root only, a regular file of a name's size: its
+    // owner may have made it a link to the host's files, a FIFO or /dev/zero.
     let read = |rel: &str| {
-        std::fs::read_to_string(root.join(rel))
+        procfs::read_within(root, rel, 512)
             .ok()
+            .and_then(|b| String::from_utf8(b).ok())
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty() && s.len() <= 253 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'))
     };
-    // /var/run is usually an absolute symlink to /run, which through
-    // /proc/PID/root would resolve in *our* root: look at /run first.
+    // /var/run is usually an absolute symlink to /run (resolved in the root).
     let namespace = read("run/secrets/kubernetes.io/serviceaccount/namespace")
         .or_else(|| read("var/run/secrets/kubernetes.io/serviceaccount/namespace"));
     (read("etc/hostname"), namespace)
@@ -202,6 +204,24 @@ mod tests {
         // Whatever is not a DNS name is not taken (a label value must not carry junk).
         std::fs::write(sa.join("namespace"), "bad\"name\n{}").unwrap();
         assert_eq!(pod_identity(&root).1, None);
+        // Links resolve inside the root, never to the host's files; a FIFO
+        // is refused without blocking, an endless file is not read to its end.
+        std::fs::create_dir_all(root.join("host")).unwrap();
+        std::fs::write(root.join("host/name"), "inside").unwrap();
+        std::fs::remove_file(root.join("etc/hostname")).unwrap();
+        std::os::unix::fs::symlink("/host/name", root.join("etc/hostname")).unwrap();
+        assert_eq!(pod_identity(&root).0.as_deref(), Some("inside"));
+        std::fs::remove_file(root.join("etc/hostname")).unwrap();
+        std::os::unix::fs::symlink("../../../../../../etc/hostname", root.join("etc/hostname")).unwrap();
+        assert_eq!(pod_identity(&root).0, None, "/etc/hostname of the host is not reached");
+        std::fs::remove_file(root.join("etc/hostname")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", root.join("etc/hostname")).unwrap();
+        assert_eq!(pod_identity(&root).0, None);
+        std::fs::remove_file(root.join("etc/hostname")).unwrap();
+        let fifo = std::ffi::CString::new(root.join("etc/hostname").to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        assert_eq!(pod_identity(&root).0, None);
         std::fs::remove_dir_all(&root).unwrap();
         assert_eq!(pod_identity(&root), (None, None));
     }

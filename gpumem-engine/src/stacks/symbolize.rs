@@ -110,8 +110,10 @@ impl Symbolizer {
         let mut frame = Frame::unsymbolized(raw);
         self.last_used = Some(Instant::now());
         // The process may be gone: try its view of the file, then the host
-        // path — unless the file was replaced, when the host path is another file.
-        let host = (!module.deleted).then_some(&*module.path);
+        // path if that is the same file (device and inode): a container's
+        // path names another file on the host, or one its owner chose.
+        let host = (!module.deleted && crate::procfs::is_file_of(std::path::Path::new(&*module.path), &module.file.0, module.file.1))
+            .then_some(&*module.path);
         for path in std::iter::once(&*module.open_path).chain(host) {
             let src = Source::Elf(Elf::new(path));
             let Ok(mut syms) = self.inner.symbolize(&src, Input::FileOffset(&[raw.file_offset])) else { continue };
