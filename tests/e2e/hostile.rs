@@ -57,3 +57,56 @@ fn a_libcuda_whose_path_is_not_utf8_is_attached_and_exact_system_wide() {
     assert_eq!(released(exit), [(0, 4 * MIB, 1)]);
     assert!(said.contains("bad \u{fffd}\u{fffd} name?x/libcuda.so.1"), "{said}");
 }
+
+/// A raw request over the local API's socket, made by `uid`:`gid` (Debian's
+/// python, which any user may run): the response's bytes as text.
+fn ask_as(socket: &std::path::Path, uid: u32, gid: u32, request: &str) -> String {
+    use std::os::unix::process::CommandExt as _;
+    const CLIENT: &str = "import socket, sys\n\
+        s = socket.socket(socket.AF_UNIX)\n\
+        s.connect(sys.argv[1])\n\
+        s.sendall(sys.argv[2].encode())\n\
+        out = b''\n\
+        while True:\n\
+        \x20   b = s.recv(65536)\n\
+        \x20   if not b: break\n\
+        \x20   out += b\n\
+        sys.stdout.write(out.decode(errors='replace'))\n";
+    let out =
+        std::process::Command::new("/usr/bin/python3.11").args(["-c", CLIENT]).arg(socket).arg(request).gid(gid).uid(uid).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_local_api_checks_its_peer_and_refuses_what_is_not_its_protocol() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    require_root();
+    let f = fixtures();
+    let state = ServeState::new("peer");
+    let mut args = state.args();
+    args.extend(["--libcuda", f.libcuda.to_str().unwrap(), "--socket-group", "4242"].map(String::from));
+    let mut serve = Serve::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+    // The socket is the agent's and the group's...
+    let meta = std::fs::metadata(&state.socket).unwrap();
+    assert_eq!((meta.mode() & 0o777, meta.gid()), (0o660, 4242));
+    // ...and each connection's peer is checked whatever the file lets
+    // through (opened to everyone here, as a mistake would).
+    std::fs::set_permissions(&state.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let get = "GET /v1/status HTTP/1.1\r\nhost: gpumem\r\nconnection: close\r\n\r\n";
+    let nobody = ask_as(&state.socket, 65534, 65534, get);
+    assert!(nobody.starts_with("HTTP/1.1 403"), "{nobody}");
+    assert!(nobody.contains("gpumem: uid 65534 may not use this agent's local API (root, uid 0 or group 4242 only)"), "{nobody}");
+    let member = ask_as(&state.socket, 65534, 4242, get);
+    assert!(member.starts_with("HTTP/1.1 200"), "a member of the group is let in: {member}");
+    // What is not HTTP, or is too long, gets an error, not an answer.
+    let garbage = ask_as(&state.socket, 0, 0, "\x16\x03\x01 not http at all\r\n\r\n");
+    assert!(garbage.starts_with("HTTP/1.1 400"), "{garbage:?}");
+    let long = format!("GET /v1/leaks?pids={} HTTP/1.1\r\nhost: gpumem\r\nconnection: close\r\n\r\n", "1,".repeat(4000));
+    let long = ask_as(&state.socket, 0, 0, &long);
+    assert!(long.starts_with("HTTP/1.1 414") && long.contains("a query is at most 4096 bytes"), "{long}");
+    serve.state = Some(state);
+    let (status, said) = serve.stop();
+    assert!(status.success(), "{said}");
+    assert!(said.contains("uid 65534 may not use this agent's local API") && said.contains("refused 1 connection(s) so far"), "{said}");
+}

@@ -385,6 +385,10 @@ pub struct ServeArgs {
     /// status use this daemon.
     #[arg(long, value_name = "PATH", default_value = crate::daemon::DEFAULT_SOCKET)]
     pub socket: Option<PathBuf>,
+    /// Let this group's members use the local API too (name or number; the
+    /// socket becomes mode 0660, and each connection's peer is checked).
+    #[arg(long, value_name = "GROUP")]
+    pub socket_group: Option<String>,
     /// Fault injection for tests: the first N renderings of /metrics fail.
     #[arg(long, value_name = "N", default_value_t = 0, hide = true)]
     pub fail_renders: u32,

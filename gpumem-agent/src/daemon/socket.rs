@@ -7,9 +7,9 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-/// Binds the socket, readable and writable by its owner (root) only; a note
-/// when a stale socket was replaced.
-pub fn bind(path: &Path) -> Result<(UnixListener, Option<String>)> {
+/// Binds the socket, readable and writable by its owner (root) only, or by
+/// `group` too; a note when a stale socket was replaced.
+pub fn bind(path: &Path, group: Option<u32>) -> Result<(UnixListener, Option<String>)> {
     let mut note = None;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {} for the local API's socket", dir.display()))?;
@@ -33,7 +33,26 @@ pub fn bind(path: &Path) -> Result<(UnixListener, Option<String>)> {
         }
     }
     let listener = UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+    if let Some(g) = group {
+        std::os::unix::fs::chown(path, None, Some(g)).with_context(|| format!("cannot give {} to group {g}", path.display()))?;
+    }
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("cannot make {} private", path.display()))?;
     Ok((listener, note))
+}
+
+/// A group given by number or by name (as /etc/group names it).
+pub fn group_id(group: &str) -> Result<u32> {
+    if let Ok(gid) = group.parse() {
+        return Ok(gid);
+    }
+    let groups = std::fs::read_to_string("/etc/group").context("reading /etc/group for --socket-group")?;
+    groups
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split(':');
+            (f.next() == Some(group)).then(|| f.nth(1)?.parse().ok()).flatten()
+        })
+        .with_context(|| format!("--socket-group {group}: no such group in /etc/group (give its name or number)"))
 }

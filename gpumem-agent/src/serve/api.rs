@@ -27,6 +27,9 @@ use tokio::sync::{mpsc, oneshot};
 use super::http::{ask, unavailable, Server};
 use crate::runtime::{Ctx, End, Flow, Output};
 
+/// The longest query asked (a filter names a few pids, a duration, a format).
+const MAX_URI: usize = 4096;
+
 /// A query and where its answer goes: the bytes, or (status, why).
 pub struct Request {
     query: Query,
@@ -43,14 +46,15 @@ pub struct LocalApi {
     rx: Option<mpsc::Receiver<Request>>,
     server: Option<Server>,
     began: Instant,
+    access: super::peer::Access,
 }
 
 impl LocalApi {
     /// Over `listener`, bound at `path` (bound first: a socket another
     /// daemon answers on is said before anything loads).
-    pub fn new(listener: std::os::unix::net::UnixListener, path: PathBuf, metrics_url: String) -> LocalApi {
+    pub fn new(listener: std::os::unix::net::UnixListener, path: PathBuf, metrics_url: String, access: super::peer::Access) -> LocalApi {
         let (tx, rx) = mpsc::channel(16);
-        LocalApi { listener: Some(listener), path, metrics_url, tx, rx: Some(rx), server: None, began: Instant::now() }
+        LocalApi { listener: Some(listener), path, metrics_url, tx, rx: Some(rx), server: None, began: Instant::now(), access }
     }
 
     /// The answer's bytes, as the daemon knows things now.
@@ -85,7 +89,7 @@ impl Output for LocalApi {
         let api = self.listener.take().context("the local API was started twice")?;
         api.set_nonblocking(true).context("setting up the local API")?;
         let api = tokio::net::UnixListener::from_std(api).context("setting up the local API")?;
-        self.server = Some(Server::spawn(api, router(self.tx.clone())));
+        self.server = Some(Server::spawn(super::peer::Guarded::new(api, self.access), router(self.tx.clone())));
         eprintln!("gpumem: local API on {} (top, leaks, status and export use it)", self.path.display());
         Ok(())
     }
@@ -128,6 +132,9 @@ async fn respond(requests: &mpsc::Sender<Request>, req: HttpRequest) -> Response
         return (StatusCode::METHOD_NOT_ALLOWED, "gpumem: the local API answers GET only\n").into_response();
     }
     let uri = req.uri();
+    if uri.to_string().len() > MAX_URI {
+        return (StatusCode::URI_TOO_LONG, format!("gpumem: a query is at most {MAX_URI} bytes\n")).into_response();
+    }
     let query = match Query::parse(uri.path(), uri.query().unwrap_or("")) {
         Ok(q) => q,
         Err(e @ ParseError::Unknown(_)) => return (StatusCode::NOT_FOUND, format!("gpumem: {e}\n")).into_response(),

@@ -15,6 +15,7 @@ mod flight;
 mod http;
 mod metrics;
 mod otlp;
+mod peer;
 
 use std::{cell::RefCell, process::ExitCode, rc::Rc, time::Duration};
 
@@ -43,11 +44,14 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot listen on {} (is another gpumem or exporter using it? choose one with --listen)", args.listen))?;
     let api = match &args.socket {
         Some(path) => {
-            let (l, note) = crate::daemon::socket::bind(path)?;
+            let group = args.socket_group.as_deref().map(crate::daemon::socket::group_id).transpose()?;
+            let (l, note) = crate::daemon::socket::bind(path, group)?;
             if let Some(n) = note {
                 eprintln!("gpumem: {n}");
             }
-            Some(api::LocalApi::new(l, path.clone(), format!("http://{}/metrics", args.listen)))
+            // SAFETY: geteuid cannot fail.
+            let access = peer::Access { own_uid: unsafe { libc::geteuid() }, group };
+            Some(api::LocalApi::new(l, path.clone(), format!("http://{}/metrics", args.listen), access))
         }
         None => None,
     };
