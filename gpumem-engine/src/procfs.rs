@@ -310,8 +310,42 @@ pub fn parse_cgroup(text: &str) -> Vec<CgroupLine> {
         .collect()
 }
 
+/// Reads `/proc/PID/cgroup`. The kernel writes cgroup paths unescaped, so
+/// a cgroup named with a newline (one a user was delegated) adds lines of
+/// its owner's choosing — another container's, to be attributed to it. A
+/// file whose hierarchies are not this kernel's (those of the agent's own
+/// file, in its order) is refused: `InvalidData`, saying why.
 pub fn read_cgroup(pid: u32) -> io::Result<Vec<CgroupLine>> {
-    Ok(parse_cgroup(&String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cgroup"))?)))
+    let lines = parse_cgroup(&String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cgroup"))?));
+    match cgroup_forgery(&lines, own_hierarchies()) {
+        Some(why) => Err(io::Error::new(io::ErrorKind::InvalidData, why)),
+        None => Ok(lines),
+    }
+}
+
+/// Each line's hierarchy and controllers: what every process's file shows alike.
+type Hierarchies = Vec<(u32, Vec<String>)>;
+
+fn hierarchies(lines: &[CgroupLine]) -> Hierarchies {
+    lines.iter().map(|l| (l.hierarchy, l.controllers.clone())).collect()
+}
+
+fn own_hierarchies() -> &'static Hierarchies {
+    static OWN: std::sync::OnceLock<Hierarchies> = std::sync::OnceLock::new();
+    OWN.get_or_init(|| std::fs::read_to_string("/proc/self/cgroup").map(|t| hierarchies(&parse_cgroup(&t))).unwrap_or_default())
+}
+
+/// Why `lines` cannot be the kernel's own writing, if they cannot.
+fn cgroup_forgery(lines: &[CgroupLine], own: &Hierarchies) -> Option<String> {
+    let theirs = hierarchies(lines);
+    if own.is_empty() || theirs == *own {
+        return None;
+    }
+    Some(format!(
+        "its cgroup file has {} hierarchy line(s) where this kernel writes {} (a cgroup name with a newline in it)",
+        theirs.len(),
+        own.len()
+    ))
 }
 
 /// Resident pages from `/proc/PID/statm` (its second field).
@@ -483,6 +517,18 @@ mod tests {
         assert_eq!(c[1].path, "/kubepods/pod1");
         assert!(c[3].is_v2());
         assert_eq!(c[3].path, "/init.scope");
+    }
+
+    #[test]
+    fn a_cgroup_name_with_a_newline_cannot_forge_another_containers_line() {
+        let own = hierarchies(&parse_cgroup("12:memory:/user.slice\n0::/user.slice\n"));
+        assert_eq!(cgroup_forgery(&parse_cgroup("12:memory:/kubepods/pod1/abc\n0::/kubepods/pod1/abc\n"), &own), None);
+        let forged = parse_cgroup("12:memory:/user.slice\n0::/user.slice/x\n0::/kubepods/podvictim/0123\n");
+        assert!(cgroup_forgery(&forged, &own).unwrap().contains("3 hierarchy line(s) where this kernel writes 2"));
+        let extra_v1 = parse_cgroup("12:memory:/user.slice\n3:memory:/kubepods/podvictim/0123\n0::/u\n");
+        assert!(cgroup_forgery(&extra_v1, &own).is_some());
+        // This process's own file is this kernel's.
+        assert!(read_cgroup(std::process::id()).is_ok());
     }
 
     #[test]

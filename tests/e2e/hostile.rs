@@ -110,3 +110,16 @@ fn the_local_api_checks_its_peer_and_refuses_what_is_not_its_protocol() {
     assert!(status.success(), "{said}");
     assert!(said.contains("uid 65534 may not use this agent's local API") && said.contains("refused 1 connection(s) so far"), "{said}");
 }
+
+/// A cgroup named with a newline would forge a line of /proc/PID/cgroup
+/// (the kernel writes paths there unescaped) naming another pod's
+/// container. This kernel refuses such names; the agent checks each file's
+/// hierarchies against its own anyway (procfs::read_cgroup, unit-tested),
+/// for kernels and cgroup managers that let one through.
+#[test]
+fn the_kernel_refuses_a_cgroup_name_that_could_forge_another_containers_line() {
+    require_root();
+    let forged = std::path::Path::new("/sys/fs/cgroup/memory/gpumem-forge\n0::");
+    let e = std::fs::create_dir(forged).expect_err("a cgroup named with a newline");
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+}

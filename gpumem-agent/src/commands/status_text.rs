@@ -150,6 +150,16 @@ pub fn write_continuity(
             if let Some(a) = c["adopted"].as_object() {
                 writeln!(out, "  adopted at start: {} live entries of {} processes from the last agent", a["entries"], a["processes"])?;
             }
+            for g in d["degraded"].as_array().into_iter().flatten() {
+                writeln!(
+                    out,
+                    "  degraded: pid {} ({}): {}; {}",
+                    g["pid"],
+                    g["reason"].as_str().unwrap_or("?"),
+                    shown(g["detail"].as_str().unwrap_or("")),
+                    g["consequence"].as_str().unwrap_or("")
+                )?;
+            }
             if let Some(t) = d["kernel_table"].as_object() {
                 writeln!(
                     out,

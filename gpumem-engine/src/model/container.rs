@@ -32,6 +32,10 @@ pub struct ContainerInfo {
     /// The process's cgroup v2 path where it has dmem files: its GPU memory
     /// usage and limits are read there (under pipeline::dmem::cgroup2_root).
     pub dmem_cgroup: Option<String>,
+    /// Why its cgroup file was not believed (see `procfs::read_cgroup`):
+    /// then nothing else here is filled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forged_cgroup: Option<String>,
 }
 
 /// ContainerInfo as read back from a recording.
@@ -49,6 +53,8 @@ struct RecordedContainerInfo {
     memory_limit_file: Option<(String, String)>,
     #[serde(default)]
     dmem_cgroup: Option<String>,
+    #[serde(default)]
+    forged_cgroup: Option<String>,
 }
 
 // By hand: a derive would ask the input to outlive 'static for the &'static str fields.
@@ -74,6 +80,7 @@ impl From<RecordedContainerInfo> for ContainerInfo {
             namespace: r.namespace,
             memory_limit_file: r.memory_limit_file,
             dmem_cgroup: r.dmem_cgroup,
+            forged_cgroup: r.forged_cgroup,
         }
     }
 }

@@ -6,6 +6,7 @@
 pub mod actions;
 pub mod agent;
 pub mod container;
+pub mod degraded;
 pub mod holding;
 pub mod host;
 pub mod lost;

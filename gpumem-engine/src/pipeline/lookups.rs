@@ -118,7 +118,14 @@ fn lookup(pid: u32) -> Option<ContainerInfo> {
     if status.gone() {
         return None;
     }
-    let cgroups = procfs::read_cgroup(pid).ok()?;
+    let cgroups = match procfs::read_cgroup(pid) {
+        Ok(c) => c,
+        // Attributed to no container, and said (never to the one it names).
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            return Some(ContainerInfo { forged_cgroup: Some(e.to_string()), ..Default::default() })
+        }
+        Err(_) => return None,
+    };
     let mut info = container::from_cgroups(&cgroups);
     info.memory_limit_file = memory_cgroup(&cgroups);
     info.dmem_cgroup = dmem_cgroup(&cgroups);

@@ -30,6 +30,7 @@ use crate::{
     events::Kind,
     model::{
         container::ContainerInfo,
+        degraded::{Degradations, Reason},
         host::{HostMemory, ProcessHost},
         nvml::{GpuSample, Message},
         readings::{HostPoint, NvmlPoint, XidPoint},
@@ -136,6 +137,8 @@ pub struct Pipeline {
     pub wound_down: VecDeque<WoundDown>,
     /// The latest event's time (growth samples are placed by it).
     pub last_event_ns: u64,
+    /// Processes served less than exactly, and why.
+    pub degraded: Degradations,
 }
 
 impl Pipeline {
@@ -158,6 +161,7 @@ impl Pipeline {
             host: HostMemory::default(),
             wound_down: VecDeque::new(),
             last_event_ns: 0,
+            degraded: Degradations::default(),
         }
     }
 
@@ -244,6 +248,9 @@ impl Pipeline {
             kill.pinned_host_bytes = self.state.processes.get(&ev.pid).map_or(0, |p| p.held.pinned.bytes);
         }
         if let (Some(c), Some(p)) = (looked.container, self.state.processes.get_mut(&ev.pid)) {
+            if let Some(why) = &c.forged_cgroup {
+                self.degraded.add(ev.pid, Reason::ForgedCgroup, why.clone());
+            }
             if p.container.is_none() {
                 p.container = Some(c);
             }

@@ -6,6 +6,7 @@ use super::Asked;
 use crate::{
     model::{
         agent::{ContinuityReport, KernelTable},
+        degraded::Degraded,
         lost::{ProbeExits, TablesFull},
     },
     pipeline::Pipeline,
@@ -35,6 +36,9 @@ pub struct DaemonStatus {
     /// The eBPF programs' early exits, by reason.
     #[serde(default)]
     pub probe_exits: ProbeExits,
+    /// Processes served less than exactly (the most recent), and why.
+    #[serde(default)]
+    pub degraded: Vec<Degraded>,
 }
 
 /// The status of the daemon that asks (its facts in `at.serving`).
@@ -53,5 +57,6 @@ pub fn of(p: &Pipeline, at: &Asked<'_>) -> DaemonStatus {
         kernel_tables_full: a.kernel.tables_full.clone(),
         lost_events: a.kernel.lost.total(),
         probe_exits: a.kernel.exits.clone(),
+        degraded: p.degraded.recent.iter().cloned().collect(),
     }
 }

@@ -57,6 +57,7 @@ pub struct Scrape<'a> {
     pub otlp_pushes: Option<(u64, u64)>,
     /// `serve --action`/`--webhook` outcomes, where something acts.
     pub actions: Option<ActionCounts>,
+    pub degraded: &'a crate::model::degraded::Degradations,
 }
 
 impl<'a> Scrape<'a> {
@@ -75,6 +76,7 @@ impl<'a> Scrape<'a> {
             host: &p.host,
             otlp_pushes: None,
             actions: None,
+            degraded: &p.degraded,
         }
     }
 }
@@ -477,6 +479,7 @@ fn self_families(fams: &mut Families, s: &Scrape<'_>) {
     fams.add(m::EVENTS_PROCESSED).push((vec![], Value::Count(s.state.events)));
     fams.add(m::TRACKED_PROCESSES).push((vec![], Value::int(s.state.processes.len() as u64)));
     fams.add(m::NVML_UP).push((vec![], Value::flag(s.gpus.error.is_none())));
+    fams.add(m::DEGRADED).extend(s.degraded.totals.iter().map(|(r, &n)| (vec![("reason", r.name().to_string())], Value::Count(n))));
     fams.add(m::AGENT_ERRORS).extend(a.errors.iter().map(|(&op, &n)| (vec![("operation", op.to_string())], Value::Count(n))));
     fams.add(m::AGENT_CPU).push((vec![], Value::FloatCount(a.usage.cpu_seconds)));
     fams.add(m::AGENT_RSS).push((vec![], Value::int(a.usage.resident_bytes)));
