@@ -21,6 +21,7 @@ pub mod clock;
 pub mod corpus;
 pub mod events;
 pub mod export;
+pub mod formats;
 pub mod model;
 pub mod names;
 pub mod pipeline;
@@ -30,6 +31,7 @@ pub mod query;
 pub mod record;
 pub mod stacks;
 pub mod state;
+pub mod untrusted;
 
 /// This build's version, as recordings and the daemon's answers carry it.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

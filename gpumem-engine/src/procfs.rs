@@ -257,7 +257,7 @@ pub fn parse_status(text: &str) -> Status {
 
 /// `123 kB` in bytes.
 fn kib(value: &str) -> Option<u64> {
-    value.strip_suffix("kB")?.trim().parse::<u64>().ok().map(|k| k * 1024)
+    value.strip_suffix("kB")?.trim().parse::<u64>().ok()?.checked_mul(1024)
 }
 
 /// Pages swapped in and out since boot (`/proc/vmstat` pswpin, pswpout), in bytes.

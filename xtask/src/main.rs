@@ -15,6 +15,7 @@
 //! - `bench-agent`: the daemon's CPU per allocation at steady rates, stacks on
 //! - `soak`: `gpumem serve` for 10 minutes under process churn and a million live allocations
 mod bench;
+mod fuzz;
 mod image;
 mod layers;
 mod setup;
@@ -78,6 +79,12 @@ enum Cmd {
         /// events in the synthetic recording
         #[arg(long, default_value_t = 1_000_000)]
         events: u64,
+    },
+    /// Run every cargo-fuzz target (fuzz/: the parsers of untrusted bytes) for
+    /// SECONDS each under libFuzzer and AddressSanitizer (nightly toolchain).
+    Fuzz {
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
     },
     /// The growth detector on its labelled corpus of allocator shapes: recall, precision, time to verdict.
     BenchVerdicts,
@@ -304,6 +311,7 @@ fn main() -> Result<()> {
         Cmd::Test { args } => test(&args),
         Cmd::BenchEngine { events } => run(&mut engine_bench(&["engine", "--events", &events.to_string()])),
         Cmd::BenchExport { events } => run(&mut engine_bench(&["export", "--events", &events.to_string()])),
+        Cmd::Fuzz { seconds } => fuzz::fuzz(seconds),
         Cmd::BenchVerdicts => {
             let out = gpumem_tests::target_dir().join("verdict-corpus");
             run(&mut engine_bench(&["verdicts", "--out", out.to_str().context("target dir is not UTF-8")?]))
@@ -331,7 +339,9 @@ fn test(args: &[String]) -> Result<()> {
         cargo().args(["test", "--workspace", "--exclude", "gpumem-ebpf", "--exclude", "gpumem-tests", "--no-fail-fast", "--"]).args(args),
     )?);
     let e2e = run(linted(cargo().args(["test", "-p", "gpumem-tests", "--no-fail-fast", "--", "--test-threads=1"]).args(args))?);
-    unit.and(e2e)
+    // Every parser of untrusted bytes, briefly (a longer run: `cargo xtask fuzz`).
+    let fuzzed = if args.is_empty() { fuzz::fuzz(fuzz::CI_SECONDS) } else { Ok(()) };
+    unit.and(e2e).and(fuzzed)
 }
 
 /// The benchmarks and the soak that run the agent: as root, set up first.

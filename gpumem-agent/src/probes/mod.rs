@@ -4,7 +4,6 @@ mod detach;
 pub mod discover;
 pub mod features;
 pub mod ioctl;
-pub mod ld_cache;
 pub mod links;
 pub mod live;
 pub mod loaders;
@@ -12,10 +11,8 @@ mod maps;
 pub mod pin;
 pub mod python;
 pub mod reader;
-pub mod symbols;
 pub mod torch;
 pub mod tracefs;
-pub mod usdt;
 
 use gpumem_common::names::{global, map, program};
 use std::{collections::HashSet, path::Path};
@@ -29,6 +26,9 @@ use aya::{
 };
 pub use discover::{Library, Source};
 use gpumem_common::{filter, oom_field, ApiInfo, APIS};
+/// The parsers of what a traced process loads (its libraries' symbols and
+/// USDT notes, ld.so.cache): the engine's, fuzzed there.
+pub use gpumem_engine::formats::{ld_cache, symbols, usdt};
 use links::{LinkMode, LinkReport, UprobeLinks};
 
 /// The eBPF object built by build.rs.

@@ -163,9 +163,10 @@ pub fn line_of(table: &[u8], firstlineno: i32, index: u64) -> Option<u32> {
                 0
             }
         };
-        line += delta;
+        // The table is read from the process: its deltas may be anything.
+        line = line.saturating_add(delta);
         if index < addr + length {
-            return (code != 15).then_some(line.max(0) as u32);
+            return (code != 15).then_some(line.clamp(0, u32::MAX as i64) as u32);
         }
         addr += length;
     }

@@ -99,8 +99,16 @@ fn version_in_name(path: &str) -> Option<(u8, u8)> {
 /// `_PyRuntime` and `Py_Version` as the file links them; None if it has no
 /// `_PyRuntime`.
 fn linked(file: &Path) -> Option<Linked> {
-    let data = std::fs::read(file).ok()?;
-    let elf = object::File::parse(&*data).ok()?;
+    linked_in(&std::fs::read(file).ok()?)
+}
+
+/// Whether a file's bytes (a process chose the file) link `_PyRuntime`.
+pub fn links_interpreter(data: &[u8]) -> bool {
+    linked_in(data).is_some()
+}
+
+fn linked_in(data: &[u8]) -> Option<Linked> {
+    let elf = object::File::parse(data).ok()?;
     let first_segment = elf.segments().map(|s| s.address()).min()? & !0xfff;
     let mut runtime = None;
     let mut version = None;

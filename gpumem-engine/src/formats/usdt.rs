@@ -134,15 +134,22 @@ pub fn parse_arg(spec: &str) -> Result<UsdtArg, String> {
 
 /// Every USDT probe in a file.
 pub fn probes(path: &Path) -> Result<Vec<UsdtProbe>, UsdtError> {
-    let shown = || path.display().to_string();
-    let data = std::fs::read(path).map_err(|source| UsdtError::Read { path: shown(), source })?;
-    let elf = object::File::parse(&*data).map_err(|source| UsdtError::Parse { path: shown(), source })?;
+    let data = std::fs::read(path).map_err(|source| UsdtError::Read { path: path.display().to_string(), source })?;
+    probes_in(&data, &path.display().to_string())
+}
+
+/// `probes` of a file's bytes (whatever they are: a process chose the
+/// file), `path` naming it in errors.
+pub fn probes_in(data: &[u8], path: &str) -> Result<Vec<UsdtProbe>, UsdtError> {
+    let shown = || path.to_string();
+    let elf = object::File::parse(data).map_err(|source| UsdtError::Parse { path: shown(), source })?;
     let Some(notes) = elf.section_by_name(".note.stapsdt").and_then(|s| s.data().ok()) else { return Ok(Vec::new()) };
     let base_section = elf.section_by_name(".stapsdt.base").map(|s| s.address());
     let file_offset = |vaddr: u64| {
         elf.segments().find_map(|s| {
             let (off, size) = s.file_range();
-            (s.address() <= vaddr && vaddr < s.address() + size).then(|| vaddr - s.address() + off)
+            // The file's segments and the note's addresses may be anything.
+            vaddr.checked_sub(s.address()).filter(|&d| d < size).and_then(|d| d.checked_add(off))
         })
     };
     let mut out = Vec::new();

@@ -15,7 +15,12 @@ pub enum SymbolError {
 /// Symbol name → file offset, for every defined function symbol.
 pub fn function_offsets(path: &Path) -> Result<HashMap<String, u64>, SymbolError> {
     let data = std::fs::read(path).map_err(|source| SymbolError::Read { path: path.display().to_string(), source })?;
-    let file = object::File::parse(&*data).map_err(|source| SymbolError::Parse { path: path.display().to_string(), source })?;
+    function_offsets_in(&data).map_err(|source| SymbolError::Parse { path: path.display().to_string(), source })
+}
+
+/// `function_offsets` of a file's bytes (whatever they are: a process chose the file).
+pub fn function_offsets_in(data: &[u8]) -> Result<HashMap<String, u64>, object::Error> {
+    let file = object::File::parse(data)?;
     let mut out = HashMap::new();
     for sym in file.dynamic_symbols().chain(file.symbols()) {
         if sym.is_undefined() || sym.kind() != object::SymbolKind::Text {
@@ -27,7 +32,9 @@ pub fn function_offsets(path: &Path) -> Result<HashMap<String, u64>, SymbolError
         let Ok(section) = file.section_by_index(index) else { continue };
         let Some((file_off, _)) = section.file_range() else { continue };
         let Some(rel) = sym.address().checked_sub(section.address()) else { continue };
-        out.entry(name.to_string()).or_insert(file_off + rel);
+        // A symbol table can say anything: an offset past u64 is no offset.
+        let Some(offset) = file_off.checked_add(rel) else { continue };
+        out.entry(name.to_string()).or_insert(offset);
     }
     Ok(out)
 }
