@@ -123,3 +123,60 @@ fn the_kernel_refuses_a_cgroup_name_that_could_forge_another_containers_line() {
     let e = std::fs::create_dir(forged).expect_err("a cgroup named with a newline");
     assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
 }
+
+/// The Python frames (function, file, line) of an alloc event.
+fn python_frames(alloc: &Value) -> Vec<(String, String, u64)> {
+    alloc["frames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f["python"] == true)
+        .map(|f| {
+            let file = f["file"].as_str().unwrap_or("?").rsplit('/').next().unwrap_or("?").to_string();
+            (f["function"].as_str().unwrap_or("?").to_string(), file, f["line"].as_u64().unwrap_or(0))
+        })
+        .collect()
+}
+
+#[test]
+fn a_forged_interpreter_is_refused_and_named_while_a_real_python_process_keeps_its_frames() {
+    require_root();
+    let f = fixtures();
+    let dir = f.dir.join("hostile/forged-python");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = dir.join("libpython3.11.so.1.0");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/forged_python.c");
+    let out = std::process::Command::new("cc").args(["-shared", "-fPIC", "-O2", "-o"]).arg(&lib).arg(&src).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Side by side in one session: the forged process (it holds its memory a
+    // while, so that the agent looks at it) and a real CPython loop.
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/train.py");
+    let cmd = format!(
+        "LD_PRELOAD='{}' GPUMEM_WORKLOAD_HOLD_MS=3000 {} & /usr/bin/python3.11 {} {}; wait",
+        lib.display(),
+        workload_cmd("late_load"),
+        script.display(),
+        f.libcuda.display()
+    );
+    let t = trace(&["-c", &cmd], &[("GPUMEM_STEPS", "5"), ("GPUMEM_HOLD", "0")]);
+    assert!(t.status.success(), "{}", t.stderr);
+    let summary = &t.summary;
+    let unwalked = summary["python_unwalked"].as_array().unwrap_or_else(|| panic!("{summary:#}"));
+    assert_eq!(unwalked.len(), 1, "{unwalked:?}");
+    let forged = unwalked[0]["pid"].as_u64().unwrap();
+    assert!(unwalked[0]["why"].as_str().unwrap().contains("list loops"), "{unwalked:?}");
+    // Its allocations exact, with native stacks.
+    let allocs = t.of_type("alloc");
+    let of = |pid: u64| allocs.iter().copied().filter(|a| a["pid"] == pid).collect::<Vec<_>>();
+    assert_eq!(sizes(&of(forged)), [8 * MIB, 4 * MIB]);
+    assert_eq!(t.released_at_exit(forged), [(0, 4 * MIB, 1)]);
+    assert!(of(forged).iter().all(|a| python_frames(a).is_empty()));
+    // The real Python process beside it keeps every Python frame.
+    let python = t.pids().into_iter().find(|&p| p != forged).expect("the Python process");
+    let py_allocs = of(python);
+    assert_eq!(py_allocs.len(), 11, "weights, 5 scratch buffers, 5 activations");
+    for a in &py_allocs {
+        let frames = python_frames(a);
+        assert_eq!(frames.last().map(|f| f.0.as_str()), Some("<module>"), "{a}");
+    }
+}

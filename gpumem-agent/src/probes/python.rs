@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpumem_engine::{
+    model::degraded::Reason,
     procfs,
     python::{threads::thread_states, Finder, Interpreter, Unwalked},
 };
@@ -34,6 +35,8 @@ pub struct Tracker {
     found: Vec<Interpreter>,
     /// Python processes that cannot be walked (at most UNWALKED_MAX kept).
     unwalked: BTreeMap<u32, String>,
+    /// Processes refused since the last `take_degraded`.
+    degraded: Vec<(u32, Reason, String)>,
 }
 
 /// Unwalkable Python processes remembered for the report.
@@ -113,7 +116,19 @@ impl Tracker {
 
     fn refresh_one(&mut self, agent: &mut Agent, pid: u32) {
         let Some((interp, known)) = self.python.get_mut(&pid) else { return };
-        let now = thread_states(interp);
+        let now = match thread_states(interp) {
+            Ok(now) => now,
+            Err(why) => {
+                // Forged or broken: walked no more, its threads forgotten
+                // by the kernel (native frames only), and said.
+                self.forget(agent, pid);
+                if self.unwalked.len() < UNWALKED_MAX {
+                    self.unwalked.insert(pid, why.clone());
+                }
+                self.degraded.push((pid, Reason::PythonThreads, why));
+                return;
+            }
+        };
         let gone: Vec<u32> = known.iter().filter(|(tid, _)| !now.iter().any(|(t, _)| t == tid)).map(|&(tid, _)| tid).collect();
         agent.set_python_threads(pid, &now, &gone);
         *known = now;
@@ -130,5 +145,10 @@ impl Tracker {
     /// The interpreters found since the last call.
     pub fn take_found(&mut self) -> Vec<Interpreter> {
         std::mem::take(&mut self.found)
+    }
+
+    /// The Python processes refused since the last call, and why.
+    pub fn take_degraded(&mut self) -> Vec<(u32, Reason, String)> {
+        std::mem::take(&mut self.degraded)
     }
 }

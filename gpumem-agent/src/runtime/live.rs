@@ -270,6 +270,9 @@ impl<'o, O: Output> Live<'o, O> {
         for interp in self.signals.python.take_found() {
             self.pipeline.stacks.add_interpreter(interp);
         }
+        for (pid, reason, why) in self.signals.python.take_degraded() {
+            self.pipeline.degraded.add(pid, reason, why);
+        }
     }
 
     /// The maintenance tick; why the session ends, if it does.

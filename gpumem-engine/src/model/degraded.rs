@@ -14,12 +14,16 @@ pub enum Reason {
     /// Its /proc/PID/cgroup has lines this kernel does not write (a cgroup
     /// named with a newline can forge another container's line).
     ForgedCgroup,
+    /// Its interpreter's thread lists loop or go on past the agent's
+    /// budget (python::threads::MAX_THREAD_STATES).
+    PythonThreads,
 }
 
 impl Reason {
     pub fn name(self) -> &'static str {
         match self {
             Reason::ForgedCgroup => "forged_cgroup",
+            Reason::PythonThreads => "python_threads",
         }
     }
 
@@ -27,6 +31,7 @@ impl Reason {
     pub fn consequence(self) -> &'static str {
         match self {
             Reason::ForgedCgroup => "no container or pod is attributed to it",
+            Reason::PythonThreads => "its stacks keep their native frames only (no Python frames)",
         }
     }
 }
