@@ -180,3 +180,37 @@ fn a_forged_interpreter_is_refused_and_named_while_a_real_python_process_keeps_i
         assert_eq!(frames.last().map(|f| f.0.as_str()), Some("<module>"), "{a}");
     }
 }
+
+#[test]
+fn a_garbage_file_named_libcuda_is_refused_with_why_and_the_real_one_stays_exact() {
+    require_root();
+    let f = fixtures();
+    // Not an ELF file, mapped executable by a process under libcuda's name.
+    let fake = libcuda_under(b"garbage");
+    std::fs::write(&fake, (0..65536u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect::<Vec<u8>>()).unwrap();
+    const MAPPER: &str = "import mmap, sys, time\n\
+        f = open(sys.argv[1], 'rb')\n\
+        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ | mmap.PROT_EXEC)\n\
+        print('mapped', flush=True)\n\
+        time.sleep(4)\n";
+    let (agent, stderr) = start_agent(&["--duration", "6"]);
+    let mut mapper = std::process::Command::new("/usr/bin/python3.11")
+        .args(["-c", MAPPER])
+        .arg(&fake)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let st =
+        std::process::Command::new(&f.workload).arg(&f.libcuda).arg("late_load").env("GPUMEM_WORKLOAD_DELAY_MS", "1500").status().unwrap();
+    assert!(st.success());
+    let _ = mapper.wait();
+    let (lines, said) = finish_agent(agent, stderr);
+    assert!(
+        said.contains("garbage/libcuda.so.1") && said.contains("not attached") && said.contains("is not an ELF shared library"),
+        "{said}"
+    );
+    let pid =
+        lines.iter().find(|e| e["type"] == "init").and_then(|e| e["pid"].as_u64()).unwrap_or_else(|| panic!("no cuInit traced: {said}"));
+    let allocs: Vec<&Value> = lines.iter().filter(|e| e["type"] == "alloc" && e["pid"] == pid).collect();
+    assert_eq!(sizes(&allocs), [8 * MIB, 4 * MIB], "{said}");
+}

@@ -16,7 +16,13 @@ pub enum UsdtError {
     Parse { path: String, source: object::Error },
     #[error("{path}: probe {provider}:{name}: argument `{spec}`: {why}")]
     Argument { path: String, provider: String, name: String, spec: String, why: String },
+    #[error("{path}: probe {provider}:{name}: {why}")]
+    Misplaced { path: String, provider: String, name: String, why: String },
 }
+
+/// ELF program header flags.
+const PF_X: u32 = 1;
+const PF_W: u32 = 2;
 
 /// One probe site.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -145,12 +151,23 @@ pub fn probes_in(data: &[u8], path: &str) -> Result<Vec<UsdtProbe>, UsdtError> {
     let elf = object::File::parse(data).map_err(|source| UsdtError::Parse { path: shown(), source })?;
     let Some(notes) = elf.section_by_name(".note.stapsdt").and_then(|s| s.data().ok()) else { return Ok(Vec::new()) };
     let base_section = elf.section_by_name(".stapsdt.base").map(|s| s.address());
-    let file_offset = |vaddr: u64| {
+    // The file offset of `vaddr` in a loaded segment with all of `flags`
+    // (PF_X for a probe, PF_W for a semaphore): the notes may say anything,
+    // and a uprobe or a counter the kernel increments must land where the
+    // code or the data is, nowhere else.
+    let file_offset = |vaddr: u64, flags: u32| {
         elf.segments().find_map(|s| {
+            let object::SegmentFlags::Elf { p_flags } = s.flags() else { return None };
             let (off, size) = s.file_range();
-            // The file's segments and the note's addresses may be anything.
+            (p_flags & flags == flags).then_some(())?;
             vaddr.checked_sub(s.address()).filter(|&d| d < size).and_then(|d| d.checked_add(off))
         })
+    };
+    let misplaced = |provider: &str, name: &str, why: String| UsdtError::Misplaced {
+        path: shown(),
+        provider: provider.to_string(),
+        name: name.to_string(),
+        why,
     };
     let mut out = Vec::new();
     for note in note_descs(notes) {
@@ -160,7 +177,9 @@ pub fn probes_in(data: &[u8], path: &str) -> Result<Vec<UsdtProbe>, UsdtError> {
             Some(actual) if base != 0 => pc.wrapping_add(actual).wrapping_sub(base),
             _ => pc,
         };
-        let Some(offset) = file_offset(pc) else { continue };
+        let Some(offset) = file_offset(pc, PF_X) else {
+            return Err(misplaced(&provider, &name, format!("its address {pc:#x} is in no executable segment")));
+        };
         let args = args
             .split_whitespace()
             .map(|spec| {
@@ -173,7 +192,13 @@ pub fn probes_in(data: &[u8], path: &str) -> Result<Vec<UsdtProbe>, UsdtError> {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let semaphore = (semaphore != 0).then(|| file_offset(semaphore)).flatten();
+        let semaphore = match semaphore {
+            0 => None,
+            at => Some(
+                file_offset(at, PF_W)
+                    .ok_or_else(|| misplaced(&provider, &name, format!("its semaphore {at:#x} is in no writable segment")))?,
+            ),
+        };
         out.push(UsdtProbe { provider, name, offset, semaphore, args });
     }
     Ok(out)
@@ -206,6 +231,31 @@ fn desc(d: &[u8]) -> Option<(u64, u64, u64, String, String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The committed fuzz seed (the test allocator's libc10_cuda.so) with
+    /// its first note's pc or semaphore overwritten.
+    fn with_first_note(field: usize, value: u64) -> Vec<u8> {
+        let mut data = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/stapsdt/libc10_cuda.so")).unwrap();
+        let elf = object::File::parse(&*data).unwrap();
+        let (at, _) = elf.section_by_name(".note.stapsdt").unwrap().file_range().unwrap();
+        // namesz, descsz, type, "stapsdt\0", then pc, base, semaphore.
+        let at = at as usize + 20 + 8 * field;
+        data[at..at + 8].copy_from_slice(&value.to_ne_bytes());
+        data
+    }
+
+    #[test]
+    fn a_probe_or_semaphore_outside_its_segments_is_refused_with_why() {
+        let ok =
+            probes_in(&std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/stapsdt/libc10_cuda.so")).unwrap(), "x").unwrap();
+        assert!(ok.iter().all(|p| p.semaphore.is_some()), "{ok:?}");
+        let e = probes_in(&with_first_note(0, 0xdead_0000), "lib.so").unwrap_err().to_string();
+        assert!(e.starts_with("lib.so: probe pytorch:") && e.contains("its address 0xdead0000 is in no executable segment"), "{e}");
+        // A semaphore in the code (or the headers) would have the kernel
+        // count into the library's text: refused.
+        let e = probes_in(&with_first_note(2, 0x10), "lib.so").unwrap_err().to_string();
+        assert!(e.contains("its semaphore 0x10 is in no writable segment"), "{e}");
+    }
 
     #[test]
     fn argument_specs_of_every_kind() {
