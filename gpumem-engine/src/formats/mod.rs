@@ -6,3 +6,28 @@ pub mod kmsg_xid;
 pub mod ld_cache;
 pub mod symbols;
 pub mod usdt;
+
+/// A file another process chose, opened for its ELF structures: not mapped
+/// (its owner truncating it under a mapping would kill the agent with
+/// SIGBUS), not read whole (a library of any size costs what its headers,
+/// tables and the sections asked for take, read into the cache on demand).
+pub fn elf_reader(path: &std::path::Path) -> std::io::Result<object::ReadCache<std::fs::File>> {
+    Ok(object::ReadCache::new(std::fs::File::open(path)?))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_library_truncated_while_it_is_read_is_an_error_not_a_crash() {
+        let seed = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/elf_symbols/libcuda.so.1");
+        let path = std::env::temp_dir().join(format!("gpumem-truncated-{}.so", std::process::id()));
+        std::fs::copy(seed, &path).unwrap();
+        let reader = super::elf_reader(&path).unwrap();
+        // Its owner cuts it after the agent opened it (a mapping would SIGBUS).
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(64).unwrap();
+        assert!(super::symbols::function_offsets_in(&reader).is_err());
+        std::fs::remove_file(&path).unwrap();
+        let whole = super::symbols::function_offsets(std::path::Path::new(seed)).unwrap();
+        assert!(whole.contains_key("cuMemAlloc_v2"), "{whole:?}");
+    }
+}

@@ -14,12 +14,12 @@ pub enum SymbolError {
 
 /// Symbol name → file offset, for every defined function symbol.
 pub fn function_offsets(path: &Path) -> Result<HashMap<String, u64>, SymbolError> {
-    let data = std::fs::read(path).map_err(|source| SymbolError::Read { path: path.display().to_string(), source })?;
+    let data = super::elf_reader(path).map_err(|source| SymbolError::Read { path: path.display().to_string(), source })?;
     function_offsets_in(&data).map_err(|source| SymbolError::Parse { path: path.display().to_string(), source })
 }
 
 /// `function_offsets` of a file's bytes (whatever they are: a process chose the file).
-pub fn function_offsets_in(data: &[u8]) -> Result<HashMap<String, u64>, object::Error> {
+pub fn function_offsets_in<'d, R: object::ReadRef<'d>>(data: R) -> Result<HashMap<String, u64>, object::Error> {
     let file = object::File::parse(data)?;
     let mut out = HashMap::new();
     for sym in file.dynamic_symbols().chain(file.symbols()) {

@@ -140,13 +140,13 @@ pub fn parse_arg(spec: &str) -> Result<UsdtArg, String> {
 
 /// Every USDT probe in a file.
 pub fn probes(path: &Path) -> Result<Vec<UsdtProbe>, UsdtError> {
-    let data = std::fs::read(path).map_err(|source| UsdtError::Read { path: path.display().to_string(), source })?;
+    let data = super::elf_reader(path).map_err(|source| UsdtError::Read { path: path.display().to_string(), source })?;
     probes_in(&data, &path.display().to_string())
 }
 
 /// `probes` of a file's bytes (whatever they are: a process chose the
 /// file), `path` naming it in errors.
-pub fn probes_in(data: &[u8], path: &str) -> Result<Vec<UsdtProbe>, UsdtError> {
+pub fn probes_in<'d, R: object::ReadRef<'d>>(data: R, path: &str) -> Result<Vec<UsdtProbe>, UsdtError> {
     let shown = || path.to_string();
     let elf = object::File::parse(data).map_err(|source| UsdtError::Parse { path: shown(), source })?;
     let Some(notes) = elf.section_by_name(".note.stapsdt").and_then(|s| s.data().ok()) else { return Ok(Vec::new()) };
@@ -246,14 +246,17 @@ mod tests {
 
     #[test]
     fn a_probe_or_semaphore_outside_its_segments_is_refused_with_why() {
-        let ok =
-            probes_in(&std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/stapsdt/libc10_cuda.so")).unwrap(), "x").unwrap();
+        let ok = probes_in(
+            std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/stapsdt/libc10_cuda.so")).unwrap().as_slice(),
+            "x",
+        )
+        .unwrap();
         assert!(ok.iter().all(|p| p.semaphore.is_some()), "{ok:?}");
-        let e = probes_in(&with_first_note(0, 0xdead_0000), "lib.so").unwrap_err().to_string();
+        let e = probes_in(with_first_note(0, 0xdead_0000).as_slice(), "lib.so").unwrap_err().to_string();
         assert!(e.starts_with("lib.so: probe pytorch:") && e.contains("its address 0xdead0000 is in no executable segment"), "{e}");
         // A semaphore in the code (or the headers) would have the kernel
         // count into the library's text: refused.
-        let e = probes_in(&with_first_note(2, 0x10), "lib.so").unwrap_err().to_string();
+        let e = probes_in(with_first_note(2, 0x10).as_slice(), "lib.so").unwrap_err().to_string();
         assert!(e.contains("its semaphore 0x10 is in no writable segment"), "{e}");
     }
 

@@ -99,7 +99,7 @@ fn version_in_name(path: &str) -> Option<(u8, u8)> {
 /// `_PyRuntime` and `Py_Version` as the file links them; None if it has no
 /// `_PyRuntime`.
 fn linked(file: &Path) -> Option<Linked> {
-    linked_in(&std::fs::read(file).ok()?)
+    linked_in(&crate::formats::elf_reader(file).ok()?)
 }
 
 /// Whether a file's bytes (a process chose the file) link `_PyRuntime`.
@@ -107,7 +107,7 @@ pub fn links_interpreter(data: &[u8]) -> bool {
     linked_in(data).is_some()
 }
 
-fn linked_in(data: &[u8]) -> Option<Linked> {
+fn linked_in<'d, R: object::ReadRef<'d>>(data: R) -> Option<Linked> {
     let elf = object::File::parse(data).ok()?;
     let first_segment = elf.segments().map(|s| s.address()).min()? & !0xfff;
     let mut runtime = None;

@@ -52,18 +52,16 @@ struct ModuleData {
     loads: Vec<(Range<u64>, u64)>,
 }
 
-fn section(file: &object::File<'_>, name: &str) -> Option<(Range<u64>, Arc<[u8]>)> {
+fn section<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>, name: &str) -> Option<(Range<u64>, Arc<[u8]>)> {
     let s = file.section_by_name(name)?;
     let data = s.uncompressed_data().ok()?;
     Some((s.address()..s.address() + s.size(), Arc::from(&*data)))
 }
 
 fn load_module(path: &str) -> Option<ModuleData> {
-    let f = std::fs::File::open(path).ok()?;
-    // SAFETY: read-only map of a file we do not modify; a library replaced
-    // meanwhile is replaced by rename (new inode), not rewritten in place.
-    let map = unsafe { memmap2::Mmap::map(&f) }.ok()?;
-    let file = object::File::parse(&*map).ok()?;
+    // Read, not mapped: the file's owner may truncate it (see formats::elf_reader).
+    let data = crate::formats::elf_reader(std::path::Path::new(path)).ok()?;
+    let file = object::File::parse(&data).ok()?;
     let loads = file
         .segments()
         .filter_map(|seg| {
