@@ -214,3 +214,40 @@ fn a_garbage_file_named_libcuda_is_refused_with_why_and_the_real_one_stays_exact
     let allocs: Vec<&Value> = lines.iter().filter(|e| e["type"] == "alloc" && e["pid"] == pid).collect();
     assert_eq!(sizes(&allocs), [8 * MIB, 4 * MIB], "{said}");
 }
+
+/// The name `GPUMEM_WORKLOAD_EVIL_NAME` gives a workload: a screen-clearing
+/// escape sequence, a quote, a backslash, a newline, braces.
+const EVIL_COMM: &str = "ev\x1b[2J\"\\\n{}";
+
+#[test]
+fn a_hostile_name_reaches_an_actions_stdin_and_a_webhook_body_exactly_and_never_its_argument_list() {
+    require_root();
+    let f = fixtures();
+    let d = target_dir().join("hostile-actions");
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let receiver = Receiver::start(0, 200);
+    // The command records its argument list and environment as it got them.
+    let hook =
+        format!("cuda_oom=cat > {0}/event.json; printf '%s\\n' \"$0\" \"$@\" > {0}/argv; echo \"$GPUMEM_EVENT\" > {0}/kind", d.display());
+    let webhook = receiver.url("/hooks/gpumem");
+    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml", "--action", &hook, "--webhook", &webhook], &[]);
+    let mut w = spawn_workload(
+        "oom",
+        &[("GPUMEM_FAKE_CAPACITY", "67108864"), ("GPUMEM_WORKLOAD_HOLD_MS", "3000"), ("GPUMEM_WORKLOAD_EVIL_NAME", "1")],
+    );
+    let read = |p: &str| std::fs::read_to_string(d.join(p)).ok();
+    let event: Value = poll(20, "the hook's event.json", || serde_json::from_str(&read("event.json")?).ok(), || serve.metrics());
+    assert_eq!(event["comm"], EVIL_COMM, "the exact name, JSON-escaped: {event:#}");
+    assert!(event["summary"].as_str().unwrap().contains("CUDA out of memory"), "{event:#}");
+    assert_eq!(read("kind").unwrap().trim(), "cuda_oom");
+    let argv = read("argv").unwrap();
+    assert!(!argv.contains("ev") && !argv.contains('\x1b'), "no event text in the argument list: {argv:?}");
+    let posts = poll(20, "the webhook's delivery", || (!receiver.all().is_empty()).then(|| receiver.all()), || serve.metrics());
+    let body = posts[0].json();
+    assert_eq!(body["comm"], EVIL_COMM);
+    assert_eq!(body, event, "the webhook gets what the hook got");
+    assert!(!posts[0].body.contains(&0x1b), "the escape is JSON-escaped in the body");
+    let _ = w.wait();
+    serve.stop();
+}
