@@ -124,20 +124,6 @@ fn the_kernel_refuses_a_cgroup_name_that_could_forge_another_containers_line() {
     assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
 }
 
-/// The Python frames (function, file, line) of an alloc event.
-fn python_frames(alloc: &Value) -> Vec<(String, String, u64)> {
-    alloc["frames"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|f| f["python"] == true)
-        .map(|f| {
-            let file = f["file"].as_str().unwrap_or("?").rsplit('/').next().unwrap_or("?").to_string();
-            (f["function"].as_str().unwrap_or("?").to_string(), file, f["line"].as_u64().unwrap_or(0))
-        })
-        .collect()
-}
-
 #[test]
 fn a_forged_interpreter_is_refused_and_named_while_a_real_python_process_keeps_its_frames() {
     require_root();

@@ -18,19 +18,6 @@ fn train_cmd(python: &str) -> String {
     format!("{python} {} {}", script.display(), f.libcuda.display())
 }
 
-fn python_frames(group: &Value) -> Vec<(String, String, u64)> {
-    group["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["python"] == true)
-        .map(|f| {
-            let file = f["file"].as_str().unwrap_or("?").rsplit('/').next().unwrap().to_string();
-            (f["function"].as_str().unwrap().to_string(), file, f["line"].as_u64().unwrap_or(0))
-        })
-        .collect()
-}
-
 fn names(frames: &[(String, String, u64)]) -> Vec<&str> {
     frames.iter().map(|(n, _, _)| n.as_str()).collect()
 }

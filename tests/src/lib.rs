@@ -466,3 +466,18 @@ pub fn finish_agent(child: std::process::Child, stderr: Lines) -> (Vec<Value>, S
     assert!(out.status.success(), "{stderr}");
     (String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect(), stderr)
 }
+
+/// The Python frames (function, file name, line) of a stack group or an
+/// alloc event, innermost first.
+pub fn python_frames(group: &Value) -> Vec<(String, String, u64)> {
+    group["frames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f["python"] == true)
+        .map(|f| {
+            let file = f["file"].as_str().unwrap_or("?").rsplit('/').next().unwrap_or("?").to_string();
+            (f["function"].as_str().unwrap_or("?").to_string(), file, f["line"].as_u64().unwrap_or(0))
+        })
+        .collect()
+}
