@@ -85,22 +85,14 @@ pub fn from_ld_cache() -> Result<Vec<PathBuf>, super::ld_cache::LdCacheError> {
     Ok(paths)
 }
 
-fn is_libcuda_mapping(e: &procfs::MapsEntry) -> bool {
-    e.path.as_deref().is_some_and(|p| is_libcuda_name(p.rsplit('/').next().unwrap_or("")))
-}
-
-/// The libcuda files one process maps, each once: paths inside its mount namespace.
-pub fn libcuda_in_maps(maps: &[procfs::MapsEntry]) -> Vec<String> {
-    named_in_maps(maps, is_libcuda_name).into_iter().filter(|e| !e.deleted).filter_map(|e| e.path.clone()).collect()
-}
-
 /// The first mapping of each file one process maps whose name passes
-/// `is_name`, deleted ones included (their map_files link opens the old
-/// inode, which is what the process still runs).
-fn named_in_maps(maps: &[procfs::MapsEntry], is_name: fn(&str) -> bool) -> Vec<&procfs::MapsEntry> {
+/// `is_name` — deleted or replaced ones only with `deleted_too` (their
+/// map_files link opens the old inode, which is what the process still
+/// runs: a driver upgrade under a running job).
+fn named_in_maps(maps: &[procfs::MapsEntry], is_name: fn(&str) -> bool, deleted_too: bool) -> Vec<&procfs::MapsEntry> {
     let mut out: Vec<&procfs::MapsEntry> = Vec::new();
     let named = |e: &&procfs::MapsEntry| e.path.as_deref().is_some_and(|p| is_name(p.rsplit('/').next().unwrap_or("")));
-    for e in maps.iter().filter(named) {
+    for e in maps.iter().filter(|e| deleted_too || !e.deleted).filter(named) {
         if !out.iter().any(|o| (o.path == e.path && o.deleted == e.deleted) || (o.dev == e.dev && o.inode == e.inode)) {
             out.push(e);
         }
@@ -108,22 +100,11 @@ fn named_in_maps(maps: &[procfs::MapsEntry], is_name: fn(&str) -> bool) -> Vec<&
     out
 }
 
-/// libcuda mappings whose file was deleted or replaced on disk while in use
-/// (a driver upgrade under a running job), the first mapping of each file.
-pub fn deleted_libcuda_in_maps(maps: &[procfs::MapsEntry]) -> Vec<&procfs::MapsEntry> {
-    named_in_maps(maps, is_libcuda_name).into_iter().filter(|e| e.deleted && is_libcuda_mapping(e)).collect()
-}
-
 /// Is this file name a dynamic loader (glibc's ld-linux-x86-64.so.2,
 /// ld-linux.so.2, old ld-2.31.so; musl's ld-musl-x86_64.so.1)? Each has the
 /// debugger hook `_dl_debug_state`.
 pub fn is_loader_name(name: &str) -> bool {
     name.starts_with("ld-") && name.contains(".so")
-}
-
-/// The dynamic loaders one process maps, each once (paths inside its mount namespace).
-pub fn loaders_in_maps(maps: &[procfs::MapsEntry]) -> Vec<String> {
-    named_in_maps(maps, is_loader_name).into_iter().filter(|e| !e.deleted).filter_map(|e| e.path.clone()).collect()
 }
 
 /// What one process maps that the agent attaches to.
@@ -141,11 +122,7 @@ pub fn in_process(pid: u32) -> Option<Found> {
     let maps = procfs::read_maps(pid).ok()?;
     let source = |e: &procfs::MapsEntry| if e.deleted { Source::DeletedInProcess { pid } } else { Source::ProcessMaps { pid } };
     let libraries = |is_name: fn(&str) -> bool, deleted_too: bool| -> Vec<Library> {
-        named_in_maps(&maps, is_name)
-            .into_iter()
-            .filter(|e| deleted_too || !e.deleted)
-            .filter_map(|e| mapped_library(pid, e, source(e)))
-            .collect()
+        named_in_maps(&maps, is_name, deleted_too).into_iter().filter_map(|e| mapped_library(pid, e, source(e))).collect()
     };
     // A deleted copy opens only through map_files (CAP_SYS_ADMIN or
     // CAP_CHECKPOINT_RESTORE); without, it is missed.
@@ -175,6 +152,12 @@ pub fn from_processes(skip_pid: u32) -> (Found, u64) {
 mod tests {
     use super::*;
 
+    /// The paths `named_in_maps` picks (deleted or not, as asked).
+    fn paths(maps: &str, is_name: fn(&str) -> bool, deleted: bool) -> Vec<String> {
+        let maps = procfs::parse_maps(maps);
+        named_in_maps(&maps, is_name, deleted).into_iter().filter(|e| e.deleted == deleted).filter_map(|e| e.path.clone()).collect()
+    }
+
     #[test]
     fn maps_lines() {
         let maps = "7f00-7f10 r--p 00000000 fd:01 1234 /usr/lib/x86_64-linux-gnu/libcuda.so.535.261.03\n\
@@ -184,7 +167,7 @@ mod tests {
             7f40-7f50 r-xp 00000000 fd:01 97 /usr/lib/libcudart.so.12\n\
             7f50-7f60 rw-p 00000000 00:00 0 \n";
         assert_eq!(
-            libcuda_in_maps(&procfs::parse_maps(maps)),
+            paths(maps, is_libcuda_name, false),
             vec!["/usr/lib/x86_64-linux-gnu/libcuda.so.535.261.03".to_string(), "/opt/my dir/libcuda.so.1".to_string()]
         );
     }
@@ -197,7 +180,7 @@ mod tests {
             7f30-7f40 r-xp 00000000 fd:01 97 /tmp/x (deleted)\n";
         let maps = procfs::parse_maps(maps);
         let found: Vec<(String, Option<&str>)> =
-            deleted_libcuda_in_maps(&maps).iter().map(|e| (e.range_name(), e.path.as_deref())).collect();
+            named_in_maps(&maps, is_libcuda_name, true).iter().filter(|e| e.deleted).map(|e| (e.range_name(), e.path.as_deref())).collect();
         assert_eq!(found, vec![("7f00-7f10".to_string(), Some("/usr/lib/libcuda.so.535.1"))]);
     }
 
@@ -209,7 +192,7 @@ mod tests {
             7f30-7f40 r-xp 00000000 fd:01 7 /usr/lib/libld-helper.so\n\
             7f40-7f50 r-xp 00000000 fd:01 8 /usr/bin/ld-tool\n";
         assert_eq!(
-            loaders_in_maps(&procfs::parse_maps(maps)),
+            paths(maps, is_loader_name, false),
             vec!["/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2".to_string(), "/lib/ld-musl-x86_64.so.1".to_string()]
         );
     }

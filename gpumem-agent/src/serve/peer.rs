@@ -3,14 +3,7 @@
 //! well (SO_PEERCRED, SO_PEERGROUPS): the kernel's word on who connected,
 //! whatever the file's mode was when it connected. Others get one line
 //! saying why, and the connection is closed.
-use std::{
-    os::fd::AsRawFd as _,
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
-    },
-    time::Duration,
-};
+use std::{os::fd::AsRawFd as _, time::Duration};
 
 use tokio::net::{unix::SocketAddr, UnixListener, UnixStream};
 
@@ -59,16 +52,18 @@ fn peer_groups(s: &UnixStream) -> Vec<u32> {
 pub struct Guarded {
     inner: UnixListener,
     access: Access,
-    pub refused: Arc<AtomicU64>,
+    /// Connections refused so far.
+    refused: u64,
 }
 
 impl Guarded {
     pub fn new(inner: UnixListener, access: Access) -> Self {
-        Guarded { inner, access, refused: Arc::default() }
+        Guarded { inner, access, refused: 0 }
     }
 
-    fn refuse(&self, s: UnixStream, uid: Option<u32>) {
-        let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+    fn refuse(&mut self, s: UnixStream, uid: Option<u32>) {
+        self.refused += 1;
+        let n = self.refused;
         let who = uid.map_or("a peer the kernel does not name".to_string(), |u| format!("uid {u}"));
         let why = format!("gpumem: {who} may not use this agent's local API ({} only)\n", self.access.who());
         if n == 1 || n.is_power_of_two() {

@@ -230,6 +230,12 @@ impl Stacks {
             (None, Some(raw)) => raw.iter().map(Frame::unsymbolized).collect(),
             (None, None) => return Vec::new(),
         };
+        self.with_python(id, natives)
+    }
+
+    /// A stack's native frames with its Python frames in the place of the
+    /// `_PyEval_EvalFrameDefault` frames that ran them.
+    fn with_python(&self, id: StackId, natives: Vec<Frame>) -> Vec<Frame> {
         match self.python_frames.get(&id) {
             Some(py) => python::interleave(natives, py),
             None => natives,
@@ -251,9 +257,6 @@ impl Stacks {
             let Some(raw) = self.table.get(&id) else { return Vec::new() };
             raw.iter().map(|f| self.symbolizer.frame(f)).collect()
         };
-        match self.python_frames.get(&id) {
-            Some(py) => python::interleave(natives, py),
-            None => natives,
-        }
+        self.with_python(id, natives)
     }
 }
