@@ -174,9 +174,13 @@ fn a_garbage_file_named_libcuda_is_refused_with_why_and_the_real_one_stays_exact
     // Not an ELF file, mapped executable by a process under libcuda's name.
     let fake = libcuda_under(b"garbage");
     std::fs::write(&fake, (0..65536u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect::<Vec<u8>>()).unwrap();
+    // The dlopen after the mapping (ctypes' extension) is what tells the
+    // agent to read the process's maps again (its loader hook): the agent
+    // read them at exec, before the mapping existed.
     const MAPPER: &str = "import mmap, sys, time\n\
         f = open(sys.argv[1], 'rb')\n\
         m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ | mmap.PROT_EXEC)\n\
+        import ctypes\n\
         print('mapped', flush=True)\n\
         time.sleep(4)\n";
     let (agent, stderr) = start_agent(&["--duration", "6"]);
@@ -186,6 +190,9 @@ fn a_garbage_file_named_libcuda_is_refused_with_why_and_the_real_one_stays_exact
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let mut said_mapped = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(mapper.stdout.take().unwrap()), &mut said_mapped).unwrap();
+    assert_eq!(said_mapped.trim(), "mapped");
     let st =
         std::process::Command::new(&f.workload).arg(&f.libcuda).arg("late_load").env("GPUMEM_WORKLOAD_DELAY_MS", "1500").status().unwrap();
     assert!(st.success());
