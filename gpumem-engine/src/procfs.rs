@@ -418,7 +418,7 @@ pub fn alive(pid: u32, tid: Option<u32>) -> bool {
     }
 }
 
-/// A process's memory, read through /proc/PID/mem (needs ptrace access:
+/// A process's memory, read through /proc/PID/mem (python::memory::Memory) (needs ptrace access:
 /// root or CAP_SYS_PTRACE, as for its maps).
 pub struct ProcessMemory(std::fs::File);
 
@@ -429,18 +429,6 @@ impl ProcessMemory {
 
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
         std::os::unix::fs::FileExt::read_exact_at(&self.0, buf, addr)
-    }
-
-    pub fn u64(&self, addr: u64) -> Option<u64> {
-        let mut b = [0u8; 8];
-        self.read(addr, &mut b).ok()?;
-        Some(u64::from_ne_bytes(b))
-    }
-
-    pub fn u32(&self, addr: u64) -> Option<u32> {
-        let mut b = [0u8; 4];
-        self.read(addr, &mut b).ok()?;
-        Some(u32::from_ne_bytes(b))
     }
 }
 

@@ -244,3 +244,172 @@ fn a_hostile_name_reaches_an_actions_stdin_and_a_webhook_body_exactly_and_never_
     let _ = w.wait();
     serve.stop();
 }
+
+/// A copy of the synthetic libcuda whose symbol table holds more symbols
+/// than the agent reads of one file (formats::budget::MAX_SYMBOLS).
+fn libcuda_with_an_enormous_symbol_table() -> std::path::PathBuf {
+    let dir = fixtures().dir.join("hostile/enormous-symbols");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = dir.join("libcuda.so.1");
+    if lib.exists() {
+        return lib;
+    }
+    let asm = dir.join("symbols.s");
+    let mut text = String::from(".text\n");
+    for i in 0..(1 << 17) + 1000 {
+        text.push_str(&format!(".type s{i},@function\ns{i}: ret\n"));
+    }
+    std::fs::write(&asm, text).unwrap();
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/fake_libcuda.c");
+    let tmp = dir.join("libcuda.so.1.tmp");
+    let out = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .arg(&asm)
+        .arg("-lpthread")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::rename(&tmp, &lib).unwrap();
+    lib
+}
+
+/// The agent's peak resident memory (KiB) and CPU seconds so far.
+fn rss_and_cpu(pid: u32) -> (u64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hwm = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hwm, ticks as f64 / hz as f64)
+}
+
+/// Peak resident memory the agent stays under beside a hostile tenant, and
+/// the share of one core it may use on average (both stated in the README's
+/// threat model).
+const HOSTILE_RSS_MAX_MIB: u64 = 160;
+const HOSTILE_CPU_SHARE_MAX: f64 = 0.5;
+
+#[test]
+fn beside_a_hostile_tenant_the_agent_stays_within_its_bounds_names_it_and_keeps_others_exact() {
+    require_root();
+    let f = fixtures();
+    let enormous = libcuda_with_an_enormous_symbol_table();
+    let dir = f.dir.join("hostile/forged-python");
+    std::fs::create_dir_all(&dir).unwrap();
+    let forged_lib = dir.join("libpython3.11.so.1.0");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/forged_python.c");
+    let out = std::process::Command::new("cc").args(["-shared", "-fPIC", "-O2", "-o"]).arg(&forged_lib).arg(&src).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hostile_python.py");
+
+    let began = std::time::Instant::now();
+    let (mut agent, stderr) = start_agent(&["--duration", "12"]);
+    let agent_pid = agent.id();
+    // Read as it comes: the tenant's events fill a pipe's 64 KiB long before the end.
+    let mut stdout = agent.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut text).unwrap();
+        text
+    });
+    let (_, cpu_before) = rss_and_cpu(agent_pid);
+    let spawn = |cmd: &mut std::process::Command| cmd.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    // The tenant: a libcuda copy with a 132 000-symbol table, a forged
+    // interpreter, and a real CPython whose 300 functions have 60 KiB line
+    // tables and 60 000-character names.
+    let huge = spawn(std::process::Command::new(&f.workload).arg(&enormous).arg("late_load").env("GPUMEM_WORKLOAD_DELAY_MS", "1500"));
+    let forged = spawn(
+        std::process::Command::new(&f.workload)
+            .arg(&f.libcuda)
+            .arg("late_load")
+            .env("GPUMEM_WORKLOAD_DELAY_MS", "1500")
+            .env("LD_PRELOAD", &forged_lib)
+            .env("GPUMEM_WORKLOAD_HOLD_MS", "3000"),
+    );
+    let names = spawn(std::process::Command::new("/usr/bin/python3.11").arg(&script).arg(&f.libcuda).arg("tables"));
+    // Another tenant, ordinary.
+    let plain = spawn(std::process::Command::new(&f.workload).arg(&f.libcuda).arg("late_load").env("GPUMEM_WORKLOAD_DELAY_MS", "500"));
+    let pids = [huge.id(), forged.id(), names.id(), plain.id()].map(u64::from);
+    for child in [huge, forged, names, plain] {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{:?}", out);
+    }
+    let (rss_kib, cpu_after) = rss_and_cpu(agent_pid);
+    let wall = began.elapsed().as_secs_f64();
+    assert!(agent.wait().unwrap().success());
+    let said = stderr.join().unwrap();
+    let lines: Vec<Value> = reader.join().unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let cpu = cpu_after - cpu_before;
+    println!(
+        "beside the hostile tenant: agent peak RSS {} MiB, CPU {cpu:.2} s over {wall:.1} s ({:.0}% of a core)",
+        rss_kib >> 10,
+        100.0 * cpu / wall
+    );
+    assert!(rss_kib >> 10 < HOSTILE_RSS_MAX_MIB, "agent peak RSS {} MiB", rss_kib >> 10);
+    assert!(cpu / wall < HOSTILE_CPU_SHARE_MAX, "agent CPU {cpu:.2} s over {wall:.1} s");
+
+    let [huge, forged, names, plain] = pids;
+    let allocs = |pid: u64| lines.iter().filter(|e| e["type"] == "alloc" && e["pid"] == pid).collect::<Vec<_>>();
+    let summary = lines.iter().find(|e| e["type"] == "summary").expect("a summary");
+    let degraded = |pid: u64| {
+        summary["degraded"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|d| d["pid"] == pid)
+            .map(|d| d["reason"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    // The enormous copy: refused, with why, its process named; nothing else disturbed.
+    assert!(said.contains("enormous-symbols/libcuda.so.1") && said.contains("symbol tables hold over 131072 symbols"), "{said}");
+    assert_eq!(degraded(huge), ["library_tables"], "{summary:#}");
+    assert!(allocs(huge).is_empty(), "its copy is not attached");
+    // The forged interpreter: refused, its allocations exact with native stacks.
+    assert_eq!(degraded(forged), ["python_threads"], "{summary:#}");
+    assert_eq!(sizes(&allocs(forged)), [8 * MIB, 4 * MIB]);
+    // The long tables: every allocation exact; the first code objects read
+    // (their names cut at 1 024 characters), the rest `?` past the
+    // process's read budget.
+    let named = allocs(names);
+    assert_eq!(sizes(&named), vec![64 * 1024; 300]);
+    // Innermost: `alloc`, then the function named 60 000 times over.
+    let inner = |a: &Value| python_frames(a).get(1).map(|f| f.0.clone()).unwrap_or_default();
+    let read = named.iter().filter(|a| inner(a).starts_with("fff") && inner(a).ends_with('…') && inner(a).chars().count() == 1025).count();
+    let refused = named.iter().filter(|a| inner(a) == "?").count();
+    println!("long tables: {read} code objects read, {refused} refused past the budget");
+    assert_eq!(degraded(names), ["python_reads"], "{summary:#}");
+    assert!(read >= 20 && refused >= 100 && read + refused == 300, "read {read}, refused {refused}");
+    // The ordinary tenant: exact, not degraded.
+    assert_eq!(sizes(&allocs(plain)), [8 * MIB, 4 * MIB]);
+    assert!(degraded(plain).is_empty());
+    let exit = lines.iter().find(|e| e["type"] == "exit" && e["pid"] == plain).expect("exit event");
+    assert_eq!(released(exit), [(0, 4 * MIB, 1)]);
+}
+
+#[test]
+fn a_python_thread_list_that_changes_under_the_agent_keeps_every_allocation_exact() {
+    require_root();
+    let f = fixtures();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hostile_python.py");
+    let cmd = format!("/usr/bin/python3.11 {} {} threads", script.display(), f.libcuda.display());
+    let t = trace(&["-c", &cmd], &[("GPUMEM_STEPS", "20")]);
+    assert!(t.status.success(), "{}", t.stderr);
+    let pid = single_pid(&t);
+    let allocs = t.of_type("alloc");
+    let (main, workers): (Vec<&Value>, Vec<&Value>) = allocs.iter().partition(|a| a["size"] == 1024 * 1024);
+    assert_eq!(main.len(), 20);
+    assert_eq!(workers.len(), 160, "8 threads a step, each one allocation");
+    assert_eq!(t.of_type("free").len(), 180);
+    // The main thread's frames stay walked while threads come and go.
+    for a in &main {
+        let frames = python_frames(a);
+        assert!(frames.iter().any(|f| f.0 == "step") && frames.last().map(|f| f.0.as_str()) == Some("<module>"), "{a}");
+    }
+    assert!(t.summary["degraded"].as_array().is_none_or(|d| d.is_empty()), "{:#}", t.summary);
+    let exit = t.of_type("exit").into_iter().find(|e| e["pid"] == pid).expect("exit event");
+    assert!(released(exit).is_empty(), "{exit}");
+}

@@ -57,6 +57,7 @@ impl<W: Write> Trace<W> {
         let p = &mut *ctx.pipeline;
         let view = p.view(&ViewOptions { exited: true, layouts: true, owners: true, ..Default::default() });
         let mut summary = Summary::build(&p.state, &view, &end.footer, p.distributions.summary());
+        summary.degraded = p.degraded.recent.iter().cloned().collect();
         if let Some(d) = &self.daemon {
             summary.known_to_daemon = known_to_daemon(d, &summary, &self.pids);
         }

@@ -47,6 +47,8 @@ pub struct Library {
     pub dev: u64,
     pub ino: u64,
     pub source: Source,
+    /// The process found mapping it (None: named on the command line or in ld.so.cache).
+    pub pid: Option<u32>,
 }
 
 impl Library {
@@ -57,7 +59,7 @@ impl Library {
 
 pub fn stat_library(path: &Path, source: Source) -> std::io::Result<Library> {
     let md = fs::metadata(path)?;
-    Ok(Library { path: path.to_path_buf(), name: path.display().to_string(), dev: md.dev(), ino: md.ino(), source })
+    Ok(Library { path: path.to_path_buf(), name: path.display().to_string(), dev: md.dev(), ino: md.ino(), source, pid: None })
 }
 
 /// The library a process maps with `entry`, opened by its inode (see
@@ -65,7 +67,7 @@ pub fn stat_library(path: &Path, source: Source) -> std::io::Result<Library> {
 fn mapped_library(pid: u32, entry: &procfs::MapsEntry, source: Source) -> Option<Library> {
     let lib = stat_library(&procfs::open_path(pid, entry)?, source).ok()?;
     let name = procfs::in_root(pid, entry.path.as_deref()?).display().to_string();
-    (lib.ino == entry.inode).then_some(Library { name, ..lib })
+    (lib.ino == entry.inode).then_some(Library { name, pid: Some(pid), ..lib })
 }
 
 /// Is this file name a libcuda driver library (libcuda.so, libcuda.so.1, libcuda.so.535.x)?

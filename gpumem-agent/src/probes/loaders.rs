@@ -54,7 +54,7 @@ impl Agent {
         if self.options.refuse_loader_hooks {
             return Err(ProbeError::Injected("attaching the loader hook"));
         }
-        let offset = symbols::function_offsets(&lib.path)
+        let offset = symbols::function_offsets(&lib.path, |name| name == HOOK)
             .map_err(|e| ProbeError::Hook(format!("{}: {e}", lib.name)))?
             .get(HOOK)
             .copied()

@@ -29,6 +29,7 @@ use gpumem_common::{filter, oom_field, ApiInfo, APIS};
 /// The parsers of what a traced process loads (its libraries' symbols and
 /// USDT notes, ld.so.cache): the engine's, fuzzed there.
 pub use gpumem_engine::formats::{ld_cache, symbols, usdt};
+use gpumem_engine::model::degraded::Reason;
 use links::{LinkMode, LinkReport, UprobeLinks};
 
 /// The eBPF object built by build.rs.
@@ -148,6 +149,8 @@ pub struct Agent {
     pub tracepoints: Vec<TracepointReport>,
     pub uprobe_links: LinkReport,
     pub notes: Vec<String>,
+    /// Processes degraded by a library over budget, not yet taken by the live loop.
+    pub degraded: Vec<(u32, Reason, String)>,
     /// Cost of looking for new libcuda copies in /proc.
     pub scan_stats: gpumem_engine::model::agent::ScanStats,
     pub ioctl: ioctl::IoctlReport,
@@ -237,6 +240,7 @@ impl Agent {
             tracepoints: Vec::new(),
             uprobe_links,
             notes,
+            degraded: Vec::new(),
             scan_stats: Default::default(),
             ioctl,
             seeded: Default::default(),
@@ -378,8 +382,13 @@ impl Agent {
             links: None,
             probes: Vec::new(),
         };
-        match symbols::function_offsets(&lib.path) {
-            Err(e) => report.error = Some(e.to_string()),
+        match symbols::function_offsets(&lib.path, |name| APIS.iter().any(|api| api.symbol == name)) {
+            Err(e) => {
+                if let (true, Some(pid)) = (e.over_budget(), lib.pid) {
+                    self.degraded.push((pid, Reason::LibraryTables, format!("{}: {e}", lib.name)));
+                }
+                report.error = Some(e.to_string());
+            }
             Ok(offsets) => {
                 let exported: Vec<(&'static ApiInfo, u64)> =
                     attach_order().into_iter().filter_map(|api| offsets.get(api.symbol).map(|&off| (api, off))).collect();

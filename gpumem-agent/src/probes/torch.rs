@@ -26,6 +26,8 @@ use gpumem_common::{
     usdt::{arg_kind, UsdtArgSpec, UsdtSpec, ARGS_MAX, SPECS_MAX},
 };
 
+use gpumem_engine::model::degraded::Reason;
+
 use super::{
     usdt::{self, Location, UsdtProbe},
     Agent, Library, ProbeError, ProbeSet,
@@ -250,7 +252,12 @@ impl Agent {
             links: None,
         };
         match usdt::probes(&lib.path) {
-            Err(e) => report.error = Some(e.to_string()),
+            Err(e) => {
+                if let (true, Some(pid)) = (e.over_budget(), lib.pid) {
+                    self.degraded.push((pid, Reason::LibraryTables, format!("{}: {e}", lib.name)));
+                }
+                report.error = Some(e.to_string());
+            }
             Ok(probes) => {
                 let sites: Vec<&UsdtProbe> = probes.iter().filter(|p| probe_id(p).is_some()).collect();
                 report.sites = sites

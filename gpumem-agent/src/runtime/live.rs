@@ -264,13 +264,13 @@ impl<'o, O: Output> Live<'o, O> {
         result
     }
 
-    /// Interpreters the tracker found go to the stack resolver before any
-    /// stack with their Python frames can be read.
+    /// Interpreters found go to the stack resolver before any stack with
+    /// their Python frames is read; processes degraded are noted.
     fn hand_over_interpreters(&mut self) {
         for interp in self.signals.python.take_found() {
             self.pipeline.stacks.add_interpreter(interp);
         }
-        for (pid, reason, why) in self.signals.python.take_degraded() {
+        for (pid, reason, why) in self.signals.python.take_degraded().into_iter().chain(std::mem::take(&mut self.agent.degraded)) {
             self.pipeline.degraded.add(pid, reason, why);
         }
     }

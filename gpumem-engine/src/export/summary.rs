@@ -120,6 +120,9 @@ pub struct Summary {
     pub stale_calls_removed: u64,
     /// Python processes whose frames could not be walked (their stacks are native only), and why.
     pub python_unwalked: Vec<crate::python::Unwalked>,
+    /// Processes served less than exactly (forged, broken, over budget), and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub degraded: Vec<crate::model::degraded::Degraded>,
     /// Processes NVML lists whose calls were never traced, with NVML's bytes
     /// (held since before tracing began).
     pub held_before_tracing: Vec<crate::analysis::view::UntracedRow>,
@@ -209,6 +212,7 @@ impl Summary {
             nvml: footer.nvml.clone(),
             stale_calls_removed: footer.stale_calls_removed,
             python_unwalked: footer.python_unwalked.clone(),
+            degraded: Vec::new(),
             held_before_tracing: view.untraced.clone(),
             known_to_daemon: Vec::new(),
         }
@@ -261,6 +265,9 @@ impl Summary {
         }
         for u in &self.python_unwalked {
             writeln!(out, "note: Python process {}: frames not walked (native stacks only): {}", u.pid, printable(&u.why))?;
+        }
+        for d in &self.degraded {
+            writeln!(out, "degraded: pid {} ({}): {}; {}", d.pid, d.reason.name(), printable(&d.detail), d.consequence)?;
         }
         self.write_losses(out)
     }

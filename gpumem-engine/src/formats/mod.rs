@@ -2,6 +2,7 @@
 //! their own: the symbol tables and USDT notes of the libraries a process
 //! loads, the dynamic linker's cache, the driver's XID lines. Every one is
 //! fed arbitrary bytes by `crate::untrusted`'s fuzz targets.
+pub mod budget;
 pub mod kmsg_xid;
 pub mod ld_cache;
 pub mod symbols;
@@ -25,9 +26,9 @@ mod tests {
         let reader = super::elf_reader(&path).unwrap();
         // Its owner cuts it after the agent opened it (a mapping would SIGBUS).
         std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(64).unwrap();
-        assert!(super::symbols::function_offsets_in(&reader).is_err());
+        assert!(super::symbols::function_offsets_in(&reader, |_| true).is_err());
         std::fs::remove_file(&path).unwrap();
-        let whole = super::symbols::function_offsets(std::path::Path::new(seed)).unwrap();
+        let whole = super::symbols::function_offsets(std::path::Path::new(seed), |_| true).unwrap();
         assert!(whole.contains_key("cuMemAlloc_v2"), "{whole:?}");
     }
 }

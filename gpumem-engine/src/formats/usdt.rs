@@ -18,7 +18,22 @@ pub enum UsdtError {
     Argument { path: String, provider: String, name: String, spec: String, why: String },
     #[error("{path}: probe {provider}:{name}: {why}")]
     Misplaced { path: String, provider: String, name: String, why: String },
+    #[error("{path}: {why}")]
+    OverBudget { path: String, why: String },
 }
+
+impl UsdtError {
+    /// Past a budget (not merely malformed): the processes that map the
+    /// file are degraded for it.
+    pub fn over_budget(&self) -> bool {
+        matches!(self, UsdtError::OverBudget { .. })
+    }
+}
+
+/// Bytes of `.note.stapsdt` read of one library, and probes kept of it
+/// (libc10_cuda has 6, libpython's ~20, the largest seen a few hundred).
+pub const MAX_NOTE_BYTES: u64 = 4 << 20;
+pub const MAX_PROBES: usize = 4096;
 
 /// ELF program header flags.
 const PF_X: u32 = 1;
@@ -139,9 +154,25 @@ pub fn parse_arg(spec: &str) -> Result<UsdtArg, String> {
 }
 
 /// Every USDT probe in a file.
+/// Read on its own thread, waited for `budget::DEADLINE` at most.
 pub fn probes(path: &Path) -> Result<Vec<UsdtProbe>, UsdtError> {
-    let data = super::elf_reader(path).map_err(|source| UsdtError::Read { path: path.display().to_string(), source })?;
-    probes_in(&data, &path.display().to_string())
+    let shown = path.display().to_string();
+    let owned = path.to_path_buf();
+    let read = move || {
+        let data = super::elf_reader(&owned).map_err(|source| UsdtError::Read { path: owned.display().to_string(), source })?;
+        probes_in(&data, &owned.display().to_string())
+    };
+    let over = |why: String| Err(UsdtError::OverBudget { path: shown.clone(), why });
+    match super::budget::within(super::budget::DEADLINE, read) {
+        super::budget::Timed::Done(r) => r,
+        super::budget::Timed::Late(_) => {
+            over(format!("reading its USDT notes took over {}s (gpumem waits no longer for one file)", super::budget::DEADLINE.as_secs()))
+        }
+        super::budget::Timed::Refused => over(format!(
+            "its notes were not read: {} earlier readings of libraries still run past their deadline",
+            super::budget::MAX_LATE
+        )),
+    }
 }
 
 /// `probes` of a file's bytes (whatever they are: a process chose the
@@ -149,7 +180,12 @@ pub fn probes(path: &Path) -> Result<Vec<UsdtProbe>, UsdtError> {
 pub fn probes_in<'d, R: object::ReadRef<'d>>(data: R, path: &str) -> Result<Vec<UsdtProbe>, UsdtError> {
     let shown = || path.to_string();
     let elf = object::File::parse(data).map_err(|source| UsdtError::Parse { path: shown(), source })?;
-    let Some(notes) = elf.section_by_name(".note.stapsdt").and_then(|s| s.data().ok()) else { return Ok(Vec::new()) };
+    let Some(section) = elf.section_by_name(".note.stapsdt") else { return Ok(Vec::new()) };
+    if section.size() > MAX_NOTE_BYTES {
+        let why = format!("its .note.stapsdt is {} KiB, over the {} KiB gpumem reads", section.size() >> 10, MAX_NOTE_BYTES >> 10);
+        return Err(UsdtError::OverBudget { path: shown(), why });
+    }
+    let Ok(notes) = section.data() else { return Ok(Vec::new()) };
     let base_section = elf.section_by_name(".stapsdt.base").map(|s| s.address());
     // The file offset of `vaddr` in a loaded segment with all of `flags`
     // (PF_X for a probe, PF_W for a semaphore): the notes may say anything,
@@ -171,6 +207,9 @@ pub fn probes_in<'d, R: object::ReadRef<'d>>(data: R, path: &str) -> Result<Vec<
     };
     let mut out = Vec::new();
     for note in note_descs(notes) {
+        if out.len() >= MAX_PROBES {
+            return Err(UsdtError::OverBudget { path: shown(), why: format!("it has over {MAX_PROBES} USDT probes") });
+        }
         let Some((pc, base, semaphore, provider, name, args)) = desc(note) else { continue };
         // Prelinked or moved: the note's base says where .stapsdt.base was.
         let pc = match base_section {

@@ -17,6 +17,13 @@ pub enum Reason {
     /// Its interpreter's thread lists loop or go on past the agent's
     /// budget (python::threads::MAX_THREAD_STATES).
     PythonThreads,
+    /// Its frames asked more of its memory per second than the agent
+    /// reads from one process (python::memory::READ_BYTES_PER_SECOND).
+    PythonReads,
+    /// A library it maps has symbol or unwind tables past the agent's
+    /// budget for one file, or took longer than the deadline to read
+    /// (formats::budget).
+    LibraryTables,
 }
 
 impl Reason {
@@ -24,6 +31,8 @@ impl Reason {
         match self {
             Reason::ForgedCgroup => "forged_cgroup",
             Reason::PythonThreads => "python_threads",
+            Reason::PythonReads => "python_reads",
+            Reason::LibraryTables => "library_tables",
         }
     }
 
@@ -32,6 +41,8 @@ impl Reason {
         match self {
             Reason::ForgedCgroup => "no container or pod is attributed to it",
             Reason::PythonThreads => "its stacks keep their native frames only (no Python frames)",
+            Reason::PythonReads => "Python frames not read yet show as `?` until its budget refills",
+            Reason::LibraryTables => "that library is not attached to (libcuda) or its frames end the unwind (others)",
         }
     }
 }

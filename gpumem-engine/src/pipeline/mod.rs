@@ -183,6 +183,9 @@ impl Pipeline {
             Stack::Captured(s) => self.stacks.record(s),
             Stack::Recorded(id) => Some(id),
         };
+        for (pid, reason, why) in self.stacks.take_degraded() {
+            self.degraded.add(pid, reason, why);
+        }
         self.last_event_ns = self.last_event_ns.max(ev.ts_ns);
         if kind == Kind::Exit {
             self.keep_wind_down(ev);

@@ -7,9 +7,10 @@ use gpumem_common::python::{PyFrameRef, ENTRY};
 
 use super::{
     layout::{CodeLayout, Lines},
+    memory::{Counted, Memory, ReadBudget},
     Interpreter,
 };
-use crate::procfs::ProcessMemory;
+use crate::{model::degraded::Reason, procfs::ProcessMemory};
 
 /// One Python frame of a stack, resolved.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -22,24 +23,36 @@ pub struct PyFrame {
     pub entry: bool,
 }
 
-struct CodeInfo {
-    qualname: String,
-    filename: String,
-    firstlineno: i32,
-    linetable: Vec<u8>,
+pub struct CodeInfo {
+    pub(crate) qualname: String,
+    pub(crate) filename: String,
+    pub(crate) firstlineno: i32,
+    pub(crate) linetable: Vec<u8>,
     /// Lines found so far, by instruction index (a table is read from its
     /// start for each lookup, and a loop allocates from the same few).
     lines: HashMap<u64, Option<u32>>,
 }
 
-/// Longest string or location table read from a process.
+/// Longest location table read from a process, and the characters of a
+/// name kept (a longer one is cut, marked `…`: every output shows names).
 const MAX_READ: u64 = 64 * 1024;
-/// Code objects cached per process, at most.
-const MAX_CODES: usize = 16384;
+pub const MAX_NAME_CHARS: u64 = 1024;
+/// Code objects cached per process, at most, and the bytes their names and
+/// tables hold: past either the cache starts over (re-reads are charged
+/// to the process's read budget).
+pub const MAX_CODES: usize = 16384;
+pub const MAX_CACHED_BYTES: usize = 4 << 20;
+/// Lines kept per code object (by instruction).
+const MAX_LINES: usize = 1024;
 
-/// A Python process's interpreter and its code objects read so far (None:
-/// unreadable).
-type ProcessCodes = (Interpreter, HashMap<u64, Option<CodeInfo>>);
+/// A Python process's interpreter and its code objects read so far.
+struct ProcessCodes {
+    interp: Interpreter,
+    /// None: unreadable.
+    codes: HashMap<u64, Option<CodeInfo>>,
+    cached_bytes: usize,
+    budget: ReadBudget,
+}
 
 /// Resolves the Python frames of the processes whose interpreter it was
 /// given (the thread tracker finds them: the kernel walks no process's
@@ -47,87 +60,156 @@ type ProcessCodes = (Interpreter, HashMap<u64, Option<CodeInfo>>);
 #[derive(Default)]
 pub struct Resolver {
     processes: HashMap<u32, ProcessCodes>,
+    /// Processes over their read budget since the last `take_degraded`.
+    degraded: Vec<(u32, Reason, String)>,
 }
 
 impl Resolver {
     pub fn add(&mut self, interp: Interpreter) {
-        self.processes.insert(interp.pid, (interp, HashMap::new()));
+        let codes = ProcessCodes { interp, codes: HashMap::new(), cached_bytes: 0, budget: ReadBudget::default() };
+        self.processes.insert(codes.interp.pid, codes);
     }
 
-    /// Resolves a stack's Python frames (innermost first).
+    /// Resolves a stack's Python frames (innermost first). A code object
+    /// not cached is read only while the process's read budget lasts; past
+    /// it the frame is `?` (and read again once the budget refills).
     pub fn resolve(&mut self, pid: u32, frames: impl Iterator<Item = PyFrameRef>) -> Vec<PyFrame> {
-        let Some((interp, codes)) = self.processes.get_mut(&pid) else { return Vec::new() };
+        self.resolve_in(pid, frames, || ProcessMemory::open(pid).ok())
+    }
+
+    /// `resolve`, reading the memory `open` gives.
+    fn resolve_in<M: Memory>(
+        &mut self,
+        pid: u32,
+        frames: impl Iterator<Item = PyFrameRef>,
+        open: impl FnOnce() -> Option<M>,
+    ) -> Vec<PyFrame> {
+        let Some(p) = self.processes.get_mut(&pid) else { return Vec::new() };
         // Opened for code objects not seen yet only: the cache still answers
         // once the process is gone (its last stacks are read after its exit).
-        let mut mem: Option<Option<ProcessMemory>> = None;
-        let l = &interp.layout.code;
-        frames
+        let mut open = Some(open);
+        let mut mem: Option<Option<M>> = None;
+        let l = &p.interp.layout.code;
+        let now = std::time::Instant::now();
+        let mut refused = false;
+        let resolved = frames
             .map(|f| {
-                if codes.len() >= MAX_CODES {
-                    codes.clear();
+                if p.codes.len() >= MAX_CODES || p.cached_bytes >= MAX_CACHED_BYTES {
+                    p.codes.clear();
+                    p.cached_bytes = 0;
                 }
-                let info = codes.entry(f.code).or_insert_with(|| {
-                    let mem = mem.get_or_insert_with(|| ProcessMemory::open(pid).ok()).as_ref()?;
-                    read_code(mem, l, f.code)
-                });
+                if !p.codes.contains_key(&f.code) {
+                    if !p.budget.allows(now) {
+                        refused = true;
+                        return PyFrame::unknown(f.instr & ENTRY != 0);
+                    }
+                    let read = mem.get_or_insert_with(|| open.take().and_then(|open| open())).as_ref().and_then(|mem| {
+                        let counted = Counted::new(mem);
+                        let info = read_code(&counted, l, f.code);
+                        p.budget.charge(counted.bytes.get());
+                        info
+                    });
+                    p.cached_bytes += read.as_ref().map_or(0, CodeInfo::size);
+                    p.codes.insert(f.code, read);
+                }
+                let Some(info) = p.codes.get_mut(&f.code) else { return PyFrame::unknown(f.instr & ENTRY != 0) };
                 let instr = f.instr & !ENTRY;
                 // The instruction's index in code units.
                 let index = match l.lines {
-                    Lines::Locations => instr.checked_sub(f.code + l.code_adaptive).map(|b| b / 2),
+                    Lines::Locations => instr.checked_sub(f.code.wrapping_add(l.code_adaptive)).map(|b| b / 2),
                     // f_lasti, an int (−1 before the first instruction).
                     Lines::Pep626 => u64::try_from(instr as u32 as i32).ok(),
                 };
                 match info {
                     Some(c) => {
                         let line = match index {
-                            Some(i) => *c.lines.entry(i).or_insert_with(|| match l.lines {
-                                Lines::Locations => line_of(&c.linetable, c.firstlineno, i),
-                                Lines::Pep626 => line_of_pep626(&c.linetable, c.firstlineno, i * 2),
-                            }),
+                            Some(i) => {
+                                if c.lines.len() >= MAX_LINES {
+                                    c.lines.clear();
+                                }
+                                *c.lines.entry(i).or_insert_with(|| match l.lines {
+                                    Lines::Locations => line_of(&c.linetable, c.firstlineno, i),
+                                    Lines::Pep626 => line_of_pep626(&c.linetable, c.firstlineno, i.saturating_mul(2)),
+                                })
+                            }
                             None => None,
                         };
                         PyFrame { function: c.qualname.clone(), file: c.filename.clone(), line, entry: f.instr & ENTRY != 0 }
                     }
-                    None => PyFrame { function: "?".into(), file: "?".into(), line: None, entry: f.instr & ENTRY != 0 },
+                    None => PyFrame::unknown(f.instr & ENTRY != 0),
                 }
             })
-            .collect()
+            .collect::<Vec<_>>();
+        if refused {
+            let why = format!(
+                "its frames asked more of its memory than {} KiB/s (bursts of {} KiB)",
+                super::memory::READ_BYTES_PER_SECOND >> 10,
+                super::memory::READ_BURST_BYTES >> 10
+            );
+            self.degraded.push((pid, Reason::PythonReads, why));
+        }
+        resolved
     }
 
     pub fn forget(&mut self, pid: u32) {
         self.processes.remove(&pid);
     }
+
+    /// The processes over their read budget since the last call.
+    pub fn take_degraded(&mut self) -> Vec<(u32, Reason, String)> {
+        std::mem::take(&mut self.degraded)
+    }
 }
 
-fn read_code(mem: &ProcessMemory, l: &CodeLayout, code: u64) -> Option<CodeInfo> {
-    let qualname = read_str(mem, l, mem.u64(code + l.qualname)?)?;
-    let filename = read_str(mem, l, mem.u64(code + l.filename)?)?;
-    let firstlineno = mem.u32(code + l.firstlineno)? as i32;
-    let table = mem.u64(code + l.linetable)?;
-    let size = mem.u64(table + l.bytes_size)?.min(MAX_READ);
+impl PyFrame {
+    fn unknown(entry: bool) -> Self {
+        PyFrame { function: "?".into(), file: "?".into(), line: None, entry }
+    }
+}
+
+impl CodeInfo {
+    /// Bytes it keeps (what the per-process cache bound counts).
+    fn size(&self) -> usize {
+        self.qualname.len() + self.filename.len() + self.linetable.len() + self.lines.len() * 16 + 64
+    }
+}
+
+/// A code object's names, first line and line table (None where a read
+/// fails: the process may have made any pointer or size up).
+pub fn read_code(mem: &impl Memory, l: &CodeLayout, code: u64) -> Option<CodeInfo> {
+    let qualname = read_str(mem, l, mem.u64(code.wrapping_add(l.qualname))?)?;
+    let filename = read_str(mem, l, mem.u64(code.wrapping_add(l.filename))?)?;
+    let firstlineno = mem.u32(code.wrapping_add(l.firstlineno))? as i32;
+    let table = mem.u64(code.wrapping_add(l.linetable))?;
+    let size = mem.u64(table.wrapping_add(l.bytes_size))?.min(MAX_READ);
     let mut linetable = vec![0u8; size as usize];
-    mem.read(table + l.bytes_data, &mut linetable).ok()?;
+    mem.read(table.wrapping_add(l.bytes_data), &mut linetable).ok()?;
     Some(CodeInfo { qualname, filename, firstlineno, linetable, lines: HashMap::new() })
 }
 
 /// A `str` object's text: compact strings, ASCII or of 1, 2 or 4 bytes per
 /// character (3.11's layout).
-fn read_str(mem: &ProcessMemory, l: &CodeLayout, s: u64) -> Option<String> {
-    let length = mem.u64(s + l.str_length)?.min(MAX_READ);
-    let state = mem.u32(s + l.str_state)?;
+pub fn read_str(mem: &impl Memory, l: &CodeLayout, s: u64) -> Option<String> {
+    let whole = mem.u64(s.wrapping_add(l.str_length))?;
+    let length = whole.min(MAX_NAME_CHARS);
+    let state = mem.u32(s.wrapping_add(l.str_state))?;
     // state: interned (2 bits), kind (3 bits), compact (1), ascii (1).
     let (kind, compact, ascii) = ((state >> 2) & 7, state >> 5 & 1 == 1, state >> 6 & 1 == 1);
     if !compact || !(1..=4).contains(&kind) || kind == 3 {
         return None;
     }
-    let start = if ascii { s + l.ascii_header } else { s + l.compact_header };
+    let start = if ascii { s.wrapping_add(l.ascii_header) } else { s.wrapping_add(l.compact_header) };
     let mut raw = vec![0u8; (length * kind as u64) as usize];
     mem.read(start, &mut raw).ok()?;
-    Some(match kind {
+    let mut text: String = match kind {
         1 => raw.iter().map(|&b| b as char).collect(),
         2 => raw.as_chunks::<2>().0.iter().filter_map(|c| char::from_u32(u16::from_ne_bytes(*c) as u32)).collect(),
         _ => raw.as_chunks::<4>().0.iter().filter_map(|c| char::from_u32(u32::from_ne_bytes(*c))).collect(),
-    })
+    };
+    if whole > length {
+        text.push('…');
+    }
+    Some(text)
 }
 
 /// The line of instruction `index` (in code units) from a 3.11+ location
@@ -215,7 +297,77 @@ fn svarint(t: &[u8], i: &mut usize) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{
+        super::{layout, memory::Image},
+        *,
+    };
+
+    /// `n` code objects (3.11) of one function, each with a location table
+    /// of `table_bytes`, in memory from `BASE`.
+    const BASE: u64 = 0x10000;
+    fn codes(n: u64, table_bytes: u64) -> (Vec<u8>, Interpreter) {
+        let l = layout::for_version((3, 11), &Image { base: 0, bytes: &[] }, 0).unwrap();
+        let c = &l.code;
+        let (name, table) = (BASE + n * 0x100, BASE + n * 0x100 + 0x100);
+        let mut m = vec![0u8; (n * 0x100 + 0x200 + table_bytes) as usize];
+        let mut put = |addr: u64, bytes: &[u8]| {
+            let at = (addr - BASE) as usize;
+            m[at..at + bytes.len()].copy_from_slice(bytes);
+        };
+        put(name + c.str_length, &3u64.to_ne_bytes());
+        put(name + c.str_state, &((1u32 << 5) | (1 << 6) | (1 << 2)).to_ne_bytes());
+        put(name + c.ascii_header, b"run");
+        put(table + c.bytes_size, &table_bytes.to_ne_bytes());
+        put(table + c.bytes_data, &[0x80 | (11 << 3) | 3, 4, 9]);
+        for k in 0..n {
+            let code = BASE + k * 0x100;
+            put(code + c.qualname, &name.to_ne_bytes());
+            put(code + c.filename, &name.to_ne_bytes());
+            put(code + c.firstlineno, &1u32.to_ne_bytes());
+            put(code + c.linetable, &table.to_ne_bytes());
+        }
+        (m, Interpreter { pid: 7, runtime: 0, layout: l })
+    }
+
+    #[test]
+    fn a_process_whose_frames_read_past_its_budget_gets_question_marks_and_is_named() {
+        // 300 code objects of 64 KiB tables each: 19 MiB asked at once,
+        // past the 2 MiB burst.
+        let (m, interp) = codes(300, 64 << 10);
+        let mut r = Resolver::default();
+        r.add(interp.clone());
+        let frames = (0..300).map(|k| PyFrameRef { code: BASE + k * 0x100, instr: BASE + k * 0x100 + 184 });
+        let out = r.resolve_in(7, frames.clone(), || Some(Image { base: BASE, bytes: &m }));
+        let read = out.iter().filter(|f| f.function == "run").count();
+        assert!((25..40).contains(&read), "about 2 MiB of 64 KiB objects read: {read}");
+        assert!(out[..read].iter().all(|f| f.line == Some(2)));
+        assert!(out[read..].iter().all(|f| f.function == "?"), "the rest refused");
+        let degraded = r.take_degraded();
+        assert_eq!(degraded.len(), 1);
+        assert_eq!((degraded[0].0, degraded[0].1), (7, Reason::PythonReads));
+        // What was read stays answered without reading again.
+        let again = r.resolve_in(7, frames.take(read), || None::<Image>);
+        assert!(again.iter().all(|f| f.function == "run"));
+        assert!(r.take_degraded().is_empty());
+        // Another process is not charged for this one.
+        let (small, mut other) = codes(10, 64);
+        other.pid = 8;
+        r.add(other);
+        let out =
+            r.resolve_in(8, (0..10).map(|k| PyFrameRef { code: BASE + k * 0x100, instr: 0 }), || Some(Image { base: BASE, bytes: &small }));
+        assert!(out.iter().all(|f| f.function == "run"));
+    }
+
+    #[test]
+    fn the_cache_of_one_process_stays_within_its_bytes() {
+        let (m, interp) = codes(200, 60 << 10);
+        let mut r = Resolver::default();
+        r.add(interp);
+        for k in 0..200 {
+            r.resolve_in(7, std::iter::once(PyFrameRef { code: BASE + k * 0x100, instr: 0 }), || Some(Image { base: BASE, bytes: &m }));
+            assert!(r.processes[&7].cached_bytes <= MAX_CACHED_BYTES + (64 << 10));
+        }
+    }
 
     #[test]
     fn location_tables_give_lines() {

@@ -4,7 +4,7 @@
 //! `_PyRuntime` for out-of-process debuggers.
 use gpumem_common::python::{entry_kind, PyLayout, NO_CFRAME};
 
-use crate::procfs::ProcessMemory;
+use super::memory::Memory;
 
 /// Everything read in one version's interpreter.
 #[derive(Clone, Debug)]
@@ -177,7 +177,7 @@ const V3_12: Layout = Layout {
 
 /// The layout of a CPython version, if gpumem knows it; `runtime` is the
 /// process's `_PyRuntime` (3.13 describes itself there).
-pub fn for_version(version: (u8, u8), mem: &ProcessMemory, runtime: u64) -> Option<Layout> {
+pub fn for_version(version: (u8, u8), mem: &impl Memory, runtime: u64) -> Option<Layout> {
     match version {
         (3, 10) => Some(V3_10.clone()),
         (3, 11) => Some(V3_11.clone()),
@@ -189,7 +189,7 @@ pub fn for_version(version: (u8, u8), mem: &ProcessMemory, runtime: u64) -> Opti
 
 /// 3.13's `_Py_DebugOffsets` (Include/internal/pycore_runtime.h): a cookie,
 /// then u64 fields, read here by their byte offsets in that struct.
-fn from_debug_offsets(mem: &ProcessMemory, runtime: u64) -> Option<Layout> {
+fn from_debug_offsets(mem: &impl Memory, runtime: u64) -> Option<Layout> {
     let mut raw = [0u8; 584];
     mem.read(runtime, &mut raw).ok()?;
     if &raw[..8] != b"xdebugpy" {
@@ -230,7 +230,7 @@ fn from_debug_offsets(mem: &ProcessMemory, runtime: u64) -> Option<Layout> {
             str_state: at(544),
             ascii_header: ascii,
             // PyCompactUnicodeObject: the ASCII header, utf8_length, utf8.
-            compact_header: ascii + 16,
+            compact_header: ascii.wrapping_add(16),
             bytes_size: at(520),
             bytes_data: at(528),
         },

@@ -5,10 +5,12 @@
 //! function, file and line from the process's memory.
 pub mod code;
 pub mod layout;
+pub mod memory;
 pub mod threads;
 
 use std::{collections::HashMap, path::Path};
 
+use memory::Memory as _;
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 
 use crate::procfs;
@@ -112,7 +114,8 @@ fn linked_in<'d, R: object::ReadRef<'d>>(data: R) -> Option<Linked> {
     let first_segment = elf.segments().map(|s| s.address()).min()? & !0xfff;
     let mut runtime = None;
     let mut version = None;
-    for sym in elf.dynamic_symbols().chain(elf.symbols()) {
+    // A file named like an interpreter may hold any number of symbols.
+    for sym in elf.dynamic_symbols().chain(elf.symbols()).take(crate::formats::budget::MAX_SYMBOLS) {
         match sym.name() {
             Ok("_PyRuntime") if runtime.is_none() => runtime = Some(sym.address()),
             Ok("Py_Version") if version.is_none() => version = Some(sym.address()),

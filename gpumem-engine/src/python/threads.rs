@@ -3,6 +3,7 @@
 //! lists (bounded, and refused where they loop: a process may forge them).
 use super::{
     layout::{Layout, ThreadId, PTHREAD_TID},
+    memory::Memory,
     Interpreter,
 };
 use crate::procfs::ProcessMemory;
@@ -20,10 +21,14 @@ pub const MAX_THREAD_STATES: usize = 4096;
 /// interpreter in the process; Err says why its lists cannot be believed.
 pub fn thread_states(interp: &Interpreter) -> Result<Vec<(u32, u64)>, String> {
     let Ok(mem) = ProcessMemory::open(interp.pid) else { return Ok(Vec::new()) };
-    let l = &interp.layout;
+    walk(&mem, &interp.layout, interp.runtime, interp.pid)
+}
+
+/// `thread_states` over any memory (`pid`: the main thread's id).
+pub fn walk(mem: &impl Memory, l: &Layout, runtime: u64, pid: u32) -> Result<Vec<(u32, u64)>, String> {
     let mut out = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    let mut is = mem.u64(interp.runtime + l.runtime_interpreters_head).unwrap_or(0);
+    let mut is = mem.u64(runtime.wrapping_add(l.runtime_interpreters_head)).unwrap_or(0);
     for _ in 0..MAX_INTERPRETERS {
         if is == 0 {
             break;
@@ -39,7 +44,7 @@ pub fn thread_states(interp: &Interpreter) -> Result<Vec<(u32, u64)>, String> {
             if seen.len() > MAX_THREAD_STATES {
                 return Err(format!("its thread lists hold over {MAX_THREAD_STATES} thread states"));
             }
-            if let Some(tid) = thread_id(&mem, l, ts) {
+            if let Some(tid) = thread_id(mem, l, ts) {
                 out.push((tid, ts));
             }
             ts = mem.u64(ts.wrapping_add(l.tstate_next)).unwrap_or(0);
@@ -48,7 +53,7 @@ pub fn thread_states(interp: &Interpreter) -> Result<Vec<(u32, u64)>, String> {
     }
     // Thread ids read from glibc's descriptors are believed only when the
     // main thread is among them (another C library keeps them elsewhere).
-    if l.thread_id == ThreadId::Pthread && !out.iter().any(|&(tid, _)| tid == interp.pid) {
+    if l.thread_id == ThreadId::Pthread && !out.iter().any(|&(tid, _)| tid == pid) {
         return Ok(Vec::new());
     }
     Ok(out)
@@ -56,7 +61,7 @@ pub fn thread_states(interp: &Interpreter) -> Result<Vec<(u32, u64)>, String> {
 
 /// The kernel thread id of a thread state: its native id, or (3.10) the
 /// one glibc's thread descriptor holds.
-fn thread_id(mem: &ProcessMemory, l: &Layout, ts: u64) -> Option<u32> {
+fn thread_id(mem: &impl Memory, l: &Layout, ts: u64) -> Option<u32> {
     let id = mem.u64(ts.wrapping_add(l.tstate_native_thread_id))?;
     let tid = match l.thread_id {
         ThreadId::Native => id,

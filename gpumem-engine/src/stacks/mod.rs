@@ -17,6 +17,8 @@ use serde::Serialize;
 pub use symbolize::Frame;
 use unwind::{ModuleCache, ProcessUnwinder, RawFrame};
 
+use crate::model::degraded::Reason;
+
 pub type StackId = u64;
 
 /// Deepest stack kept.
@@ -94,6 +96,8 @@ pub struct Stacks {
     /// Python frames resolved at capture, per stack (Python processes only).
     python_frames: HashMap<StackId, Vec<crate::python::code::PyFrame>>,
     python: crate::python::code::Resolver,
+    /// Processes degraded since the last `take_degraded`.
+    degraded: Vec<(u32, Reason, String)>,
 }
 
 impl Stacks {
@@ -105,10 +109,26 @@ impl Stacks {
             if self.unwinders.len() >= MAX_PROCESSES {
                 self.unwinders.clear();
             }
-            if let Some(u) = ProcessUnwinder::new(pid, &mut self.modules) {
+            if let Some(mut u) = ProcessUnwinder::new(pid, &mut self.modules) {
+                self.note_refused(pid, &mut u);
                 self.unwinders.insert(pid, u);
             }
         }
+    }
+
+    /// Libraries of the process refused (over budget, late): the process is degraded for them.
+    fn note_refused(&mut self, pid: u32, u: &mut ProcessUnwinder) {
+        for (path, why) in u.take_refused() {
+            self.degraded.push((pid, Reason::LibraryTables, format!("{path}: {why}")));
+        }
+    }
+
+    /// The processes degraded since the last call (libraries over budget,
+    /// interpreters' memory read past budget), and why.
+    pub fn take_degraded(&mut self) -> Vec<(u32, Reason, String)> {
+        let mut out = std::mem::take(&mut self.degraded);
+        out.extend(self.python.take_degraded());
+        out
     }
 
     /// Counts an allocation event's stack sampling (see `StackStats`).
@@ -131,6 +151,9 @@ impl Stacks {
         self.prepare(pid);
         let frames = match self.unwinders.get_mut(&pid) {
             Some(u) => {
+                if u.has_late() {
+                    u.add_modules(&mut self.modules);
+                }
                 let mut unwound = u.unwind(rec.ip, rec.sp, rec.bp, stack, MAX_FRAMES);
                 if unwound.unknown && u.refresh(&mut self.modules).is_some() {
                     // A library loaded since we read the maps (dlopen).
@@ -138,6 +161,9 @@ impl Stacks {
                 }
                 if !unwound.frames.is_empty() {
                     self.copy.learn(pid, len, &unwound);
+                }
+                for (path, why) in u.take_refused() {
+                    self.degraded.push((pid, Reason::LibraryTables, format!("{path}: {why}")));
                 }
                 unwound.frames
             }

@@ -8,7 +8,7 @@ use framehop::{
 };
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 
-use crate::procfs;
+use crate::{formats::budget, procfs};
 
 /// A file mapped in a process, as its frames refer to it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -50,31 +50,52 @@ struct ModuleData {
     debug_frame: Option<Arc<[u8]>>,
     /// PT_LOAD segments: (p_offset range, p_vaddr) to find the load bias.
     loads: Vec<(Range<u64>, u64)>,
+    /// Bytes of its unwind tables.
+    bytes: u64,
 }
 
 fn section<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>, name: &str) -> Option<(Range<u64>, Arc<[u8]>)> {
     let s = file.section_by_name(name)?;
     let data = s.uncompressed_data().ok()?;
-    Some((s.address()..s.address() + s.size(), Arc::from(&*data)))
+    Some((s.address()..s.address().saturating_add(s.size()), Arc::from(&*data)))
 }
 
-fn load_module(path: &str) -> Option<ModuleData> {
+/// Bytes a section holds once uncompressed (what reading it would cost).
+fn section_bytes<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>, name: &str) -> u64 {
+    let Some(s) = file.section_by_name(name) else { return 0 };
+    s.compressed_file_range().map_or(s.size(), |r| r.uncompressed_size)
+}
+
+const UNWIND_SECTIONS: [&str; 3] = [".eh_frame", ".eh_frame_hdr", ".debug_frame"];
+
+/// A library's unwind data; Ok(None): unreadable or not ELF (its frames end
+/// the unwind, as a file without CFI does); Err: over `budget::MAX_UNWIND_BYTES`.
+fn load_module(path: &str) -> Result<Option<ModuleData>, String> {
     // Read, not mapped: the file's owner may truncate it (see formats::elf_reader).
-    let data = crate::formats::elf_reader(std::path::Path::new(path)).ok()?;
-    let file = object::File::parse(&data).ok()?;
+    let Ok(data) = crate::formats::elf_reader(std::path::Path::new(path)) else { return Ok(None) };
+    let Ok(file) = object::File::parse(&data) else { return Ok(None) };
+    let bytes = UNWIND_SECTIONS.iter().fold(0u64, |sum, name| sum.saturating_add(section_bytes(&file, name)));
+    if bytes > budget::MAX_UNWIND_BYTES {
+        return Err(format!(
+            "its unwind tables are {} MiB, over the {} MiB gpumem reads of one file",
+            bytes >> 20,
+            budget::MAX_UNWIND_BYTES >> 20
+        ));
+    }
     let loads = file
         .segments()
         .filter_map(|seg| {
             let (off, size) = seg.file_range();
-            (size > 0).then_some((off..off + size, seg.address()))
+            (size > 0).then_some((off..off.saturating_add(size), seg.address()))
         })
         .collect();
-    Some(ModuleData {
+    Ok(Some(ModuleData {
         eh_frame: section(&file, ".eh_frame"),
         eh_frame_hdr: section(&file, ".eh_frame_hdr"),
         debug_frame: section(&file, ".debug_frame").map(|(_, d)| d),
         loads,
-    })
+        bytes,
+    }))
 }
 
 /// The file-backed mappings of `/proc/PID/maps`, for process `pid`.
@@ -106,22 +127,100 @@ pub struct ProcessUnwinder {
     maps: Vec<Mapping>,
     unwinder: UnwinderX86_64<Arc<[u8]>>,
     cache: CacheX86_64,
-    /// Files whose unwind data is added, by identity.
+    /// Files whose unwind data is added (or refused), by identity.
     added: std::collections::HashSet<(Arc<str>, u64)>,
+    /// Files whose reading ran past its deadline: added once it ends.
+    late: std::collections::HashSet<(Arc<str>, u64)>,
+    /// Bytes of unwind tables this process's modules hold.
+    bytes: u64,
+    /// Libraries over budget since the last `take_refused`: (path, why).
+    refused: Vec<(Arc<str>, String)>,
 }
 
-/// Cache of module unwind data by path (as opened by the agent).
+/// One file's unwind data in the cache.
+enum Slot {
+    /// None: nothing to unwind with (unreadable, not ELF); Err: over budget.
+    Ready(Result<Option<Arc<ModuleData>>, String>),
+    /// Read on a thread past its deadline: the result arrives here.
+    Late(std::sync::mpsc::Receiver<Result<Option<ModuleData>, String>>),
+}
+
+/// What the cache has of a file now.
+enum Got {
+    Ready(Result<Option<Arc<ModuleData>>, String>),
+    Late,
+}
+
+/// Cache of module unwind data by file identity. Each file is read on its
+/// own thread (`formats::budget`): the event path waits `UNWIND_DEADLINE`
+/// for it, then goes on without it until it arrives.
 #[derive(Default)]
 pub struct ModuleCache {
     /// By file identity, not path: paths through /proc/PID/root differ for
     /// every process, and a cache keyed by them grew with each one (the soak
     /// found it: 14 KB and a re-parse of every library per process).
-    modules: HashMap<(Arc<str>, u64), Option<Arc<ModuleData>>>,
+    modules: HashMap<(Arc<str>, u64), Slot>,
+    /// Bytes of unwind tables the cache holds.
+    bytes: u64,
 }
 
 /// Distinct library files whose unwind tables are kept; beyond it the cache
 /// starts over (unwinders keep the modules they use).
 const MAX_MODULES: usize = 512;
+/// How long an event waits for a library's unwind tables (a real one reads
+/// in milliseconds; a file on a filesystem its owner serves may never answer).
+pub const UNWIND_DEADLINE: std::time::Duration = std::time::Duration::from_millis(250);
+/// Unwind tables one process's modules may hold, and the cache in all.
+pub const MAX_PROCESS_UNWIND_BYTES: u64 = 256 << 20;
+pub const MAX_CACHE_UNWIND_BYTES: u64 = 1 << 30;
+/// Files of one process whose reading may be late at once; past it its
+/// other new files are not read (each late one may hold a thread).
+pub const MAX_LATE_PER_PROCESS: usize = 2;
+
+impl ModuleCache {
+    fn get(&mut self, file: &(Arc<str>, u64), open_path: &str) -> Got {
+        if let Some(Slot::Late(rx)) = self.modules.get(file) {
+            match rx.try_recv() {
+                Ok(loaded) => {
+                    let loaded = self.keep(loaded);
+                    self.modules.insert(file.clone(), Slot::Ready(loaded));
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => return Got::Late,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    self.modules.insert(file.clone(), Slot::Ready(Ok(None)));
+                }
+            }
+        }
+        if let Some(Slot::Ready(r)) = self.modules.get(file) {
+            return Got::Ready(r.clone());
+        }
+        let path = open_path.to_string();
+        let slot = match budget::within(UNWIND_DEADLINE, move || load_module(&path)) {
+            budget::Timed::Done(loaded) => Slot::Ready(self.keep(loaded)),
+            budget::Timed::Late(rx) => Slot::Late(rx),
+            budget::Timed::Refused => Slot::Ready(Err(format!(
+                "its unwind tables were not read: {} readings of other libraries still run past their deadline",
+                budget::MAX_LATE
+            ))),
+        };
+        let got = match &slot {
+            Slot::Ready(r) => Got::Ready(r.clone()),
+            Slot::Late(_) => Got::Late,
+        };
+        self.modules.insert(file.clone(), slot);
+        got
+    }
+
+    /// A reading's result, within the cache's bytes.
+    fn keep(&mut self, loaded: Result<Option<ModuleData>, String>) -> Result<Option<Arc<ModuleData>>, String> {
+        let Some(data) = loaded? else { return Ok(None) };
+        if self.bytes.saturating_add(data.bytes) > MAX_CACHE_UNWIND_BYTES {
+            return Err(format!("gpumem already keeps {} MiB of libraries' unwind tables, its most", self.bytes >> 20));
+        }
+        self.bytes += data.bytes;
+        Ok(Some(Arc::new(data)))
+    }
+}
 
 impl ProcessUnwinder {
     pub fn new(pid: u32, modules: &mut ModuleCache) -> Option<Self> {
@@ -131,6 +230,9 @@ impl ProcessUnwinder {
             unwinder: UnwinderX86_64::new(),
             cache: CacheX86_64::new(),
             added: Default::default(),
+            late: Default::default(),
+            bytes: 0,
+            refused: Vec::new(),
         };
         u.refresh(modules)?;
         Some(u)
@@ -141,7 +243,24 @@ impl ProcessUnwinder {
         self.maps = file_mappings(self.pid, &procfs::read_maps(self.pid).ok()?);
         if modules.modules.len() > MAX_MODULES {
             modules.modules.clear();
+            modules.bytes = 0;
         }
+        self.add_modules(modules);
+        Some(())
+    }
+
+    /// Whether a library's tables are still being read (`add_modules` adds them once read).
+    pub fn has_late(&self) -> bool {
+        !self.late.is_empty()
+    }
+
+    /// Libraries refused since the last call: (path, why).
+    pub fn take_refused(&mut self) -> Vec<(Arc<str>, String)> {
+        std::mem::take(&mut self.refused)
+    }
+
+    /// Adds the unwind data of the mapped files not added yet.
+    pub fn add_modules(&mut self, modules: &mut ModuleCache) {
         let mut by_file: HashMap<(Arc<str>, u64), Vec<&Mapping>> = HashMap::new();
         for m in &self.maps {
             by_file.entry(m.module.file.clone()).or_default().push(m);
@@ -151,9 +270,39 @@ impl ProcessUnwinder {
                 continue;
             }
             let module = &maps[0].module;
-            let data = modules.modules.entry(file.clone()).or_insert_with(|| load_module(&module.open_path).map(Arc::new)).clone();
+            let was_late = self.late.contains(&file);
+            if !was_late && self.late.len() >= MAX_LATE_PER_PROCESS {
+                self.added.insert(file);
+                let why = format!("not read: {MAX_LATE_PER_PROCESS} of its libraries' readings run past their deadline");
+                self.refused.push((module.path.clone(), why));
+                continue;
+            }
+            let data = match modules.get(&file, &module.open_path) {
+                Got::Late => {
+                    if self.late.insert(file) {
+                        let why = format!("reading its unwind tables took over {} ms", UNWIND_DEADLINE.as_millis());
+                        self.refused.push((module.path.clone(), why));
+                    }
+                    continue;
+                }
+                Got::Ready(r) => r,
+            };
+            self.late.remove(&file);
             self.added.insert(file);
-            let Some(data) = data else { continue };
+            let data = match data {
+                Ok(Some(d)) if self.bytes.saturating_add(d.bytes) > MAX_PROCESS_UNWIND_BYTES => {
+                    let why = format!("its modules' unwind tables would pass {} MiB", MAX_PROCESS_UNWIND_BYTES >> 20);
+                    self.refused.push((module.path.clone(), why));
+                    continue;
+                }
+                Ok(Some(d)) => d,
+                Ok(None) => continue,
+                Err(why) => {
+                    self.refused.push((module.path.clone(), why));
+                    continue;
+                }
+            };
+            self.bytes += data.bytes;
             let start = maps.iter().map(|m| m.range.start).min().expect("non-empty");
             let end = maps.iter().map(|m| m.range.end).max().expect("non-empty");
             // Load bias: where the segment holding the lowest mapped offset landed.
@@ -163,7 +312,7 @@ impl ProcessUnwinder {
             else {
                 continue;
             };
-            let bias = first.range.start.wrapping_sub(seg_vaddr + (first.file_offset - seg_off.start));
+            let bias = first.range.start.wrapping_sub(seg_vaddr.wrapping_add(first.file_offset - seg_off.start));
             let info = ExplicitModuleSectionInfo {
                 base_svma: 0,
                 eh_frame_svma: data.eh_frame.as_ref().map(|(r, _)| r.clone()),
@@ -175,7 +324,6 @@ impl ProcessUnwinder {
             };
             self.unwinder.add_module(Module::new(module.path.to_string(), start..end, bias, info));
         }
-        Some(())
     }
 
     fn mapping(&self, addr: u64) -> Option<&Mapping> {
@@ -261,6 +409,24 @@ mod tests {
         assert_eq!((&*m[3].module.path, m[3].module.deleted), ("/opt/lib dir/libx.so", true));
         assert_eq!(&*m[3].module.open_path, "/proc/7/map_files/7f20-7f30");
         assert_ne!(m[2].module.file, m[3].module.file);
+    }
+
+    #[test]
+    fn a_library_whose_unwind_tables_are_past_the_budget_is_refused_unread() {
+        // A small library whose section header says its .eh_frame is 200 MiB.
+        let mut bytes = std::fs::read("/lib/x86_64-linux-gnu/libdl.so.2").unwrap();
+        let elf = object::File::parse(&*bytes).unwrap();
+        let index = elf.section_by_name(".eh_frame").unwrap().index().0;
+        let shoff = u64::from_le_bytes(bytes[0x28..0x30].try_into().unwrap()) as usize;
+        let size_at = shoff + index * 64 + 32;
+        bytes[size_at..size_at + 8].copy_from_slice(&(200u64 << 20).to_le_bytes());
+        let path = std::env::temp_dir().join(format!("gpumem-huge-eh-frame-{}.so", std::process::id()));
+        std::fs::write(&path, &bytes).unwrap();
+        let refused = load_module(path.to_str().unwrap());
+        std::fs::remove_file(&path).unwrap();
+        assert!(refused.as_ref().is_err_and(|why| why.contains("over the 128 MiB")), "{:?}", refused.err());
+        assert!(load_module("/lib/x86_64-linux-gnu/libdl.so.2").unwrap().is_some());
+        assert!(load_module("/nonexistent").unwrap().is_none());
     }
 
     #[test]
