@@ -76,3 +76,19 @@ fn two_containers_of_one_pod_are_told_apart() {
     check(&t, &one, "guaranteed");
     check(&t, &two, "guaranteed");
 }
+
+#[test]
+fn a_container_whose_ld_so_cache_is_garbage_is_attributed_exactly() {
+    require_root();
+    // The container's own /etc/ld.so.cache, random bytes behind a real
+    // magic (the dynamic loader inside ignores what it cannot use): the
+    // agent reads libraries from the container's maps by inode, never from
+    // its cache, and stays exact.
+    let id = container_id(0xc3);
+    let b = workload_bundle("garbage-ld-cache", &format!("/kubepods/burstable/pod{POD_UID}/{id}"), "late_load", &[]);
+    let mut garbage = b"glibc-ld.so.cache1.1".to_vec();
+    garbage.extend((0..65536u32).map(|i| (i.wrapping_mul(2654435761) >> 11) as u8));
+    std::fs::write(b.join("rootfs/etc/ld.so.cache"), garbage).unwrap();
+    let t = trace_containers(&run_cmd(&b, &format!("gpumem-test-{}", &id[..12])));
+    check(&t, &id, "burstable");
+}

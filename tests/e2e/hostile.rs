@@ -128,12 +128,7 @@ fn the_kernel_refuses_a_cgroup_name_that_could_forge_another_containers_line() {
 fn a_forged_interpreter_is_refused_and_named_while_a_real_python_process_keeps_its_frames() {
     require_root();
     let f = fixtures();
-    let dir = f.dir.join("hostile/forged-python");
-    std::fs::create_dir_all(&dir).unwrap();
-    let lib = dir.join("libpython3.11.so.1.0");
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/forged_python.c");
-    let out = std::process::Command::new("cc").args(["-shared", "-fPIC", "-O2", "-o"]).arg(&lib).arg(&src).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lib = forged_interpreter();
     // Side by side in one session: the forged process (it holds its memory a
     // while, so that the agent looks at it) and a real CPython loop.
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/train.py");
@@ -164,6 +159,40 @@ fn a_forged_interpreter_is_refused_and_named_while_a_real_python_process_keeps_i
     for a in &py_allocs {
         let frames = python_frames(a);
         assert_eq!(frames.last().map(|f| f.0.as_str()), Some("<module>"), "{a}");
+    }
+}
+
+/// The forged interpreter library (tests/fixtures/forged_python.c), built once.
+fn forged_interpreter() -> std::path::PathBuf {
+    let dir = fixtures().dir.join("hostile/forged-python");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = dir.join("libpython3.11.so.1.0");
+    let tmp = dir.join("libpython3.11.so.1.0.tmp");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/forged_python.c");
+    let out = std::process::Command::new("cc").args(["-shared", "-fPIC", "-O2", "-o"]).arg(&tmp).arg(&src).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::rename(&tmp, &lib).unwrap();
+    lib
+}
+
+#[test]
+fn python_frames_at_unmapped_memory_end_the_walk_show_as_unknown_and_the_bytes_stay_exact() {
+    require_root();
+    let lib = forged_interpreter();
+    let cmd = format!("LD_PRELOAD='{}' GPUMEM_FORGE=frames GPUMEM_WORKLOAD_HOLD_MS=1500 {}", lib.display(), workload_cmd("late_load"));
+    let t = trace(&["-c", &cmd], &[]);
+    assert!(t.status.success(), "{}", t.stderr);
+    let pid = single_pid(&t);
+    let allocs = t.of_type("alloc");
+    assert_eq!(sizes(&allocs), [8 * MIB, 4 * MIB]);
+    assert_eq!(t.released_at_exit(pid), [(0, 4 * MIB, 1)]);
+    // Believed (its lists are sound), walked two frames deep, neither
+    // readable; the third is unmapped, where the kernel's walk ends (counted
+    // in gpumem_probe_exits_total{reason="py_frame_unreadable"}).
+    assert!(t.summary["python_unwalked"].as_array().is_none_or(|u| u.is_empty()), "{:#}", t.summary);
+    for a in &allocs {
+        let frames = python_frames(a);
+        assert_eq!(frames.iter().map(|f| (f.0.as_str(), f.1.as_str())).collect::<Vec<_>>(), [("?", "?"), ("?", "?")], "{a}");
     }
 }
 
@@ -298,12 +327,7 @@ fn beside_a_hostile_tenant_the_agent_stays_within_its_bounds_names_it_and_keeps_
     require_root();
     let f = fixtures();
     let enormous = libcuda_with_an_enormous_symbol_table();
-    let dir = f.dir.join("hostile/forged-python");
-    std::fs::create_dir_all(&dir).unwrap();
-    let forged_lib = dir.join("libpython3.11.so.1.0");
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/forged_python.c");
-    let out = std::process::Command::new("cc").args(["-shared", "-fPIC", "-O2", "-o"]).arg(&forged_lib).arg(&src).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let forged_lib = forged_interpreter();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hostile_python.py");
 
     let began = std::time::Instant::now();
@@ -412,4 +436,54 @@ fn a_python_thread_list_that_changes_under_the_agent_keeps_every_allocation_exac
     assert!(t.summary["degraded"].as_array().is_none_or(|d| d.is_empty()), "{:#}", t.summary);
     let exit = t.of_type("exit").into_iter().find(|e| e["pid"] == pid).expect("exit event");
     assert!(released(exit).is_empty(), "{exit}");
+}
+
+/// The file offset of an ELF64 file's section `name`.
+fn section_offset(elf: &[u8], name: &str) -> usize {
+    let word = |at: usize, n: usize| elf[at..at + n].iter().rev().fold(0usize, |v, &b| v << 8 | b as usize);
+    let (shoff, shentsize, shnum, shstrndx) = (word(0x28, 8), word(0x3a, 2), word(0x3c, 2), word(0x3e, 2));
+    let header = |i: usize| shoff + i * shentsize;
+    let names = word(header(shstrndx) + 0x18, 8);
+    (0..shnum)
+        .find(|&i| {
+            let at = names + word(header(i), 4);
+            elf[at..].split(|&b| b == 0).next() == Some(name.as_bytes())
+        })
+        .map(|i| word(header(i) + 0x18, 8))
+        .unwrap_or_else(|| panic!("no {name} section"))
+}
+
+#[test]
+fn a_libc10_cuda_whose_note_aims_its_semaphore_outside_the_file_is_refused_and_the_driver_bytes_stay_exact() {
+    require_root();
+    let f = fixtures();
+    // PyTorch's allocator library, its first USDT note's semaphore moved
+    // past every segment (the kernel would increment a counter there in
+    // every process mapping the file).
+    let dir = f.dir.join("hostile/bad-notes");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = dir.join("libc10_cuda.so");
+    let mut elf = std::fs::read(&f.torch).unwrap();
+    let note = section_offset(&elf, ".note.stapsdt");
+    // namesz, descsz, type, "stapsdt\0", then pc, base, semaphore.
+    assert_eq!(&elf[note + 12..note + 20], b"stapsdt\0");
+    let semaphore = note + 20 + 16;
+    elf[semaphore..semaphore + 8].copy_from_slice(&0x7fff_0000_0000u64.to_le_bytes());
+    let _ = std::fs::remove_file(&lib);
+    std::fs::write(&lib, &elf).unwrap();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch_train.py");
+    let cmd = format!("python3 {} {} {}", script.display(), f.libcuda.display(), lib.display());
+    let t = trace(&["-c", &cmd], &[("GPUMEM_TORCH", "leak"), ("GPUMEM_HOLD", "0")]);
+    assert!(t.status.success(), "{}", t.stderr);
+    assert!(
+        t.stderr.contains("allocator probes not attached") && t.stderr.contains("its semaphore 0x7fff00000000 is in no writable segment"),
+        "{}",
+        t.stderr
+    );
+    assert!(t.of_type("tensor_alloc").is_empty(), "no probe at a forged offset");
+    // The driver's side stays exact: what the allocator reserved is what its exit released.
+    let own = figures(&t.stderr);
+    let pid = single_pid(&t);
+    let released: u64 = t.released_at_exit(pid).iter().map(|r| r.1).sum();
+    assert_eq!(released, own["reserved"].as_u64().unwrap(), "{}", t.stderr);
 }
