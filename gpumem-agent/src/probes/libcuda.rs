@@ -1,0 +1,197 @@
+//! Attaching libcuda copies: their exported entry points, linked to the
+//! entry and return programs in one uprobe_multi link per direction or
+//! point by point, and what each attach did (`gpumem status`).
+use std::path::Path;
+
+use aya::programs::{
+    uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+    UProbe,
+};
+use gpumem_common::{ApiInfo, APIS};
+use gpumem_engine::model::degraded::Reason;
+
+use super::{
+    links::{self, LinkMode, UprobeLinks},
+    symbols, Agent, Library, ProbeError,
+};
+
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum ProbeStatus {
+    Attached,
+    /// The library does not export this symbol.
+    NotExported {
+        required: bool,
+    },
+    Failed {
+        error: String,
+    },
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SymbolReport {
+    pub symbol: &'static str,
+    #[serde(flatten)]
+    pub status: ProbeStatus,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LibraryReport {
+    pub path: String,
+    pub source: String,
+    pub dev: u64,
+    pub inode: u64,
+    pub error: Option<String>,
+    /// How its probes are linked (none when nothing was attached).
+    pub links: Option<LinkMode>,
+    pub probes: Vec<SymbolReport>,
+}
+
+impl LibraryReport {
+    pub fn attached(&self) -> usize {
+        self.probes.iter().filter(|p| matches!(p.status, ProbeStatus::Attached)).count()
+    }
+}
+
+/// Context calls first, then frees, then allocations: with per-point links,
+/// a process that calls while we attach then sees its allocations attributed
+/// to the right device, and at worst a free of something we never saw
+/// allocated. (A uprobe_multi link attaches them all at once.)
+fn attach_order() -> Vec<&'static ApiInfo> {
+    use gpumem_common::ApiClass::*;
+    let rank = |c: gpumem_common::ApiClass| match c {
+        CtxRetainPrimary | CtxReleasePrimary | CtxResetPrimary | CtxCreate | CtxSetCurrent | CtxPush | CtxPop | CtxDestroy => 0,
+        Init => 1,
+        DeviceFree | HostFree | VmmRelease | VmmUnmap | VaFree => 2,
+        _ => 3,
+    };
+    let mut apis: Vec<_> = APIS.iter().collect();
+    apis.sort_by_key(|a| rank(a.class));
+    apis
+}
+
+impl Agent {
+    /// Attaches every probe to one libcuda copy. Missing symbols are skipped
+    /// and noted; the library is handled once per inode.
+    pub fn attach_library(&mut self, lib: &Library) -> Option<&LibraryReport> {
+        if !self.seen.insert(lib.key()) {
+            return None;
+        }
+        self.links_changed = true;
+        let mut report = LibraryReport {
+            path: lib.name.clone(),
+            source: lib.source.to_string(),
+            dev: lib.dev,
+            inode: lib.ino,
+            error: None,
+            links: None,
+            probes: Vec::new(),
+        };
+        match symbols::function_offsets(&lib.path, |name| APIS.iter().any(|api| api.symbol == name)) {
+            Err(e) => {
+                if let (true, Some(pid)) = (e.over_budget(), lib.pid) {
+                    self.degraded.push((pid, Reason::LibraryTables, format!("{}: {e}", lib.name)));
+                }
+                report.error = Some(e.to_string());
+            }
+            Ok(offsets) => {
+                let exported: Vec<(&'static ApiInfo, u64)> =
+                    attach_order().into_iter().filter_map(|api| offsets.get(api.symbol).map(|&off| (api, off))).collect();
+                let (mode, failed) = self.link(&exported, &lib.path);
+                for api in APIS {
+                    let status = match failed.iter().find(|(symbol, _)| *symbol == api.symbol) {
+                        _ if !offsets.contains_key(api.symbol) => ProbeStatus::NotExported { required: api.required },
+                        Some((_, error)) => ProbeStatus::Failed { error: error.clone() },
+                        None => ProbeStatus::Attached,
+                    };
+                    report.probes.push(SymbolReport { symbol: api.symbol, status });
+                }
+                report.links = (report.attached() > 0).then_some(mode);
+            }
+        }
+        self.libraries.push(report);
+        self.libraries.last()
+    }
+
+    /// Loads the entry and return programs of the current link mode.
+    pub(super) fn load_uprobes(&mut self) -> Result<(), ProbeError> {
+        for name in links::programs(self.options.probe_set, self.uprobe_links.mode) {
+            let prog: &mut UProbe = self.program(name)?;
+            prog.load().map_err(|source| ProbeError::Program { program: name.to_string(), source: Box::new(source) })?;
+        }
+        Ok(())
+    }
+
+    /// Links the entry and return programs to these entry points of one
+    /// library, each point's API id as its cookie: in one uprobe_multi link
+    /// per direction, or point by point. A kernel that refuses uprobe_multi
+    /// turns `--uprobe-links auto` to per-point links, for this library and
+    /// the ones after it.
+    /// Returns the mode used and the entry points that failed, with why.
+    fn link(&mut self, points: &[(&'static ApiInfo, u64)], path: &Path) -> (LinkMode, Vec<(&'static str, String)>) {
+        let every_point_failed = |e: &dyn std::fmt::Display| points.iter().map(|(api, _)| (api.symbol, e.to_string())).collect();
+        if points.is_empty() {
+            return (self.uprobe_links.mode, Vec::new());
+        }
+        if self.uprobe_links.mode == LinkMode::Multi {
+            match self.link_multi(points, path) {
+                Ok(()) => return (LinkMode::Multi, Vec::new()),
+                Err(ProbeError::Attach { source, .. }) if self.options.uprobe_links == UprobeLinks::Auto && links::is_refusal(&source) => {
+                    self.uprobe_links.mode = LinkMode::PerPoint;
+                    self.uprobe_links.why = format!("the kernel refused a uprobe_multi link ({source}): one link per entry point");
+                    self.notes.push(format!("uprobe links: {}", self.uprobe_links.why));
+                    if let Err(e) = self.load_uprobes() {
+                        return (LinkMode::PerPoint, every_point_failed(&e));
+                    }
+                }
+                Err(e) => return (LinkMode::Multi, every_point_failed(&e)),
+            }
+        }
+        let mut failed = Vec::new();
+        for &(api, offset) in points {
+            if let Err(e) = self.link_point(api, offset, path) {
+                failed.push((api.symbol, e.to_string()));
+            }
+        }
+        (LinkMode::PerPoint, failed)
+    }
+
+    fn link_multi(&mut self, points: &[(&'static ApiInfo, u64)], path: &Path) -> Result<(), ProbeError> {
+        let [entry, ret] = links::programs(self.options.probe_set, LinkMode::Multi);
+        let attach_points: Vec<UProbeAttachPoint> = points
+            .iter()
+            .map(|(api, off)| UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(*off), cookie: Some(api.id as u64) })
+            .collect();
+        let target = || format!("{} entry points in {}", points.len(), path.display());
+        let refuse = self.options.refuse_uprobe_multi;
+        let attach = |agent: &mut Agent, name: &str| -> Result<_, ProbeError> {
+            let prog: &mut UProbe = agent.program(name)?;
+            let result =
+                if refuse { Err(links::simulated_refusal()) } else { prog.attach(&attach_points, path, UProbeScope::AllProcesses) };
+            result.map_err(|source| ProbeError::Attach { program: name.to_string(), target: target(), source: Box::new(source) })
+        };
+        let entry_link = attach(self, entry)?;
+        if let Err(e) = attach(self, ret) {
+            // Without its return link the entry link only fills the call table.
+            let prog: &mut UProbe = self.program(entry)?;
+            let _ = prog.detach(entry_link);
+            return Err(e);
+        }
+        self.uprobe_links.links += 2;
+        Ok(())
+    }
+
+    fn link_point(&mut self, api: &ApiInfo, offset: u64, path: &Path) -> Result<(), ProbeError> {
+        let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(api.id as u64) };
+        for name in links::programs(self.options.probe_set, LinkMode::PerPoint) {
+            let prog: &mut UProbe = self.program(name)?;
+            prog.attach([point], path, UProbeScope::AllProcesses).map_err(|source| ProbeError::Attach {
+                program: name.to_string(),
+                target: format!("{} in {}", api.symbol, path.display()),
+                source: Box::new(source),
+            })?;
+            self.uprobe_links.links += 1;
+        }
+        Ok(())
+    }
+}
