@@ -487,3 +487,40 @@ fn a_libc10_cuda_whose_note_aims_its_semaphore_outside_the_file_is_refused_and_t
     let released: u64 = t.released_at_exit(pid).iter().map(|r| r.1).sum();
     assert_eq!(released, own["reserved"].as_u64().unwrap(), "{}", t.stderr);
 }
+
+#[test]
+fn a_tenant_that_maps_many_libcuda_copies_gets_its_budget_and_another_tenant_stays_exact() {
+    require_root();
+    let f = fixtures();
+    // Ten copies (ten inodes) loaded by one process of another user.
+    let copies: Vec<std::path::PathBuf> = (0..10).map(|i| libcuda_under(format!("copies/{i}").as_bytes())).collect();
+    let loader = "import ctypes, sys, time\n\
+        libs = [ctypes.CDLL(p) for p in sys.argv[1:]]\n\
+        print('loaded', flush=True)\n\
+        time.sleep(3)\n";
+    let (agent, stderr) = start_agent(&["--duration", "7"]);
+    let mut tenant = std::process::Command::new("/usr/bin/python3.11");
+    std::os::unix::process::CommandExt::uid(&mut tenant, 65534);
+    let mut tenant = tenant.args(["-c", loader]).args(&copies).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut said_loaded = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(tenant.stdout.take().unwrap()), &mut said_loaded).unwrap();
+    assert_eq!(said_loaded.trim(), "loaded");
+    // Another tenant (root, the host's copy): attached and exact.
+    let st =
+        std::process::Command::new(&f.workload).arg(&f.libcuda).arg("late_load").env("GPUMEM_WORKLOAD_DELAY_MS", "1500").status().unwrap();
+    assert!(st.success());
+    let tenant_pid = u64::from(tenant.id());
+    let _ = tenant.wait();
+    let (lines, said) = finish_agent(agent, stderr);
+    let attached = said.lines().filter(|l| l.contains("hostile/copies/") && l.contains("attached 61 of 62")).count();
+    let refused = said.lines().filter(|l| l.contains("hostile/copies/") && l.contains("has 8 libcuda copies attached")).count();
+    assert_eq!((attached, refused), (8, 2), "{said}");
+    let summary = lines.iter().find(|e| e["type"] == "summary").expect("a summary");
+    let degraded: Vec<&Value> = summary["degraded"].as_array().into_iter().flatten().filter(|d| d["pid"] == tenant_pid).collect();
+    assert_eq!(degraded.len(), 1, "one entry per process and reason: {summary:#}");
+    assert_eq!(degraded[0]["reason"], "libcuda_copies");
+    let pid =
+        lines.iter().find(|e| e["type"] == "init").and_then(|e| e["pid"].as_u64()).unwrap_or_else(|| panic!("no cuInit traced: {said}"));
+    let allocs: Vec<&Value> = lines.iter().filter(|e| e["type"] == "alloc" && e["pid"] == pid).collect();
+    assert_eq!(sizes(&allocs), [8 * MIB, 4 * MIB], "{said}");
+}

@@ -1,7 +1,7 @@
 //! Attaching libcuda copies: their exported entry points, linked to the
 //! entry and return programs in one uprobe_multi link per direction or
 //! point by point, and what each attach did (`gpumem status`).
-use std::path::Path;
+use std::{collections::HashMap, os::unix::fs::MetadataExt as _, path::Path};
 
 use aya::programs::{
     uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
@@ -70,6 +70,52 @@ fn attach_order() -> Vec<&'static ApiInfo> {
     apis
 }
 
+/// libcuda copies attached per tenant (the mount namespace and user of the
+/// process found mapping it) and in all: each copy costs the kernel 62
+/// uprobes and their links, and a tenant makes copies at will (a copy is
+/// a new inode). Copies stay attached while the agent runs.
+pub const MAX_COPIES_PER_TENANT: usize = 8;
+pub const MAX_COPIES: usize = 64;
+
+#[derive(Debug, Default)]
+pub struct CopyBudget {
+    per_tenant: HashMap<(u64, u32), usize>,
+    total: usize,
+    /// Copies refused, since start.
+    pub refused: u64,
+}
+
+/// Refused copies listed in `status` (the others counted in `refused`).
+const REFUSED_LISTED: u64 = 16;
+
+impl CopyBudget {
+    /// Takes one copy from the budget of the tenant of `pid` (None: named by
+    /// the operator or ld.so.cache, counted in the total only), or says why not.
+    pub fn admit(&mut self, pid: Option<u32>) -> Result<(), String> {
+        if self.total >= MAX_COPIES {
+            return Err(format!("gpumem attaches at most {MAX_COPIES} libcuda copies, and has"));
+        }
+        if let Some((ns, uid)) = pid.and_then(tenant) {
+            let n = self.per_tenant.entry((ns, uid)).or_default();
+            if *n >= MAX_COPIES_PER_TENANT {
+                return Err(format!(
+                    "its tenant (mount namespace {ns}, uid {uid}) has {MAX_COPIES_PER_TENANT} libcuda copies attached, the most gpumem attaches for one"
+                ));
+            }
+            *n += 1;
+        }
+        self.total += 1;
+        Ok(())
+    }
+}
+
+/// A process's mount namespace and user.
+fn tenant(pid: u32) -> Option<(u64, u32)> {
+    let ns = std::fs::metadata(format!("/proc/{pid}/ns/mnt")).ok()?.ino();
+    let uid = std::fs::metadata(format!("/proc/{pid}")).ok()?.uid();
+    Some((ns, uid))
+}
+
 impl Agent {
     /// Attaches every probe to one libcuda copy. Missing symbols are skipped
     /// and noted; the library is handled once per inode.
@@ -77,7 +123,6 @@ impl Agent {
         if !self.seen.insert(lib.key()) {
             return None;
         }
-        self.links_changed = true;
         let mut report = LibraryReport {
             path: lib.name.clone(),
             source: lib.source.to_string(),
@@ -87,6 +132,20 @@ impl Agent {
             links: None,
             probes: Vec::new(),
         };
+        if let Err(why) = self.copies.admit(lib.pid) {
+            if let Some(pid) = lib.pid {
+                self.degraded.push((pid, Reason::LibcudaCopies, format!("{}: {why}", lib.name)));
+            }
+            // The first refusals are listed; the rest only counted (a tenant makes copies at will).
+            self.copies.refused += 1;
+            if self.copies.refused > REFUSED_LISTED {
+                return None;
+            }
+            report.error = Some(why);
+            self.libraries.push(report);
+            return self.libraries.last();
+        }
+        self.links_changed = true;
         match symbols::function_offsets(&lib.path, |name| APIS.iter().any(|api| api.symbol == name)) {
             Err(e) => {
                 if let (true, Some(pid)) = (e.over_budget(), lib.pid) {
@@ -193,5 +252,26 @@ impl Agent {
             self.uprobe_links.links += 1;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_are_budgeted_per_tenant_and_in_all() {
+        let mut b = CopyBudget::default();
+        let me = std::process::id();
+        for _ in 0..MAX_COPIES_PER_TENANT {
+            b.admit(Some(me)).unwrap();
+        }
+        let why = b.admit(Some(me)).unwrap_err();
+        assert!(why.contains(&format!("has {MAX_COPIES_PER_TENANT} libcuda copies attached")), "{why}");
+        // The operator's copies are not a tenant's, but count in all.
+        for _ in MAX_COPIES_PER_TENANT..MAX_COPIES {
+            b.admit(None).unwrap();
+        }
+        assert!(b.admit(None).unwrap_err().contains(&format!("at most {MAX_COPIES}")));
     }
 }

@@ -109,6 +109,8 @@ pub struct Agent {
     pub notes: Vec<String>,
     /// Processes degraded by a library over budget, not yet taken by the live loop.
     pub degraded: Vec<(u32, Reason, String)>,
+    /// libcuda copies attached per tenant and in all.
+    pub copies: libcuda::CopyBudget,
     /// Cost of looking for new libcuda copies in /proc.
     pub scan_stats: gpumem_engine::model::agent::ScanStats,
     pub ioctl: ioctl::IoctlReport,
@@ -182,6 +184,7 @@ impl Agent {
             uprobe_links,
             notes,
             degraded: Vec::new(),
+            copies: Default::default(),
             scan_stats: Default::default(),
             ioctl,
             seeded: Default::default(),

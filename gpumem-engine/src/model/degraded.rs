@@ -24,6 +24,9 @@ pub enum Reason {
     /// budget for one file, or took longer than the deadline to read
     /// (formats::budget).
     LibraryTables,
+    /// It maps a libcuda copy past the copies the agent attaches for one
+    /// tenant (mount namespace and user) or in all (probes::libcuda).
+    LibcudaCopies,
 }
 
 impl Reason {
@@ -33,6 +36,7 @@ impl Reason {
             Reason::PythonThreads => "python_threads",
             Reason::PythonReads => "python_reads",
             Reason::LibraryTables => "library_tables",
+            Reason::LibcudaCopies => "libcuda_copies",
         }
     }
 
@@ -43,6 +47,7 @@ impl Reason {
             Reason::PythonThreads => "its stacks keep their native frames only (no Python frames)",
             Reason::PythonReads => "Python frames not read yet show as `?` until its budget refills",
             Reason::LibraryTables => "that library is not attached to (libcuda) or its frames end the unwind (others)",
+            Reason::LibcudaCopies => "its calls through that copy are not traced",
         }
     }
 }

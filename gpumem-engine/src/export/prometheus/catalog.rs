@@ -95,7 +95,7 @@ catalog! {
     KERNEL_TABLE_BYTES, Gauge, "gpumem_kernel_table_bytes", "Kernel memory the table's entries take";
     AGENT_BPF_MAP_RSS, Gauge, "gpumem_agent_bpf_map_resident_memory_bytes", "Part of the resident memory that is BPF maps mapped from the kernel (the event ring buffer, whose pages are mapped twice)";
     BUILD_INFO, Gauge, "gpumem_build_info", "The agent's version";
-    DEGRADED, Counter, "gpumem_degraded", "Processes the agent serves less than exactly because what they shape was forged, broken or over its budget for one process, by reason (forged_cgroup: no container attributed; python_threads: native frames only; python_reads: Python frames `?` past its read budget; library_tables: a library's symbol or unwind tables past budget or deadline); gpumem status names them";
+    DEGRADED, Counter, "gpumem_degraded", "Processes the agent serves less than exactly because what they shape was forged, broken or over its budget for one process, by reason (forged_cgroup: no container attributed; python_threads: native frames only; python_reads: Python frames `?` past its read budget; library_tables: a library's symbol or unwind tables past budget or deadline; libcuda_copies: a libcuda copy past the copies attached per tenant); gpumem status names them";
 }
 
 /// The name a sample of the metric has in the exposition (counters end in `_total`).
