@@ -142,6 +142,7 @@ enum Slot {
     /// None: nothing to unwind with (unreadable, not ELF); Err: over budget.
     Ready(Result<Option<Arc<ModuleData>>, String>),
     /// Read on a thread past its deadline: the result arrives here.
+    /// (A reading not started, all readers being late, is not kept.)
     Late(std::sync::mpsc::Receiver<Result<Option<ModuleData>, String>>),
 }
 
@@ -198,10 +199,8 @@ impl ModuleCache {
         let slot = match budget::within(UNWIND_DEADLINE, move || load_module(&path)) {
             budget::Timed::Done(loaded) => Slot::Ready(self.keep(loaded)),
             budget::Timed::Late(rx) => Slot::Late(rx),
-            budget::Timed::Refused => Slot::Ready(Err(format!(
-                "its unwind tables were not read: {} readings of other libraries still run past their deadline",
-                budget::MAX_LATE
-            ))),
+            // Asked again at the next event (not kept: the readers free up).
+            budget::Timed::Refused => return Got::Late,
         };
         let got = match &slot {
             Slot::Ready(r) => Got::Ready(r.clone()),
@@ -280,7 +279,10 @@ impl ProcessUnwinder {
             let data = match modules.get(&file, &module.open_path) {
                 Got::Late => {
                     if self.late.insert(file) {
-                        let why = format!("reading its unwind tables took over {} ms", UNWIND_DEADLINE.as_millis());
+                        let why = format!(
+                            "its unwind tables are not read yet: reading took over {} ms, or waits for readings past their deadline",
+                            UNWIND_DEADLINE.as_millis()
+                        );
                         self.refused.push((module.path.clone(), why));
                     }
                     continue;
