@@ -167,8 +167,9 @@ fn a_python_process_that_exits_mid_trace_keeps_its_frames_and_releases_its_memor
 fn a_thread_started_later_has_its_frames_from_its_second_allocation() {
     require_root();
     // Its first stack comes without Python frames (the kernel does not know
-    // its thread state yet) and makes the agent read the thread list again:
-    // the other 19, 10 ms apart, name the thread's functions.
+    // its thread state yet) and makes the agent read the thread list again
+    // (within the 200 ms the fixture waits): the other 19, 10 ms apart,
+    // name the thread's functions.
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/threads.py");
     let cmd = format!("{} {} {}", pyenv_python(), script.display(), fixtures().libcuda.display());
     let v = leaks(&["--older-than", "0", "--duration", "2", "-n", "10", "-c", &cmd], &[]);
