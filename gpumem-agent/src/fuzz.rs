@@ -313,6 +313,8 @@ fn a_crafted_recording_with_extreme_oom_and_rm_fields_renders_everywhere() {
         pids: vec![],
         started_ns: 0,
         stack_sample_bytes: 0,
+        host: String::new(),
+        started_unix_ns: 0,
     };
     w.header(&header).unwrap();
     let max = |api_id| Event {

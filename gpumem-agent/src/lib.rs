@@ -18,6 +18,7 @@ pub mod driver;
 mod fuzz;
 pub mod http_post;
 pub mod kube;
+pub mod node;
 pub mod nvml;
 pub mod privileges;
 pub mod probes;

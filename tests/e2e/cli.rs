@@ -34,7 +34,9 @@ fn errors_are_one_line_with_nonzero_status() {
         .expect("setpriv (util-linux)");
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("gpumem needs CAP_BPF and CAP_PERFMON"), "{err}");
+    assert!(err.contains("gpumem needs CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON before Linux 6.16)"), "{err}");
+    assert!(err.contains("missing: CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN."), "{err}");
+    assert!(err.contains(&format!("Run it as root instead: sudo {} status,", gpumem_bin().display())), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
 

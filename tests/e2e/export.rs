@@ -404,3 +404,73 @@ fn sampled_stacks_carry_the_same_unbiased_estimates_as_leaks() {
     let raw = pprof(&profile, &["-raw"]);
     assert!(raw.contains("estimated:[true]") && raw.contains("over the stack budget were not sampled"), "{raw}");
 }
+
+/// The `<title>` texts of an SVG's frames (inferno writes one per frame).
+fn frame_titles(svg: &str) -> Vec<String> {
+    svg.split("<title>").skip(1).filter_map(|t| t.split("</title>").next()).map(|t| t.replace("&amp;", "&")).collect()
+}
+
+#[test]
+fn the_memory_flame_graph_names_the_leak_with_its_exact_bytes_and_its_folded_stacks_read_in_inferno() {
+    require_root();
+    // 15 steps: leak_buffer keeps 4 MiB each (60 MiB), train_step's 32 MiB is freed each step (480 MiB made).
+    let script = format!("GPUMEM_STEPS=15 GPUMEM_WORKLOAD_HOLD_MS=4000 {}", workload_cmd("deep_leak"));
+    let (rec, _) = record("flame.gpumemrec", &script, "3", &[]);
+    let leak = format!("leak_buffer ({} bytes", thousands(15 * 4 * MIB));
+    let svg = std::fs::read_to_string(export("flamegraph", &rec, "inuse.svg", &[])).unwrap();
+    assert!(svg.starts_with("<?xml") && svg.contains("<svg"), "{}", &svg[..svg.len().min(300)]);
+    assert!(!svg.contains("<script src") && !svg.contains("href=\"http"), "nothing fetched");
+    assert!(svg.contains("GPU memory held now"), "the title says which bytes");
+    let titles = frame_titles(&svg);
+    assert!(titles.iter().any(|t| t.starts_with(&leak)), "{leak} in {titles:#?}");
+    assert!(titles.iter().any(|t| t.starts_with(&format!("load_weights ({} bytes", thousands(256 * MIB)))), "{titles:#?}");
+    assert!(titles.iter().any(|t| t.starts_with("GPU 0 (")), "the device frame: {titles:#?}");
+    let train = format!("train_step ({} bytes", thousands(15 * 4 * MIB));
+    assert!(titles.iter().any(|t| t.starts_with(&train)), "its freed 32 MiB steps hold nothing now: {titles:#?}");
+    // The second view: bytes made over the session, freed or not.
+    let made = std::fs::read_to_string(export("flamegraph", &rec, "alloc.svg", &["--space", "alloc"])).unwrap();
+    let made_titles = frame_titles(&made);
+    assert!(made.contains("allocated over the session"), "the title says which bytes");
+    let train = format!("train_step ({} bytes", thousands(15 * 4 * MIB + 15 * 32 * MIB));
+    assert!(made_titles.iter().any(|t| t.starts_with(&train)), "{train} in {made_titles:#?}");
+
+    // Folded stacks: root first, one line per stack, read by inferno's own binary.
+    let folded = std::fs::read_to_string(export("folded", &rec, "heap.folded", &[])).unwrap();
+    let line = folded.lines().find(|l| l.contains(";leak_buffer")).unwrap_or_else(|| panic!("{folded}"));
+    let (stack, bytes) = line.rsplit_once(' ').unwrap();
+    assert_eq!(bytes, (15 * 4 * MIB).to_string(), "{line}");
+    let frames: Vec<&str> = stack.split(';').collect();
+    assert!(frames[0].starts_with("workload (") && frames[1] == "GPU 0", "{line}");
+    let order: Vec<usize> = ["main", "run_model", "train_step", "leak_buffer"]
+        .iter()
+        .map(|f| frames.iter().position(|x| x == f).unwrap_or_else(|| panic!("{f}: {line}")))
+        .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "root first: {line}");
+    let total: u64 = folded.lines().map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
+    assert_eq!(total, 256 * MIB + 15 * 4 * MIB, "every held byte once: {folded}");
+    let drawn = run(Command::new(inferno_flamegraph()).args(["--countname", "bytes"]).arg(dir().join("heap.folded")));
+    assert!(frame_titles(&drawn).iter().any(|t| t.starts_with(&leak)), "inferno-flamegraph read it: {leak}");
+
+    // Chromium draws it (the README's picture).
+    let shots = target_dir().join("screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let png = shots.join("flame.png");
+    let _ = std::fs::remove_file(&png);
+    let dom = chromium_screenshot(&dir().join("inuse.svg"), &png, 1200, 420);
+    assert!(dom.contains("leak_buffer"), "{}", &dom[..dom.len().min(400)]);
+    let (colours, ink) = png_contents(&png);
+    assert!(colours >= 10 && ink > 0.2, "the flame graph looks blank: {colours} colours, {:.1} % not white", ink * 100.0);
+}
+
+/// `n` with a comma every three digits, as inferno writes counts.
+fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

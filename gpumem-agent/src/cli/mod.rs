@@ -7,15 +7,22 @@ pub mod actions;
 pub mod continuity;
 pub mod export;
 pub mod kube;
+mod parse;
 
-use crate::probes::{ioctl::IoctlMode, links::UprobeLinks, ProbeSet};
+pub use parse::{parse_age, parse_bytes, parse_duration};
+use parse::{parse_prefix, parse_ringbuf, parse_sample_bytes, parse_stack_budget};
+
+use crate::{
+    privileges,
+    probes::{ioctl::IoctlMode, links::UprobeLinks, ProbeSet},
+};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "gpumem",
     version = crate::VERSION,
     about = "Who holds GPU memory on this host, and why: eBPF tracing of the CUDA driver, no changes to the traced programs",
-    after_help = "Needs root (CAP_BPF and CAP_PERFMON). Exit status: 0 ok, 1 error, 2 bad usage; with -c, the command's own status."
+    after_help = privileges::TOP_HELP
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -25,34 +32,43 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Stream CUDA memory events as they happen, then summarise per process and device.
+    #[command(after_help = privileges::PROBING_HELP)]
     Trace(TraceArgs),
     /// Find GPU memory leaks: after tracing, the allocations still outstanding and
     /// older than --older-than, per process and device, grouped by allocation stack,
     /// with a growth verdict per process.
+    #[command(after_help = privileges::PROBING_HELP)]
     Leaks(LeaksArgs),
     /// A live view of who holds GPU memory: per GPU, then per process, with
     /// growth, trend, leak verdict and last failure (q quits).
+    #[command(after_help = privileges::PROBING_HELP)]
     Top(TopArgs),
     /// Record a session to a file (events, stacks symbolized now, lookups) for
     /// `trace --from`, `leaks --from` and `replay`, here or on another host.
+    #[command(after_help = privileges::PROBING_HELP)]
     Record(RecordArgs),
     /// Replay a recording: its events and summary, as `trace --from FILE`.
+    #[command(after_help = privileges::NONE_HELP)]
     Replay(ReplayArgs),
     /// Draw a recording: a self-contained HTML page (memory over time per GPU
     /// and process, OOM and XID marks, ECC and temperatures, allocation sizes,
     /// leak suspects with stacks) and/or one SVG chart for a ticket.
+    #[command(after_help = privileges::NONE_HELP)]
     Report(ReportArgs),
     /// Write what gpumem found in the formats other tools read: a pprof heap
     /// profile, PyTorch's memory snapshot, a Perfetto trace; from a recording
     /// or a running daemon.
+    #[command(after_help = privileges::NONE_HELP)]
     Export(export::ExportArgs),
     /// Show kernel features, every libcuda found and every probe attached or skipped.
+    #[command(after_help = privileges::PROBING_HELP)]
     Status(StatusArgs),
     /// GPU health from NVML: ECC, retired pages, remapped rows, temperatures, a score
     /// with its reasons. Exit status 3 when NVML is unavailable.
     Health(HealthArgs),
     /// Run as a daemon: trace every process on the host and serve Prometheus
     /// metrics on /metrics (and /healthz) until SIGTERM or SIGINT.
+    #[command(after_help = privileges::SERVE_HELP)]
     Serve(ServeArgs),
     /// Isolation actions for `serve --action`: cordon or taint this node,
     /// or delete the pod the event names, through the Kubernetes API with
@@ -432,68 +448,6 @@ pub struct BenchArgs {
 /// would overflow the clock arithmetic they feed, and mean "forever" anyway.
 const SECONDS_MAX: f64 = 1e8;
 
-pub fn parse_duration(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    if !v.is_finite() || v <= 0.0 {
-        return Err(format!("duration must be a positive number of seconds, got `{s}`"));
-    }
-    at_most_seconds_max(s, v)
-}
-
-fn at_most_seconds_max(s: &str, v: f64) -> Result<f64, String> {
-    if v > SECONDS_MAX {
-        return Err(format!("`{s}` seconds is too long: at most {SECONDS_MAX:e} seconds (about three years)"));
-    }
-    Ok(v)
-}
-
-fn parse_prefix(s: &str) -> Result<String, String> {
-    if !s.starts_with('/') || s.len() > gpumem_common::NV_PREFIX_MAX {
-        return Err(format!("the device prefix must be an absolute path of at most {} bytes", gpumem_common::NV_PREFIX_MAX));
-    }
-    Ok(s.to_string())
-}
-
-pub fn parse_age(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    if !v.is_finite() || v < 0.0 {
-        return Err(format!("age must be zero or a positive number of seconds, got `{s}`"));
-    }
-    at_most_seconds_max(s, v)
-}
-
-fn parse_ringbuf(s: &str) -> Result<u32, String> {
-    let v = parse_bytes(s)?;
-    if v < 4096 || !v.is_power_of_two() || v > 1 << 30 {
-        return Err(format!("the ring buffer size must be a power of two between 4096 and 1GiB, got {v}"));
-    }
-    Ok(v as u32)
-}
-
-fn parse_stack_budget(s: &str) -> Result<u32, String> {
-    let max = gpumem_engine::stacks::policy::MAX_BUDGET_PER_S;
-    match s.parse::<u32>() {
-        Ok(v) if v <= max => Ok(v),
-        _ => Err(format!("the stack budget is a number of stacks per second from 0 (no budget) to {max}, got `{s}`")),
-    }
-}
-
-fn parse_sample_bytes(s: &str) -> Result<u64, String> {
-    let v = parse_bytes(s)?;
-    if v == 0 || v > gpumem_common::sampling::MAX_RATE {
-        return Err(format!("the sampling rate must be between 1 byte and 1TiB, got {v}"));
-    }
-    Ok(v)
-}
-
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    // Binary units: GPU memory is sized in powers of two (64K = 65536).
-    parse_size::Config::new()
-        .with_binary()
-        .parse_size(s)
-        .map_err(|e| format!("`{s}` is not a size in bytes ({e}); use e.g. 4096, 64K or 20MiB"))
-}
-
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory as _;
@@ -503,6 +457,21 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn each_command_says_the_privileges_it_needs() {
+        let mut cli = Cli::command();
+        let help = |cli: &mut clap::Command, name: &str| cli.find_subcommand_mut(name).unwrap().render_long_help().to_string();
+        for probing in ["trace", "leaks", "top", "record", "status"] {
+            assert!(help(&mut cli, probing).contains(privileges::PROBING_HELP), "{probing}");
+        }
+        let serve = help(&mut cli, "serve");
+        assert!(serve.contains("CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (what the Helm chart grants)"), "{serve}");
+        for reading in ["replay", "report", "export"] {
+            assert!(help(&mut cli, reading).contains("Needs no privileges"), "{reading}");
+        }
+        assert!(cli.render_long_help().to_string().contains("serve needs CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN"));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::{
 
 /// What the command line asks of an export, besides the file.
 fn query(a: &ExportArgs) -> ExportQuery {
-    ExportQuery { format: a.format, pid: a.pid, layers: a.layers, older_than_s: a.older_than }
+    ExportQuery { format: a.format, pid: a.pid, layers: a.layers, older_than_s: a.older_than, space: a.space }
 }
 
 /// Writes `bytes` to `path` whole: a temporary file beside it, renamed.
@@ -70,7 +70,11 @@ impl Output for Export<'_> {
             Some(c) => format!("recorded by gpumem {} ({}): {c}", h.gpumem_version, h.recorded_by),
             None => format!("recorded by gpumem {} ({})", h.gpumem_version, h.recorded_by),
         });
-        let span = Span { ended_ns: end.footer.ended_ns, duration_s: end.footer.duration_s, wall_end_ns, recorded_by };
+        let mut names: Vec<&str> = ctx.pipeline.state.processes.values().map(|p| p.comm.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let title = gpumem_engine::record::session_title(end.header.as_ref(), &names, end.footer.duration_s);
+        let span = Span { ended_ns: end.footer.ended_ns, duration_s: end.footer.duration_s, wall_end_ns, recorded_by, title };
         let r = render(ctx.pipeline, &query(self.args), &span)?;
         write_whole(&self.args.output, &r.bytes)?;
         eprintln!(

@@ -56,6 +56,8 @@ impl Recorder {
             pids: s.pids.clone(),
             started_ns: 0,
             stack_sample_bytes: s.probing.stacks.effective_sample_bytes(),
+            host: crate::node::name(),
+            started_unix_ns: 0,
         };
         Ok(Recorder { writer: Some(w), path: path.to_path_buf(), header })
     }
@@ -76,6 +78,7 @@ impl Output for Recorder {
     /// and NVML readings count from it).
     fn started(&mut self, _: &mut Ctx<'_>) -> Result<()> {
         self.header.started_ns = monotonic_ns();
+        self.header.started_unix_ns = gpumem_engine::clock::unix_ns_of(self.header.started_ns) as i64;
         let header = self.header.clone();
         self.write(|w| w.header(&header))
     }

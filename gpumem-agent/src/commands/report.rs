@@ -9,7 +9,12 @@ use crate::{
     cli::{ReportArgs, ReportChart},
     runtime::{self, Ctx, End, Output},
 };
-use gpumem_engine::{analysis::leaks, export::report::ReportData, pipeline};
+use gpumem_engine::{
+    analysis::{history, leaks, profile::Layers},
+    export::{flame::Space, report::ReportData},
+    pipeline,
+    query::export::{self, ExportQuery, Format, Span},
+};
 
 struct Report<'a> {
     args: &'a ReportArgs,
@@ -21,7 +26,22 @@ impl Output for Report<'_> {
     fn finish(&mut self, ctx: &mut Ctx<'_>, end: &End) -> Result<ExitCode> {
         let p = &mut *ctx.pipeline;
         let a = self.args;
+        let span = Span {
+            ended_ns: end.footer.ended_ns,
+            duration_s: end.footer.duration_s,
+            wall_end_ns: 0,
+            recorded_by: String::new(),
+            title: String::new(),
+        };
+        let flames = [Space::Inuse, Space::Alloc]
+            .into_iter()
+            .map(|space| {
+                let q = ExportQuery { format: Format::Folded, pid: None, layers: Layers::Driver, older_than_s: a.older_than, space };
+                (space, export::flame_of(p, &q, &span).0)
+            })
+            .collect();
         let data = ReportData {
+            flames,
             timeline: p.timeline.take().unwrap_or_default(),
             leaks: leaks::find(&p.state, &mut p.stacks, &mut p.growth, end.footer.ended_ns, (a.older_than * 1e9) as u64, 5),
             header: end.header.clone(),
@@ -61,7 +81,11 @@ impl Output for Report<'_> {
 
 pub fn run(args: ReportArgs) -> Result<ExitCode> {
     let mut reader = super::open_recording(&args.file)?;
-    runtime::replay(&mut reader, pipeline::Options { timeline: true, ..Default::default() }, &mut Report { args: &args })
+    runtime::replay(
+        &mut reader,
+        pipeline::Options { timeline: true, history: Some(history::TRACE_CAP), ..Default::default() },
+        &mut Report { args: &args },
+    )
 }
 
 fn write(path: &Path, text: &str) -> Result<()> {

@@ -12,7 +12,7 @@ use crate::{
 };
 
 pub fn run(args: StatusArgs) -> Result<()> {
-    runtime::require_privileges()?;
+    runtime::require_privileges(crate::privileges::Role::Probing)?;
     let daemon: Option<serde_json::Value> = args.daemon.daemon().ask_typed(&Query::Status)?;
     let pinned = pin::inspect(&args.daemon.pin_dir);
     let probing = args.probes.probing();

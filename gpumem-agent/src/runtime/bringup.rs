@@ -5,10 +5,11 @@ use anyhow::{bail, Context as _, Result};
 use super::Probing;
 use crate::probes::{discover, Agent, LibraryReport, ProbeSet, ProbeStatus, Source};
 
-/// Fails, naming what is missing, without the capabilities to load and
-/// attach; warns about the ones whose absence narrows what is seen.
-pub fn require_privileges() -> Result<()> {
-    let (error, warnings) = crate::privileges::check(crate::privileges::effective());
+/// Fails, naming what is missing for `role` and the command to run
+/// instead; warns about the ones whose absence narrows what is seen.
+pub fn require_privileges(role: crate::privileges::Role) -> Result<()> {
+    let argv: Vec<String> = std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect();
+    let (error, warnings) = crate::privileges::check(crate::privileges::effective(), role, &argv);
     if let Some(e) = error {
         bail!(e);
     }

@@ -34,7 +34,7 @@ const FINAL_NVML_TIMEOUT: Duration = Duration::from_secs(5);
 /// Runs a live session to its end (duration, command exit, signal, all
 /// traced pids gone, or the output stopping it).
 pub fn run<O: Output>(s: Session, out: &mut O) -> Result<ExitCode> {
-    bringup::require_privileges()?;
+    bringup::require_privileges(s.role)?;
     for &pid in &s.pids {
         if !gpumem_engine::procfs::alive(pid, None) {
             bail!("no process with pid {pid}");

@@ -109,6 +109,8 @@ pub struct Session {
     pub fail_counter_reads: u32,
     /// `serve`: the kernel keeps what is live, pinned for the next agent.
     pub continuity: Option<continuity::Options>,
+    /// Whose capabilities are checked: a probing command's or the daemon's.
+    pub role: crate::privileges::Role,
 }
 
 impl Session {
@@ -133,6 +135,7 @@ impl Session {
             detach: Detach::Background,
             stall_reader_ms: None,
             fail_counter_reads: 0,
+            role: crate::privileges::Role::Probing,
             continuity: None,
         }
     }

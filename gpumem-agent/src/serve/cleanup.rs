@@ -7,7 +7,7 @@ use anyhow::Result;
 /// `serve --cleanup`: every pinned link and map under the directory
 /// removed, and the stacks kept for the next agent.
 pub fn run(root: &std::path::Path, state_dir: &std::path::Path) -> Result<ExitCode> {
-    crate::runtime::require_privileges()?;
+    crate::runtime::require_privileges(crate::privileges::Role::Serve)?;
     let stacks = state_dir.join(crate::runtime::continuity::STACK_FILE);
     match std::fs::remove_file(&stacks) {
         Ok(()) => eprintln!("gpumem: removed {}", stacks.display()),

@@ -152,6 +152,8 @@ impl FlightRecorder {
             pids: Vec::new(),
             started_ns: self.session_start_ns,
             stack_sample_bytes: self.stack_sample_bytes,
+            host: crate::node::name(),
+            started_unix_ns: gpumem_engine::clock::unix_ns_of(self.session_start_ns) as i64,
         })?;
         if let Some(h) = &self.host_before {
             w.host(h)?;

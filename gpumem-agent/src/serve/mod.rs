@@ -39,7 +39,9 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         }
         return Ok(done);
     }
-    // Bind first: a taken port is the most likely mistake, said before loading anything.
+    // The capabilities first (nothing bound or created without them), then
+    // the port: a taken one is the most likely mistake, said before loading anything.
+    runtime::require_privileges(crate::privileges::Role::Serve)?;
     let listener = std::net::TcpListener::bind(args.listen)
         .with_context(|| format!("cannot listen on {} (is another gpumem or exporter using it? choose one with --listen)", args.listen))?;
     let api = match &args.socket {
@@ -58,7 +60,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     let probing = args.probes.probing();
     let actions = args.actions.config();
     let flight = flight_recorder(&args, actions.is_some(), probing.stacks.effective_sample_bytes())?;
-    let node = node_name();
+    let node = crate::node::name();
     let extras =
         metrics::Extras { otlp: args.otlp_endpoint.is_some().then(Default::default), actions: actions.is_some().then(Default::default) };
     let settings = metrics::Settings {
@@ -104,16 +106,8 @@ fn session(args: &ServeArgs, probing: runtime::Probing) -> Session {
     s.detach = Detach::Now;
     s.fail_counter_reads = args.fail_counter_reads;
     s.continuity = args.continuity.options();
+    s.role = crate::privileges::Role::Serve;
     s
-}
-
-/// The node's name for OTLP's `host.name`: the DaemonSet's NODE_NAME, else the host name.
-fn node_name() -> String {
-    std::env::var("NODE_NAME")
-        .ok()
-        .filter(|n| !n.is_empty())
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string()))
-        .unwrap_or_default()
 }
 
 /// `--flight-recorder`, which only writes when something acts.

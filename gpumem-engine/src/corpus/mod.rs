@@ -144,6 +144,8 @@ pub fn recording(shape: &Shape) -> io::Result<Vec<u8>> {
         pids: vec![PID],
         started_ns,
         stack_sample_bytes: 0,
+        host: String::new(),
+        started_unix_ns: 0,
     })?;
     let mut stacks: Vec<StackId> = script.calls.iter().filter_map(|c| c.2).collect();
     stacks.sort();

@@ -1,5 +1,6 @@
 //! Outputs: they render state and events, they never compute.
 pub mod breakdown;
+pub mod flame;
 pub mod health;
 pub mod leaks;
 pub mod otlp;

@@ -4,7 +4,7 @@
 use super::QueryError;
 use crate::{
     analysis::{leaks, profile, snapshot},
-    export::{perfetto, pprof, torch_snapshot},
+    export::{flame, perfetto, pprof, torch_snapshot},
     pipeline::Pipeline,
 };
 
@@ -21,16 +21,24 @@ pub enum Format {
     /// Chrome trace-event JSON (Perfetto, chrome://tracing): live bytes over
     /// time per process and GPU, OOMs, XIDs, leak verdicts.
     Perfetto,
+    /// A memory flame graph (SVG, drawn by inferno: searchable, click to
+    /// zoom): bytes by stack per process and GPU, leaking groups marked.
+    Flamegraph,
+    /// Brendan Gregg's folded stacks (flamegraph.pl, inferno, speedscope,
+    /// Pyroscope): a line per process, GPU and stack with its bytes.
+    Folded,
 }
 
 impl Format {
-    pub const ALL: [Format; 3] = [Format::Pprof, Format::TorchSnapshot, Format::Perfetto];
+    pub const ALL: [Format; 5] = [Format::Pprof, Format::TorchSnapshot, Format::Perfetto, Format::Flamegraph, Format::Folded];
 
     pub fn name(self) -> &'static str {
         match self {
             Format::Pprof => "pprof",
             Format::TorchSnapshot => "torch-snapshot",
             Format::Perfetto => "perfetto",
+            Format::Flamegraph => "flamegraph",
+            Format::Folded => "folded",
         }
     }
 
@@ -47,6 +55,8 @@ pub struct ExportQuery {
     pub pid: Option<u32>,
     pub layers: profile::Layers,
     pub older_than_s: f64,
+    /// Flame graphs: bytes held now, or allocated over the session.
+    pub space: flame::Space,
 }
 
 fn unanswerable(why: &str) -> QueryError {
@@ -62,6 +72,9 @@ pub struct Span {
     /// Wall-clock nanoseconds at the end, where known.
     pub wall_end_ns: i64,
     pub recorded_by: String,
+    /// What the session was in a few words (record::session_title): a
+    /// flame graph's subtitle.
+    pub title: String,
 }
 
 /// An export, rendered, with a line that says what is in it.
@@ -111,5 +124,30 @@ pub fn render(p: &mut Pipeline, q: &ExportQuery, span: &Span) -> Result<Rendered
             let what = format!("{} process/GPU series, {} mark(s)", timeline.series.len(), timeline.marks.len());
             Rendered { bytes: perfetto::render(&s).into_bytes(), what }
         }
+        Format::Flamegraph | Format::Folded => {
+            let (folded, stacks) = flame_of(p, q, span);
+            let what = format!("{stacks} stack(s), {} bytes", q.space.name());
+            let bytes = if q.format == Format::Folded {
+                folded.into_bytes()
+            } else {
+                flame::svg(&folded, q.space, &span.title).map_err(|e| unanswerable(&e.to_string()))?.into_bytes()
+            };
+            Rendered { bytes, what }
+        }
     })
 }
+
+/// The folded stacks `q` asks for, and how many: the driver's view (or
+/// the tensors', as `q.layers` says), leaking groups marked by the leak
+/// report's verdicts.
+pub fn flame_of(p: &mut Pipeline, q: &ExportQuery, span: &Span) -> (String, usize) {
+    let Some(history) = p.history.as_ref() else { return (String::new(), 0) };
+    let prof = profile::heap(&p.state, history, &mut p.stacks, q.layers);
+    let found = leaks::find(&p.state, &mut p.stacks, &mut p.growth, span.ended_ns, (q.older_than_s * 1e9) as u64, FLAME_GROUPS);
+    let folded = flame::folded(&prof, &found, &flame::FlameQuery { space: q.space, pid: q.pid });
+    let n = folded.lines().count();
+    (folded, n)
+}
+
+/// Leak groups per process judged for a flame graph's marks.
+const FLAME_GROUPS: usize = 20;

@@ -102,6 +102,7 @@ pub fn answer(p: &mut Pipeline, at: &Asked<'_>, q: &Query) -> Result<Answer, Que
                 duration_s: at.duration_s,
                 wall_end_ns: at.wall_end_ns,
                 recorded_by: at.recorded_by.clone(),
+                title: at.recorded_by.clone(),
             };
             Answer::Export(export::render(p, e, &span)?)
         }

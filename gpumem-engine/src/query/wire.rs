@@ -8,7 +8,7 @@ use super::{
     leaks::LeaksQuery,
     Answer, Query, QueryError,
 };
-use crate::analysis::profile::Layers;
+use crate::{analysis::profile::Layers, export::flame::Space};
 
 /// Every answer carries the version of the gpumem that made it (output
 /// of another version is not used).
@@ -55,7 +55,12 @@ impl Query {
             Query::Export(e) => {
                 let layers = if e.layers == Layers::Tensors { "tensors" } else { "driver" };
                 let pid = e.pid.map_or_else(String::new, |p| p.to_string());
-                format!("/v1/export?format={}&pid={pid}&layers={layers}&older_than_s={}", e.format.name(), e.older_than_s)
+                format!(
+                    "/v1/export?format={}&pid={pid}&layers={layers}&older_than_s={}&space={}",
+                    e.format.name(),
+                    e.older_than_s,
+                    e.space.name()
+                )
             }
         }
     }
@@ -109,7 +114,7 @@ fn parse_stacks(q: &str) -> Result<Query, String> {
 }
 
 fn parse_export(q: &str) -> Result<ExportQuery, String> {
-    let mut out = ExportQuery { format: Format::Pprof, pid: None, layers: Layers::Driver, older_than_s: 5.0 };
+    let mut out = ExportQuery { format: Format::Pprof, pid: None, layers: Layers::Driver, older_than_s: 5.0, space: Space::Inuse };
     let mut format = None;
     for (k, v) in pairs(q) {
         match k {
@@ -124,6 +129,7 @@ fn parse_export(q: &str) -> Result<ExportQuery, String> {
                 }
             }
             "older_than_s" => out.older_than_s = v.parse().map_err(|_| bad(k, v, "not a number"))?,
+            "space" => out.space = Space::parse(v).ok_or_else(|| bad(k, v, "inuse or alloc"))?,
             _ => return Err(format!("unknown parameter {k}")),
         }
     }
@@ -167,8 +173,27 @@ mod tests {
             Query::Holdings { pids: vec![1, 2] },
             Query::Holdings { pids: vec![] },
             Query::Status,
-            Query::Export(ExportQuery { format: Format::TorchSnapshot, pid: Some(42), layers: Layers::Tensors, older_than_s: 1.5 }),
-            Query::Export(ExportQuery { format: Format::Perfetto, pid: None, layers: Layers::Driver, older_than_s: 5.0 }),
+            Query::Export(ExportQuery {
+                format: Format::TorchSnapshot,
+                pid: Some(42),
+                layers: Layers::Tensors,
+                older_than_s: 1.5,
+                space: Space::Inuse,
+            }),
+            Query::Export(ExportQuery {
+                format: Format::Perfetto,
+                pid: None,
+                layers: Layers::Driver,
+                older_than_s: 5.0,
+                space: Space::Inuse,
+            }),
+            Query::Export(ExportQuery {
+                format: Format::Flamegraph,
+                pid: Some(7),
+                layers: Layers::Driver,
+                older_than_s: 5.0,
+                space: Space::Alloc,
+            }),
         ];
         for q in queries {
             let path = q.to_path();

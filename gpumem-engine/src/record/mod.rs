@@ -63,6 +63,41 @@ pub struct Header {
     /// are weighed with); 0: no stack was sampled.
     #[serde(default)]
     pub stack_sample_bytes: u64,
+    /// The node it ran on and when it began (wall clock, ns since the
+    /// epoch); empty and 0 in recordings older than these fields.
+    #[serde(default)]
+    pub host: String,
+    #[serde(default)]
+    pub started_unix_ns: i64,
+}
+
+/// The program a command line runs: its first word past `NAME=value`
+/// assignments, without its directory (`GPUMEM_STEPS=60 /w/train x` → `train`).
+fn program(command: &str) -> Option<&str> {
+    let word = command.split_whitespace().find(|w| !(w.contains('=') && !w.starts_with('/')))?;
+    Some(word.rsplit('/').next().unwrap_or(word))
+}
+
+/// What a session was, in a few words: `train on node-3, 2026-12-04
+/// 15:20:11 UTC, 10.0 s`. The program is the command's (else `names`, the
+/// traced processes', else who recorded it).
+pub fn session_title(header: Option<&Header>, names: &[&str], duration_s: f64) -> String {
+    use std::fmt::Write as _;
+    let mut title = match header.and_then(|h| h.command.as_deref()).and_then(program) {
+        Some(p) => p.to_string(),
+        None if !names.is_empty() => names.iter().take(3).copied().collect::<Vec<_>>().join(", "),
+        None => header.map_or("a session".to_string(), |h| h.recorded_by.clone()),
+    };
+    if let Some(h) = header.filter(|h| !h.host.is_empty()) {
+        let _ = write!(title, " on {}", h.host);
+    }
+    if let Some(ns) = header.map(|h| h.started_unix_ns).filter(|&ns| ns > 0) {
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns as u64);
+        let at = humantime::format_rfc3339_seconds(at).to_string();
+        let _ = write!(title, ", {} UTC", at.trim_end_matches('Z').replace('T', " "));
+    }
+    let _ = write!(title, ", {duration_s:.1} s");
+    crate::names::printable(&title)
 }
 
 /// How the session ended: what a report needs besides the events.

@@ -13,6 +13,8 @@ fn sample() -> Vec<u8> {
         pids: vec![],
         started_ns: 5,
         stack_sample_bytes: 0,
+        host: String::new(),
+        started_unix_ns: 0,
     })
     .unwrap();
     w.lookup(&Lookup {
@@ -115,4 +117,26 @@ fn other_versions_and_other_files_are_refused_clearly() {
     assert!(matches!(err, Some(ReadError::NotARecording)));
     let (_, err) = read_all(b"");
     assert!(matches!(err, Some(ReadError::NotARecording)));
+}
+
+#[test]
+fn a_session_is_titled_by_its_program_node_start_and_length() {
+    assert_eq!(program("GPUMEM_STEPS=60 /work/x/workload /lib/libcuda.so.1 deep_leak & b"), Some("workload"));
+    assert_eq!(program("python3 train.py --lr=3"), Some("python3"));
+    assert_eq!(program("A=1 B=2"), None);
+    let h = Header {
+        gpumem_version: "0.1.0".into(),
+        recorded_by: "record".into(),
+        command: Some("GPUMEM_STEPS=60 /w/train x".into()),
+        pids: vec![],
+        started_ns: 5,
+        stack_sample_bytes: 0,
+        host: "node-3\x1b[2J".into(),
+        started_unix_ns: 1_796_397_611_000_000_000,
+    };
+    assert_eq!(session_title(Some(&h), &[], 10.04), "train on node-3?[2J, 2026-12-04 15:20:11 UTC, 10.0 s");
+    let bare = Header { command: None, host: String::new(), started_unix_ns: 0, ..h };
+    assert_eq!(session_title(Some(&bare), &["python3", "a"], 2.0), "python3, a, 2.0 s");
+    assert_eq!(session_title(Some(&bare), &[], 2.0), "record, 2.0 s");
+    assert_eq!(session_title(None, &[], 2.0), "a session, 2.0 s");
 }

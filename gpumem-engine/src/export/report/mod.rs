@@ -2,6 +2,7 @@
 //! plotters, no scripts, nothing fetched) and single SVG charts, from the
 //! timeline a replay kept (analysis::timeline) and the leak suspects.
 mod host;
+mod session;
 
 use std::fmt::Write as _;
 
@@ -44,6 +45,9 @@ pub struct ReportData {
     pub leaks: Vec<ProcessLeaks>,
     /// Why the recording could not be read to its end, if it could not.
     pub damage: Option<String>,
+    /// Folded stacks of the bytes held at the end and of those allocated
+    /// over the session (export::flame), drawn as flame graphs.
+    pub flames: Vec<(crate::export::flame::Space, String)>,
 }
 
 const W: u32 = 1100;
@@ -99,14 +103,32 @@ fn legend(style: ShapeStyle) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
     move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style)
 }
 
-/// OOM and XID marks: a red line each, with its words at the top.
+/// OOM and XID marks: a red line each, with its words at the top; words
+/// that would overlap earlier ones go a line lower (up to `LANES` lines,
+/// then the least crowded).
 fn draw_marks<'m>(chart: &mut Chart<'_, '_>, marks: impl Iterator<Item = &'m Mark>, top: f64) -> Result<(), DrawError> {
+    const LANES: usize = 6;
+    /// Sans-serif 12 px: about 7 px a character.
+    const CHAR_PX: f64 = 7.0;
     let red = full_palette::RED_600;
+    let (xs, _) = chart.plotting_area().get_pixel_range();
+    let range = chart.x_range();
+    let s_per_px = (range.end - range.start) / f64::from((xs.end - xs.start).max(1));
+    let mut marks: Vec<&Mark> = marks.collect();
+    marks.sort_by(|a, b| a.t_s.total_cmp(&b.t_s));
+    // Where each lane's last words end, in seconds.
+    let mut lanes = [f64::NEG_INFINITY; LANES];
     for m in marks {
+        let label = mark_label(m);
+        let width = (label.chars().count() as f64 * CHAR_PX + 6.0) * s_per_px;
+        let lane = lanes
+            .iter()
+            .position(|&end| end < m.t_s)
+            .unwrap_or_else(|| (0..LANES).min_by(|&a, &b| lanes[a].total_cmp(&lanes[b])).unwrap_or(0));
+        lanes[lane] = m.t_s + width;
         chart.draw_series(std::iter::once(PathElement::new(vec![(m.t_s, 0.0), (m.t_s, top)], red.stroke_width(1)))).map_err(draw_err)?;
-        chart
-            .draw_series(std::iter::once(Text::new(mark_label(m), (m.t_s, top * 0.97), ("sans-serif", 12).into_font().color(&red))))
-            .map_err(draw_err)?;
+        let y = top * (0.97 - 0.055 * lane as f64);
+        chart.draw_series(std::iter::once(Text::new(label, (m.t_s, y), ("sans-serif", 12).into_font().color(&red)))).map_err(draw_err)?;
     }
     Ok(())
 }
@@ -276,38 +298,9 @@ impl ReportData {
         h.push_str("<h2>Allocation sizes</h2>\n");
         h.push_str(&self.sizes_svg()?);
         self.leak_suspects(&mut h);
+        self.flame_section(&mut h)?;
         h.push_str("</body></html>\n");
         Ok(h)
-    }
-
-    /// The page's head, title and what the recording was.
-    fn head(&self, h: &mut String) {
-        let title = match self.header.as_ref().and_then(|h| h.command.clone()) {
-            Some(c) => format!("gpumem report: {}", escape(&c)),
-            None => "gpumem report".to_string(),
-        };
-        let _ = write!(
-            h,
-            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\n<style>\
-             body{{font-family:sans-serif;margin:24px;color:#222}}h1{{font-size:22px}}h2{{font-size:18px;margin-top:28px}}\
-             table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}\
-             .num{{text-align:right}}pre{{background:#f6f6f6;padding:6px;font-size:12px;margin:2px 0}}.warn{{color:#b00}}\
-             .row{{display:flex;gap:12px;flex-wrap:wrap}}</style></head><body>\n<h1>{title}</h1>\n"
-        );
-        let f = &self.footer;
-        let _ = writeln!(
-            h,
-            "<p>{:.1} s traced, {} events, {} lost, {} probes attached; recorded by gpumem {}.</p>",
-            f.duration_s,
-            self.timeline.events,
-            f.lost.total(),
-            f.probes_attached,
-            escape(self.header.as_ref().map_or("?", |h| h.gpumem_version.as_str()))
-        );
-        if let Some(d) = &self.damage {
-            let _ =
-                writeln!(h, "<p class=\"warn\">The recording is damaged: {}. This report covers what was read before it.</p>", escape(d));
-        }
     }
 
     /// One GPU: NVML's identity and memory, its timeline, ECC and temperatures.
