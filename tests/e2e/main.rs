@@ -20,6 +20,7 @@ mod k8s;
 mod kube;
 mod leaks;
 mod links;
+mod live_page;
 mod nvml;
 mod oom;
 mod python;

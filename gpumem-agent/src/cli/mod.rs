@@ -69,7 +69,7 @@ pub enum Command {
     /// Run as a daemon: trace every process on the host and serve Prometheus
     /// metrics on /metrics (and /healthz) until SIGTERM or SIGINT.
     #[command(after_help = privileges::SERVE_HELP)]
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Isolation actions for `serve --action`: cordon or taint this node,
     /// or delete the pod the event names, through the Kubernetes API with
     /// the pod's service account (the event's JSON on stdin).
@@ -350,10 +350,14 @@ pub struct HealthArgs {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address to serve /metrics and /healthz on. Loopback by default: binding
-    /// another address exposes process names and pids to whoever can reach it.
+    /// Address to serve /metrics, /healthz and the live page (/) on. Loopback
+    /// by default: binding another address exposes process names, pids (and,
+    /// on the page, their stacks) to whoever can reach it.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9400")]
     pub listen: std::net::SocketAddr,
+    /// Do not serve the live page (/ and its /api/v1/ questions) beside /metrics.
+    #[arg(long)]
+    pub no_page: bool,
     #[command(flatten)]
     pub probes: ProbeArgs,
     /// Seconds between NVML readings (memory, ECC, temperatures, health).

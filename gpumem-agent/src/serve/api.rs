@@ -56,26 +56,27 @@ impl LocalApi {
         let (tx, rx) = mpsc::channel(16);
         LocalApi { listener: Some(listener), path, metrics_url, tx, rx: Some(rx), server: None, began: Instant::now(), access }
     }
+}
 
-    /// The answer's bytes, as the daemon knows things now.
-    fn answer(&self, ctx: &mut Ctx<'_>, q: &Query) -> Result<Vec<u8>, (StatusCode, String)> {
-        let up_s = self.began.elapsed().as_secs_f64();
-        let serving = Serving { pid: std::process::id(), up_s, metrics: self.metrics_url.clone() };
-        let at = Asked {
-            agent: ctx.agent,
-            now_ns: monotonic_ns(),
-            duration_s: up_s,
-            wall_end_ns: unix_ns() as i64,
-            recorded_by: format!("gpumem serve (pid {}), up {up_s:.0} s", serving.pid),
-            serving: Some(&serving),
-        };
-        let failed = |e: QueryError| {
-            // An export of what this daemon does not keep is the asker's to change.
-            let status = if q.is_binary() { StatusCode::UNPROCESSABLE_ENTITY } else { StatusCode::INTERNAL_SERVER_ERROR };
-            (status, e.to_string())
-        };
-        query::answer(ctx.pipeline, &at, q).and_then(|a: Answer| a.to_bytes()).map_err(failed)
-    }
+/// A query's answer as bytes, as the daemon (up since `began`, its metrics
+/// at `metrics_url`) knows things now: the local API's and the live page's.
+pub fn answer(ctx: &mut Ctx<'_>, began: Instant, metrics_url: &str, q: &Query) -> Result<Vec<u8>, (StatusCode, String)> {
+    let up_s = began.elapsed().as_secs_f64();
+    let serving = Serving { pid: std::process::id(), up_s, metrics: metrics_url.to_string() };
+    let at = Asked {
+        agent: ctx.agent,
+        now_ns: monotonic_ns(),
+        duration_s: up_s,
+        wall_end_ns: unix_ns() as i64,
+        recorded_by: format!("gpumem serve (pid {}) on {}, up {up_s:.0} s", serving.pid, crate::node::name()),
+        serving: Some(&serving),
+    };
+    let failed = |e: QueryError| {
+        // An export of what this daemon does not keep is the asker's to change.
+        let status = if q.is_binary() { StatusCode::UNPROCESSABLE_ENTITY } else { StatusCode::INTERNAL_SERVER_ERROR };
+        (status, e.to_string())
+    };
+    query::answer(ctx.pipeline, &at, q).and_then(|a: Answer| a.to_bytes()).map_err(failed)
 }
 
 impl Output for LocalApi {
@@ -95,7 +96,7 @@ impl Output for LocalApi {
     }
 
     fn input(&mut self, ctx: &mut Ctx<'_>, r: Request) -> Result<Flow> {
-        let _ = r.reply.send(self.answer(ctx, &r.query));
+        let _ = r.reply.send(answer(ctx, self.began, &self.metrics_url, &r.query));
         Ok(Flow::Continue)
     }
 

@@ -1,5 +1,6 @@
 //! serve's metrics listener: Prometheus scrapes on /metrics (OpenMetrics
-//! when asked for, the classic text format otherwise) and /healthz. Each
+//! when asked for, the classic text format otherwise), /healthz and the
+//! live page (`/` and its read-only questions, serve/page.rs). Each
 //! request asks the runtime's task for its rendering (an input of this
 //! output), so a scrape never races an event and nothing is locked.
 use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Instant};
@@ -35,6 +36,11 @@ pub enum Request {
     /// The exposition, or why it could not be rendered.
     Metrics(oneshot::Sender<Result<String, std::fmt::Error>>),
     Health(oneshot::Sender<String>),
+    /// A question of the live page (serve/page.rs allows which).
+    Query {
+        query: gpumem_engine::query::Query,
+        reply: oneshot::Sender<Result<Vec<u8>, (StatusCode, String)>>,
+    },
 }
 
 /// What /metrics shows besides the pipeline and the agent's status.
@@ -56,6 +62,7 @@ pub struct Metrics {
     nvml_interval_s: f64,
     /// Fault injection: renderings still to fail.
     fail_renders: u32,
+    page: bool,
     extras: Extras,
     tx: mpsc::Sender<Request>,
     rx: Option<mpsc::Receiver<Request>>,
@@ -71,6 +78,8 @@ pub struct Settings {
     pub leak_age_s: f64,
     pub nvml_interval_s: f64,
     pub fail_renders: u32,
+    /// The live page beside /metrics (`--no-page` turns it off).
+    pub page: bool,
 }
 
 impl Metrics {
@@ -84,6 +93,7 @@ impl Metrics {
             leak_age_ns: (s.leak_age_s * 1e9) as u64,
             nvml_interval_s: s.nvml_interval_s,
             fail_renders: s.fail_renders,
+            page: s.page,
             extras,
             tx,
             rx: Some(rx),
@@ -126,7 +136,7 @@ impl Output for Metrics {
         let listener = self.listener.take().context("the metrics listener was started twice")?;
         listener.set_nonblocking(true).context("setting up the listener")?;
         let listener = tokio::net::TcpListener::from_std(listener).context("setting up the listener")?;
-        self.server = Some(Server::spawn(listener, router(self.tx.clone())));
+        self.server = Some(Server::spawn(listener, router(self.tx.clone(), self.page)));
         eprintln!(
             "gpumem: serving http://{}/metrics ({} probes attached); SIGTERM or Ctrl-C to stop",
             self.listen, ctx.agent.probes_attached
@@ -149,6 +159,9 @@ impl Output for Metrics {
         match r {
             Request::Metrics(reply) => {
                 let _ = reply.send(self.scrape(ctx));
+            }
+            Request::Query { query, reply } => {
+                let _ = reply.send(super::api::answer(ctx, self.began, &format!("http://{}/metrics", self.listen), &query));
             }
             Request::Health(reply) => {
                 let _ = reply.send(format!(
@@ -180,8 +193,9 @@ impl Output for Metrics {
     }
 }
 
-fn router(requests: mpsc::Sender<Request>) -> Router {
+fn router(requests: mpsc::Sender<Request>, page: bool) -> Router {
     let for_health = requests.clone();
+    let page = if page { super::page::routes(requests.clone()) } else { Router::new() };
     Router::new()
         .route(
             "/metrics",
@@ -206,6 +220,7 @@ fn router(requests: mpsc::Sender<Request>) -> Router {
                 }
             }),
         )
+        .merge(page)
 }
 
 fn metrics_response(answer: Option<Result<String, std::fmt::Error>>, openmetrics: bool) -> Response {

@@ -15,6 +15,7 @@ mod flight;
 mod http;
 mod metrics;
 mod otlp;
+mod page;
 mod peer;
 
 use std::{cell::RefCell, process::ExitCode, rc::Rc, time::Duration};
@@ -68,6 +69,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         leak_age_s: args.leak_age,
         nvml_interval_s: args.nvml_interval,
         fail_renders: args.fail_renders,
+        page: !args.no_page,
     };
     let metrics = metrics::Metrics::new(listener, args.listen, settings, extras.clone());
     let otlp = args.otlp_endpoint.clone().zip(extras.otlp.clone()).map(|(endpoint, pushes)| {

@@ -242,6 +242,11 @@ impl GpuWatch {
         self.assess();
     }
 
+    /// The XIDs kept, newest first.
+    pub fn recent_xids(&self) -> impl Iterator<Item = &XidEvent> {
+        self.xids.iter().rev()
+    }
+
     /// The XIDs of the window on one GPU.
     pub fn xids_of(&self, gpu: u32) -> Vec<XidEvent> {
         self.xids.iter().filter(|x| x.gpu == gpu).cloned().collect()

@@ -5,6 +5,7 @@
 //! asked over its socket answer with this same code, so the answer is the
 //! same whichever side built it; `wire` is how a query and its answer
 //! travel over the socket.
+pub mod events;
 pub mod export;
 pub mod holdings;
 pub mod leaks;
@@ -34,6 +35,8 @@ pub enum Query {
     Holdings { pids: Vec<u32> },
     /// The daemon's own status.
     Status,
+    /// Recent OOMs and XIDs.
+    Events,
     /// An export (pprof, PyTorch snapshot, Perfetto) of what is known now.
     Export(export::ExportQuery),
 }
@@ -67,6 +70,7 @@ pub enum Answer {
     Stacks(Option<Vec<LeakGroup>>),
     Holdings(Vec<Holding>),
     Status(status::DaemonStatus),
+    Events(events::EventsAnswer),
     Export(export::Rendered),
 }
 
@@ -96,6 +100,7 @@ pub fn answer(p: &mut Pipeline, at: &Asked<'_>, q: &Query) -> Result<Answer, Que
         Query::Stacks { pid, device } => Answer::Stacks(top::stacks(p, *pid, *device, at.now_ns)),
         Query::Holdings { pids } => Answer::Holdings(holdings::of(&p.state, pids)),
         Query::Status => Answer::Status(status::of(p, at)),
+        Query::Events => Answer::Events(events::recent(p, at.now_ns)),
         Query::Export(e) => {
             let span = export::Span {
                 ended_ns: at.now_ns,

@@ -52,6 +52,7 @@ impl Query {
             Query::Stacks { pid, device } => format!("/v1/stacks?pid={pid}&device={device}"),
             Query::Holdings { pids } => format!("/v1/holdings?pids={}", join(pids)),
             Query::Status => "/v1/status".into(),
+            Query::Events => "/v1/events".into(),
             Query::Export(e) => {
                 let layers = if e.layers == Layers::Tensors { "tensors" } else { "driver" };
                 let pid = e.pid.map_or_else(String::new, |p| p.to_string());
@@ -75,6 +76,7 @@ impl Query {
             "/v1/stacks" => parse_stacks(query).map_err(bad)?,
             "/v1/holdings" => Query::Holdings { pids: pid_list("pids", query.strip_prefix("pids=").unwrap_or(query)).map_err(bad)? },
             "/v1/status" => Query::Status,
+            "/v1/events" => Query::Events,
             "/v1/export" => Query::Export(parse_export(query).map_err(bad)?),
             _ => return Err(ParseError::Unknown(path.to_string())),
         })
@@ -149,6 +151,7 @@ impl Answer {
             Answer::Stacks(groups) => out = json(groups)?,
             Answer::Holdings(h) => out = json(h)?,
             Answer::Status(s) => out = json(s)?,
+            Answer::Events(e) => out = json(e)?,
             Answer::Export(r) => out.clone_from(&r.bytes),
         }
         Ok(out)
@@ -173,6 +176,7 @@ mod tests {
             Query::Holdings { pids: vec![1, 2] },
             Query::Holdings { pids: vec![] },
             Query::Status,
+            Query::Events,
             Query::Export(ExportQuery {
                 format: Format::TorchSnapshot,
                 pid: Some(42),
