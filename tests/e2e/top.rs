@@ -114,8 +114,18 @@ fn top_in_a_real_terminal_sorts_filters_switches_gpu_shows_stacks_and_quits() {
     let pid = hold.id().to_string();
     let screen = tmux.wait_for("the workload's rows", |s| s.contains(&pid) && s.contains("9.0 MiB") && s.contains("2.0 MiB"));
     // Largest first: GPU 0's 9 MiB row above GPU 1's 2 MiB row.
-    let (i9, i2) = (screen.find("9.0 MiB").unwrap(), screen.find("2.0 MiB").unwrap());
+    let table = &screen[screen.find("PID ").unwrap()..];
+    let (i9, i2) = (table.find("9.0 MiB").unwrap(), table.find("2.0 MiB").unwrap());
     assert!(i9 < i2, "{screen}");
+    // A gauge per GPU (NVML's 20 of 144 GiB used on GPU 0), the selected row's
+    // memory over time and its stacks as bars by bytes.
+    let screen = tmux.wait_for("the panes", |s| s.contains("largest stacks by bytes") && s.contains("8.0 MiB in 1"));
+    assert!(
+        screen.contains("GPU 0 Fake H200") && screen.contains(" 14% ") && screen.contains("20.0 GiB of 144.0 GiB used · traced 9.0 MiB"),
+        "{screen}"
+    );
+    assert!(screen.contains(&format!("workload (pid {pid}) on GPU 0: live MiB, last ")), "{screen}");
+    assert!(screen.contains(&format!("pid {pid} on GPU 0: largest stacks by bytes")) && screen.contains("1.0 MiB in 1"), "{screen}");
     std::fs::create_dir_all(target_dir().join("screenshots")).unwrap();
     let colored = Command::new("tmux").args(["capture-pane", "-p", "-e", "-t", "gpumem-top-test"]).output().unwrap();
     std::fs::write(target_dir().join("screenshots/top.ansi"), &colored.stdout).unwrap();
@@ -329,6 +339,8 @@ fn the_live_top_over_a_running_daemon_shows_what_was_allocated_before_it_started
     );
     let tmux = Tmux::start("gpumem-top-daemon", &cmd);
     tmux.wait_for("the workload's rows", |s| s.contains(&pid) && s.contains("9.0 MiB") && s.contains("2.0 MiB"));
+    // The bars pane, asked of the daemon for the selected row.
+    tmux.wait_for("the stacks pane", |s| s.contains(&format!("pid {pid} on GPU 0: largest stacks by bytes")) && s.contains("8.0 MiB in 1"));
     tmux.keys(&["Enter"]);
     let s = tmux.wait_for("the stacks", |s| s.contains("largest live allocation stacks"));
     assert!(s.contains("workload.c"), "the stacks of what was allocated before top started: {s}");

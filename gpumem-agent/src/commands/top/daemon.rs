@@ -29,13 +29,21 @@ pub fn run(args: &TopArgs, mut answer: SnapshotAnswer) -> Result<ExitCode> {
         let mut redraw = tokio::time::interval(std::time::Duration::from_secs_f64(args.interval));
         loop {
             answer.snapshot.sort(screen.sort);
+            let selected = screen.selected_row(&answer.snapshot).map(|r| (r.pid, r.device));
+            if selected != screen.pane.as_ref().map(|p| (p.0, p.1)) || screen.pane.is_none() {
+                screen.pane = selected.map(|(pid, device)| (pid, device, stacks(args, pid, device)));
+            }
             terminal.0.draw(|f| tui::draw(f, &answer.snapshot, &mut screen, answer.probes_attached))?;
             tokio::select! {
                 _ = redraw.tick() => {
                     if !screen.paused {
                         // The daemon gone: the last snapshot stays, and says so in its footer.
                         match fetch(args) {
-                            Ok(Some(a)) => answer = a,
+                            Ok(Some(a)) => {
+                                answer = a;
+                                // Asked again with the new snapshot.
+                                screen.pane = None;
+                            }
                             Ok(None) | Err(_) => screen.stacks = Some(("gpumem serve".into(), vec!["the daemon no longer answers".into()])),
                         }
                     }

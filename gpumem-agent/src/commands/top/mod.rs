@@ -116,6 +116,14 @@ impl Top {
         // The same snapshot a daemon answers (query::top), in this session's sort.
         self.snap = query::top::snapshot(ctx.pipeline, monotonic_ns(), ctx.agent.kernel.lost.total());
         self.snap.sort(self.screen.sort);
+        self.refresh_pane(ctx);
+    }
+
+    /// The selected row's stacks, for the bars pane.
+    fn refresh_pane(&mut self, ctx: &mut Ctx<'_>) {
+        let now = self.replay_now_ns.unwrap_or_else(monotonic_ns);
+        self.screen.pane =
+            self.screen.selected_row(&self.snap).map(|r| (r.pid, r.device, query::top::stacks(ctx.pipeline, r.pid, r.device, now)));
     }
 
     fn draw(&mut self, probes: usize) -> Result<()> {
@@ -137,6 +145,7 @@ impl Top {
             Action::None => {}
         }
         self.snap.sort(self.screen.sort);
+        self.refresh_pane(ctx);
         Flow::Continue
     }
 

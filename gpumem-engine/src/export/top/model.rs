@@ -11,8 +11,16 @@ use crate::{
     names::{api_name, bytes, printable, result_name},
 };
 
-/// Samples in a row's trend line.
-pub const TREND_LEN: usize = 20;
+/// Samples in a row's trend (growth samples, 0.25 s apart: the last minute,
+/// what top's chart draws).
+pub const TREND_LEN: usize = 240;
+/// Of them, the latest in a row's sparkline.
+pub const SPARK_LEN: usize = 20;
+
+/// The latest [`SPARK_LEN`] samples of a trend.
+pub fn spark_tail(trend: &[u64]) -> &[u64] {
+    &trend[trend.len().saturating_sub(SPARK_LEN)..]
+}
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GpuHeader {
@@ -287,7 +295,7 @@ pub fn row_line(r: &Row) -> String {
         host_bytes(r.host_resident_bytes),
         host_bytes(r.host_swap_bytes),
         growth(r.growth_bytes_per_s),
-        sparkline(&r.trend),
+        sparkline(spark_tail(&r.trend)),
         r.verdict,
         r.last_failure.as_deref().unwrap_or("-")
     )

@@ -1,6 +1,7 @@
 //! `gpumem top`'s terminal UI (ratatui): the screen's own state (sort,
 //! filter, GPU, pause, selection, the stacks popup), what a key does to it,
-//! and drawing a snapshot.
+//! and drawing a snapshot: per-GPU gauges, the process table, the selected
+//! row's memory over time and its stacks as bars (panes.rs).
 use ratatui::{
     crossterm::event::{KeyCode, KeyEvent},
     layout::{Constraint, Layout, Margin},
@@ -10,7 +11,10 @@ use ratatui::{
     Frame,
 };
 
-use super::model::{allocated, allocs, device_name, gpu_line, growth, host_bytes, sparkline, Row, Snapshot, SortKey};
+use super::{
+    model::{allocated, allocs, device_name, growth, host_bytes, spark_tail, sparkline, Row, Snapshot, SortKey},
+    panes,
+};
 use crate::{
     analysis::leaks::LeakGroup,
     names::{bytes, printable},
@@ -29,6 +33,9 @@ pub struct Screen {
     pub table: TableState,
     /// The selected process's top stacks, while shown: (title, lines).
     pub stacks: Option<(String, Vec<String>)>,
+    /// The selected row's largest stacks, for the bars pane: (pid, device,
+    /// groups; None: the process is gone), refreshed with each snapshot.
+    pub pane: Option<(u32, i32, Option<Vec<LeakGroup>>)>,
 }
 
 /// What a key asks for beyond changing the screen.
@@ -53,6 +60,12 @@ impl Screen {
 
     fn visible<'a>(&self, snap: &'a Snapshot) -> Vec<&'a Row> {
         snap.visible(&self.filter, self.device(snap))
+    }
+
+    /// The row under the cursor.
+    pub fn selected_row<'a>(&self, snap: &'a Snapshot) -> Option<&'a Row> {
+        let rows = self.visible(snap);
+        rows.get(self.table.selected().unwrap_or(0).min(rows.len().saturating_sub(1))).copied()
     }
 
     pub fn key(&mut self, snap: &Snapshot, k: KeyEvent) -> Action {
@@ -149,10 +162,15 @@ const WIDTHS: [Constraint; 13] = [
     Constraint::Min(10),
 ];
 
+/// Rows of the chart and bars panes, when the terminal has room for them.
+const PANES_HEIGHT: u16 = 12;
+
 pub fn draw(f: &mut Frame, snap: &Snapshot, screen: &mut Screen, probes: usize) {
     let gpu_lines = snap.gpus.len().max(1) as u16;
-    let [head, body, foot] =
-        Layout::vertical([Constraint::Length(gpu_lines + 2), Constraint::Min(3), Constraint::Length(1)]).areas(f.area());
+    let panes_height = if f.area().height >= gpu_lines + 2 + 8 + PANES_HEIGHT { PANES_HEIGHT } else { 0 };
+    let [head, body, panes_area, foot] =
+        Layout::vertical([Constraint::Length(gpu_lines + 2), Constraint::Min(3), Constraint::Length(panes_height), Constraint::Length(1)])
+            .areas(f.area());
     let device = screen.device(snap);
     let filter = if screen.filter.is_empty() && !screen.editing {
         "-".to_string()
@@ -168,22 +186,10 @@ pub fn draw(f: &mut Frame, snap: &Snapshot, screen: &mut Screen, probes: usize) 
         snap.lost,
         probes
     );
-    let gpus: Vec<Line> = if snap.gpus.is_empty() {
-        vec![Line::from("no GPU seen yet (no NVML, no traced allocation)")]
-    } else {
-        snap.gpus
-            .iter()
-            .map(|g| {
-                let line = Line::from(gpu_line(g));
-                if device == Some(g.index) {
-                    line.bold()
-                } else {
-                    line
-                }
-            })
-            .collect()
-    };
-    f.render_widget(Paragraph::new(gpus).block(Block::default().borders(Borders::ALL).title(title.bold())), head);
+    let block = Block::default().borders(Borders::ALL).title(title.bold());
+    let gauges = block.inner(head);
+    f.render_widget(block, head);
+    panes::draw_gauges(f, gauges, snap, device);
 
     let header = TableRow::new([
         "PID",
@@ -207,6 +213,18 @@ pub fn draw(f: &mut Frame, snap: &Snapshot, screen: &mut Screen, probes: usize) 
     }
     let table = Table::new(rows, WIDTHS).header(header).row_highlight_style(Style::default().add_modifier(Modifier::REVERSED));
     f.render_stateful_widget(table, body, &mut screen.table);
+    if panes_height > 0 {
+        let [chart, bars] = Layout::horizontal([Constraint::Percentage(45), Constraint::Percentage(55)]).areas(panes_area);
+        let row = screen.selected_row(snap);
+        panes::draw_chart(f, chart, row, crate::analysis::growth::SAMPLE_INTERVAL_S);
+        let groups = match (&screen.pane, row) {
+            (Some((pid, dev, g)), Some(r)) if *pid == r.pid && *dev == r.device => Some(g.as_deref().unwrap_or(&[])),
+            _ => None,
+        };
+        let title = row
+            .map_or("largest stacks".to_string(), |r| format!("pid {} on GPU {}: largest stacks by bytes", r.pid, device_name(r.device)));
+        panes::draw_bars(f, bars, &title, groups);
+    }
     let help = if screen.editing {
         "type to filter by name, pod or pid · Enter done · Esc done"
     } else {
@@ -238,8 +256,8 @@ fn table_row(r: &Row) -> TableRow<'static> {
         Cell::from(host_bytes(r.host_resident_bytes)),
         Cell::from(host_bytes(r.host_swap_bytes)),
         Cell::from(growth(r.growth_bytes_per_s)),
-        Cell::from(sparkline(&r.trend)),
-        Cell::from(r.verdict.clone()),
+        Cell::from(sparkline(spark_tail(&r.trend))),
+        Cell::from(r.verdict.clone()).style(panes::verdict_style(r.leaking, &r.verdict)),
         Cell::from(r.last_failure.clone().unwrap_or_else(|| "-".into())),
     ]);
     if r.leaking {
