@@ -13,7 +13,17 @@ const GPU0_BYTES: u64 = 9 * MIB;
 fn the_live_page_shows_the_running_workload_with_exact_bytes_and_draws_its_flame_graph() {
     require_root();
     let f = fixtures();
-    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap(), "--nvml-interval", "1"], &[]);
+    // The synthetic NVML reports XID 48 on GPU 1.
+    let xids = target_dir().join("gpumem-fixtures/live-page-xids");
+    std::fs::write(&xids, "1:48").unwrap();
+    let serve = Serve::start(
+        &["--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap(), "--nvml-interval", "1"],
+        &[("GPUMEM_FAKE_NVML_XIDS_FILE", xids.to_str().unwrap())],
+    );
+    // A CUDA OOM: a process asking more than the synthetic GPU's 64 MiB.
+    let mut oom = spawn_workload("oom", &[("GPUMEM_FAKE_CAPACITY", &(64 * MIB).to_string())]);
+    let oom_pid = oom.id();
+    oom.wait().unwrap();
     let mut child = spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", "30000")]);
     let pid = child.id();
     poll(
@@ -66,6 +76,10 @@ fn the_live_page_shows_the_running_workload_with_exact_bytes_and_draws_its_flame
         dom.split("data-frames=\"").nth(1).and_then(|s| s.split('"').next()).unwrap_or_else(|| panic!("no flame graph drawn: {dom}"));
     assert!(frames.parse::<u32>().unwrap() >= 3, "the flame graph has the process's frames: {frames}");
     assert!(dom.contains("(8388608 bytes) in 1 allocation(s)"), "its stacks are listed with their bytes: {dom}");
+    // The recent OOM and XID, in their table.
+    let events = &dom[dom.find("<table id=\"events\">").unwrap()..];
+    assert!(events.contains("<td>CUDA out of memory</td>") && events.contains(&format!("workload ({oom_pid}) on GPU 0")), "{events}");
+    assert!(events.contains("<td>XID 48</td><td>GPU 1</td>"), "{events}");
     let (colours, ink) = png_contents(&png);
     assert!(colours >= 20 && ink > 0.05, "the screenshot looks blank: {colours} colours, {:.1} % not white", ink * 100.0);
 

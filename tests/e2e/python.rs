@@ -86,6 +86,22 @@ fn python_frames_survive_a_recording_and_its_replay() {
     let leak = groups.iter().find(|g| python_frames(g).get(1).is_some_and(|f| f.0 == "train_step")).expect("the leak, replayed");
     assert_eq!(names(&python_frames(leak)), ["alloc", "train_step", "main", "<module>"]);
     assert_eq!(leak["bytes"].as_u64(), Some(5 * MIB));
+
+    // Its flame graph's folded stacks: the Python frames merged with the
+    // native ones (the interpreter's, ctypes'), root first, with their files and lines.
+    let folded = f.dir.join("python.folded");
+    let out = run_gpumem(&["export", "--format", "folded", rec.to_str().unwrap(), "-o", folded.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&folded).unwrap();
+    let line = text.lines().find(|l| l.contains(";train_step (train.py:38);")).unwrap_or_else(|| panic!("{text}"));
+    let (stack, bytes) = line.rsplit_once(' ').unwrap();
+    assert_eq!(bytes, (5 * MIB).to_string(), "{line}");
+    let frames: Vec<&str> = stack.split(';').collect();
+    let at = |name: &str| frames.iter().position(|f| f.starts_with(name)).unwrap_or_else(|| panic!("{name}: {line}"));
+    assert!(at("<module> (train.py:") < at("main (train.py:") && at("main (train.py:") < at("train_step (train.py:38)"), "{line}");
+    assert!(at("train_step (train.py:38)") < at("alloc (train.py:23)"), "{line}");
+    let native = frames[2..].iter().filter(|f| !f.contains(".py:")).count();
+    assert!(native >= 2, "native frames beside the Python ones: {line}");
 }
 
 /// A root `cargo xtask test` debootstraps (trixie's python3.13, noble's python3.12).
