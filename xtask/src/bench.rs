@@ -23,15 +23,19 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The peer: bpftrace doing the minimum a leak tracer must (the allocation's
-/// pointer saved at entry, the allocation put in a map at return, removed
-/// at free). Uses only what bpftrace 0.17 (Debian) has.
+/// The peer: bpftrace doing the minimum a leak tracer must, on the same
+/// four points gpumem probes (entry and return of the allocation and of the
+/// free): the allocation's pointer saved at entry, the allocation put in a
+/// map at a successful return, the free's pointer saved at entry and the
+/// allocation removed at its successful return (a failed free frees
+/// nothing). Uses only what bpftrace 0.17 (Debian) has.
 fn bpftrace_script(lib: &str) -> String {
     format!(
         "uprobe:{lib}:cuMemAlloc_v2 {{ @out[tid] = arg0; }}\n\
-         uretprobe:{lib}:cuMemAlloc_v2 /@out[tid]/ {{ @live[*(uint64 *)uptr(@out[tid])] = nsecs; delete(@out[tid]); }}\n\
-         uprobe:{lib}:cuMemFree_v2 {{ delete(@live[arg0]); }}\n\
-         END {{ clear(@out); clear(@live); }}\n"
+         uretprobe:{lib}:cuMemAlloc_v2 /@out[tid]/ {{ if (retval == 0) {{ @live[*(uint64 *)uptr(@out[tid])] = nsecs; }} delete(@out[tid]); }}\n\
+         uprobe:{lib}:cuMemFree_v2 {{ @freeing[tid] = arg0; }}\n\
+         uretprobe:{lib}:cuMemFree_v2 /@freeing[tid]/ {{ if (retval == 0) {{ delete(@live[@freeing[tid]]); }} delete(@freeing[tid]); }}\n\
+         END {{ clear(@out); clear(@live); clear(@freeing); }}\n"
     )
 }
 
@@ -203,14 +207,12 @@ fn print_overhead(runs: Vec<(&str, Vec<f64>)>, calls: u64, rounds: u32, what: Lo
         "", "ns/call", "added ns", "ratio to empty", "added vs empty's", "added ns per hit"
     );
     for (label, v) in &med {
-        // Probe hits per call: gpumem (and the empty baseline) trap at entry
-        // and return of both calls; the bpftrace script skips cuMemFree_v2's
-        // return (so it cannot tell a failed free).
-        // USDT probes are one hit per call, for everyone.
+        // Probe hits per call: everyone (gpumem, the empty baseline and the
+        // bpftrace peer) traps at entry and return of both calls; USDT
+        // probes are one hit per call, for everyone.
         let hits = match *label {
             "no probes" => f64::NAN,
             _ if what == Loop::Usdt => 1.0,
-            "bpftrace (peer)" => 1.5,
             _ => 2.0,
         };
         match v {
