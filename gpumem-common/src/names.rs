@@ -63,6 +63,7 @@ pub mod global {
     pub const WAKEUP_BYTES: &str = "WAKEUP_BYTES";
     pub const STACK_BUDGET_PER_S: &str = "STACK_BUDGET_PER_S";
     pub const STACK_SAMPLE_BYTES: &str = "STACK_SAMPLE_BYTES";
+    pub const STACK_BURST: &str = "STACK_BURST";
     pub const CAPTURE_STACKS: &str = "CAPTURE_STACKS";
     pub const FORK_CHILD_PID_OFFSET: &str = "FORK_CHILD_PID_OFFSET";
     pub const OOM_OFFSETS: &str = "OOM_OFFSETS";
@@ -70,11 +71,12 @@ pub mod global {
     pub const NV_PREFIX_LEN: &str = "NV_PREFIX_LEN";
     pub const KEEP_LIVE: &str = "KEEP_LIVE";
 
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 11] = [
         FILTER_MODE,
         WAKEUP_BYTES,
         STACK_BUDGET_PER_S,
         STACK_SAMPLE_BYTES,
+        STACK_BURST,
         CAPTURE_STACKS,
         FORK_CHILD_PID_OFFSET,
         OOM_OFFSETS,

@@ -117,6 +117,11 @@ pub static STACK_BUDGET_PER_S: u64 = 0;
 #[no_mangle]
 pub static STACK_SAMPLE_BYTES: u64 = 0;
 
+/// Stacks a process's budget holds at most, and starts with (0: one
+/// second's worth): what a new or long-idle hot process takes at once.
+#[no_mangle]
+pub static STACK_BURST: u64 = 0;
+
 #[inline(always)]
 pub fn load_time_u64(v: &u64) -> u64 {
     // SAFETY: read of a load-time constant (see filter_mode).

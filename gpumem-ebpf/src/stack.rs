@@ -19,8 +19,8 @@ use gpumem_common::{
 use crate::{
     emit,
     maps::{
-        count, load_time_u64, BPF_RB_NO_WAKEUP, STACKS, STACK_BUDGET, STACK_BUDGET_PER_S, STACK_COPY_BYTES, STACK_SAMPLE_BYTES,
-        STACK_SCRATCH,
+        count, load_time_u64, BPF_RB_NO_WAKEUP, STACKS, STACK_BUDGET, STACK_BUDGET_PER_S, STACK_BURST, STACK_COPY_BYTES,
+        STACK_SAMPLE_BYTES, STACK_SCRATCH,
     },
     python,
 };
@@ -65,8 +65,9 @@ fn under_budget(tgid: u32, now: u64) -> bool {
     if per_s == 0 {
         return true;
     }
-    // The agent keeps per_s ≤ 1e6: a second's worth fits in 64 bits.
-    let full = per_s * NS_PER_S;
+    // The agent keeps per_s and the burst ≤ 1e6: they fit in 64 bits.
+    let burst = load_time_u64(&STACK_BURST);
+    let full = if burst == 0 { per_s } else { burst } * NS_PER_S;
     let Some(b) = STACK_BUDGET.get_ptr_mut(&tgid) else {
         let _ = STACK_BUDGET.insert(&tgid, &StackBudget { tokens: full - NS_PER_S, last_ns: now }, 0);
         return true;

@@ -157,6 +157,8 @@ pub fn overhead(pairs: u64, rounds: u32, what: Loop) -> Result<()> {
         ("gpumem --stacks off", vec![]),
         ("bpftrace (peer)", vec![]),
         ("gpumem as serve runs", vec![]),
+        // The stack budget's burst as it was: a whole second's worth at once.
+        ("gpumem, 1 s burst", vec![]),
     ];
     // The kernel's table of live entries kept and the state pinned, as `serve` does.
     let pin_dir = "/sys/fs/bpf/gpumem-bench";
@@ -183,6 +185,8 @@ pub fn overhead(pairs: u64, rounds: u32, what: Loop) -> Result<()> {
         }
         runs[5].1.push(gpumem(&["--probes", "full", "--stacks", "on", "--pin-dir", pin_dir])?);
         crate::run(Command::new(&bin).args(["serve", "--cleanup", "--pin-dir", pin_dir]))?;
+        gpumem_tests::wait_for_detach();
+        runs[6].1.push(gpumem(&["--probes", "full", "--stacks", "on", "--stack-burst", "0"])?);
         gpumem_tests::wait_for_detach();
         let now: Vec<String> = runs.iter().filter_map(|(l, v)| v.last().map(|x| format!("{l} {x:.0}"))).collect();
         eprintln!("round {}: {} ns/call", round + 1, now.join(", "));

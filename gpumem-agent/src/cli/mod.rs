@@ -131,6 +131,11 @@ pub struct ProbeArgs {
     /// Accounting is never sampled.
     #[arg(long, value_name = "PER_S", value_parser = parse_stack_budget, default_value_t = gpumem_engine::stacks::policy::DEFAULT_BUDGET_PER_S)]
     pub stack_budget: u32,
+    /// Full stacks the budget holds at most, and what a new or long-idle
+    /// process gets at once before the per-second rate applies (0: one
+    /// second's worth).
+    #[arg(long, value_name = "N", value_parser = parse_stack_budget, default_value_t = gpumem_engine::stacks::policy::DEFAULT_BURST)]
+    pub stack_burst: u32,
     /// Beyond the budget, an allocation of SIZE bytes has its stack taken
     /// with probability 1 - exp(-SIZE/BYTES) and stands for 1/p allocations
     /// (as Go's and tcmalloc's heap profiles do).

@@ -42,6 +42,7 @@ impl ProbeArgs {
                 ring_bytes: self.stack_ring_bytes,
                 budget_per_s: self.stack_budget,
                 sample_bytes: self.stack_sample_bytes,
+                burst: self.stack_burst,
             },
             uprobe_links: self.uprobe_links,
             refuse_uprobe_multi: self.refuse_uprobe_multi,

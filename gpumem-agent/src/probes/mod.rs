@@ -160,6 +160,7 @@ impl Agent {
             .override_global(global::CAPTURE_STACKS, &(options.stacks.capture as u32), true)
             .override_global(global::STACK_BUDGET_PER_S, &(options.stacks.budget_per_s as u64), true)
             .override_global(global::STACK_SAMPLE_BYTES, &options.stacks.sample_bytes, true)
+            .override_global(global::STACK_BURST, &(options.stacks.burst as u64), true)
             // Wake the reader at an eighth of the ring; below, it polls (POLL_MS).
             .override_global(global::WAKEUP_BYTES, &(options.ringbuf_bytes as u64 / 8), true)
             .override_global(global::FORK_CHILD_PID_OFFSET, &fork_offset, true)

@@ -10,7 +10,14 @@ pub const DEFAULT_BUDGET_PER_S: u32 = 2000;
 /// Mean bytes between sampled stacks beyond the budget, by default (Go's
 /// MemProfileRate).
 pub const DEFAULT_SAMPLE_BYTES: u64 = 512 * 1024;
-/// Largest budget: keeps the kernel's token arithmetic in 64 bits.
+/// Full stacks a process's budget holds at most, by default: what a new
+/// (or long-idle) process that allocates in a hot loop gets at once before
+/// the budget's rate applies. An eighth of a second's worth: a process
+/// starting a burst of 20 000 allocations pays full stacks for 256 of them
+/// plus the rate's refill, not a whole second's 2 000; sampling by bytes
+/// keeps its per-stack figures unbiased beyond that.
+pub const DEFAULT_BURST: u32 = 256;
+/// Largest budget (and burst): keeps the kernel's token arithmetic in 64 bits.
 pub const MAX_BUDGET_PER_S: u32 = 1_000_000;
 
 /// What the kernel is told about stacks at load time.
@@ -24,6 +31,13 @@ pub struct StackPolicy {
     pub budget_per_s: u32,
     /// Mean bytes between samples beyond the budget.
     pub sample_bytes: u64,
+    /// Stacks the budget holds at most and starts with (0: one second's worth).
+    #[serde(default = "default_burst")]
+    pub burst: u32,
+}
+
+fn default_burst() -> u32 {
+    DEFAULT_BURST
 }
 
 impl Default for StackPolicy {
@@ -33,6 +47,7 @@ impl Default for StackPolicy {
             ring_bytes: gpumem_common::STACK_RING_BYTES,
             budget_per_s: DEFAULT_BUDGET_PER_S,
             sample_bytes: DEFAULT_SAMPLE_BYTES,
+            burst: DEFAULT_BURST,
         }
     }
 }
