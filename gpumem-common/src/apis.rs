@@ -174,7 +174,20 @@ apis! {
     CU_DEVICE_GET_UUID_V2, "cuDeviceGetUuid_v2", DeviceUuid, true;
 }
 
+/// Each id's index in APIS (u8::MAX: not a probed API): every event looks
+/// its API up, so this is a table, not a search.
+const BY_ID: [u8; api::MAX as usize + 1] = {
+    assert!(APIS.len() < u8::MAX as usize);
+    let mut t = [u8::MAX; api::MAX as usize + 1];
+    let mut i = 0;
+    while i < APIS.len() {
+        t[APIS[i].id as usize] = i as u8;
+        i += 1;
+    }
+    t
+};
+
 /// Looks up a probed API by id.
 pub fn api_info(id: u32) -> Option<&'static ApiInfo> {
-    APIS.iter().find(|a| a.id == id)
+    APIS.get(*BY_ID.get(id as usize)? as usize)
 }

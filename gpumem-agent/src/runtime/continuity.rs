@@ -222,7 +222,7 @@ impl Continuity {
     /// into the kernel's entry, exits are noted for the sweep, new stacks
     /// for the state directory.
     pub fn applied(&mut self, o: &Outcome) {
-        if o.kind == Kind::Exit {
+        if matches!(o.kind, Kind::Exit) {
             self.exited.push(o.event.pid);
             return;
         }

@@ -28,7 +28,7 @@ pub fn replay<R: Read, O: Output>(reader: &mut Reader<R>, options: pipeline::Opt
         match rec {
             Ok(Record::Header(h)) => {
                 ctx.pipeline.stacks.sample_bytes = h.stack_sample_bytes;
-                header = Some(h);
+                header = Some(*h);
             }
             Ok(Record::Event { event, stack }) => {
                 last_ts = event.ts_ns;
@@ -38,19 +38,19 @@ pub fn replay<R: Read, O: Output>(reader: &mut Reader<R>, options: pipeline::Opt
                 }
             }
             Ok(Record::Stack { id, frames }) => ctx.pipeline.stacks.insert_symbolized(id, frames),
-            Ok(Record::Lookup(l)) => ctx.pipeline.lookups.add(l),
+            Ok(Record::Lookup(l)) => ctx.pipeline.lookups.add(*l),
             Ok(Record::Tick(t)) => {
                 ctx.pipeline.sample_growth(t);
                 out.sampled(&mut ctx, t)?;
             }
-            Ok(Record::Nvml(p)) => ctx.pipeline.recorded_nvml(p),
-            Ok(Record::Xid(x)) => ctx.pipeline.recorded_xid(x),
+            Ok(Record::Nvml(p)) => ctx.pipeline.recorded_nvml(*p),
+            Ok(Record::Xid(x)) => ctx.pipeline.recorded_xid(*x),
             Ok(Record::Host(h)) => {
                 let t = h.t_s;
-                ctx.pipeline.recorded_host(h);
+                ctx.pipeline.recorded_host(*h);
                 out.host(&mut ctx, t)?;
             }
-            Ok(Record::Footer(f)) => footer = Some(f),
+            Ok(Record::Footer(f)) => footer = Some(*f),
             Err(e) => {
                 damage = Some(e);
                 break;

@@ -149,17 +149,31 @@ pub struct Distribution {
     pub buckets: Buckets,
     /// Prometheus buckets are in base units: bytes, or seconds for ns values.
     scale: f64,
+    /// Each bound in recorded units: the largest value that `observe` puts
+    /// at or below it (so a value's bucket is found in integers, as the
+    /// scaled comparison would find it).
+    raw_bounds: Vec<u64>,
 }
 
 impl Distribution {
     fn new(max: u64, bounds: Vec<f64>, scale: f64) -> Self {
-        Distribution { hdr: Histogram::new_with_bounds(1, max, SIGFIG).expect("valid bounds"), buckets: Buckets::new(bounds), scale }
+        let raw_bounds = bounds.iter().map(|&b| raw_bound(b, scale)).collect();
+        Distribution {
+            hdr: Histogram::new_with_bounds(1, max, SIGFIG).expect("valid bounds"),
+            buckets: Buckets::new(bounds),
+            scale,
+            raw_bounds,
+        }
     }
 
     fn record(&mut self, v: u64) {
         // Value 0 (a zero-byte allocation) is recorded as 1: the bound's floor.
         self.hdr.saturating_record(v.max(1));
-        self.buckets.observe(v as f64 * self.scale);
+        let i = self.raw_bounds.partition_point(|&r| r < v);
+        let b = &mut self.buckets;
+        b.counts[i] += 1;
+        b.sum += v as f64 * self.scale;
+        b.count += 1;
     }
 
     /// Each value is the lowest of its hdrhistogram bucket (within 1 % below
@@ -169,6 +183,23 @@ impl Distribution {
         let q = |q: f64| h.lowest_equivalent(h.value_at_quantile(q));
         Percentiles { count: h.len(), p50: q(0.5), p90: q(0.9), p99: q(0.99), max: h.lowest_equivalent(h.max()) }
     }
+}
+
+/// The largest `v` with `v as f64 * scale <= bound` (0 if none): where
+/// `Buckets::observe` of a scaled value would stop.
+fn raw_bound(bound: f64, scale: f64) -> u64 {
+    let fits = |v: u64| v as f64 * scale <= bound;
+    if !fits(0) {
+        return 0;
+    }
+    let mut v = (bound / scale).clamp(0.0, u64::MAX as f64) as u64;
+    while v > 0 && !fits(v) {
+        v -= 1;
+    }
+    while v < u64::MAX && fits(v + 1) {
+        v += 1;
+    }
+    v
 }
 
 /// Percentiles of one distribution, for summaries.
@@ -261,6 +292,20 @@ pub struct DistributionSummary {
 mod tests {
     use super::*;
     use crate::state::{testing::ev, Limits, State};
+
+    #[test]
+    fn integer_bucketing_puts_each_value_where_the_scaled_comparison_does() {
+        for (bounds, scale) in [(latency_bounds(), 1e-9), (LIFETIME_BOUNDS.to_vec(), 1e-9), (size_bounds(), 1.0)] {
+            let mut fast = Distribution::new(MAX_NS, bounds.clone(), scale);
+            let mut slow = Buckets::new(bounds.clone());
+            let edges = bounds.iter().map(|&b| (b / scale) as u64);
+            for v in edges.flat_map(|e| [e.saturating_sub(1), e, e + 1, e * 3 / 2]).chain([0, 1, u64::MAX / 2]) {
+                fast.record(v);
+                slow.observe(v as f64 * scale);
+            }
+            assert_eq!(fast.buckets, slow, "bounds {bounds:?}");
+        }
+    }
 
     #[test]
     fn allocations_frees_and_failures_contribute_what_they_should() {

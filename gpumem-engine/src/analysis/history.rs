@@ -217,7 +217,7 @@ impl History {
             self.totals.entry(key).or_default().add(ev.size, sampling, sample_bytes);
         }
         if let Some(action) = action {
-            let stream = if *kind == Kind::TensorAlloc { TensorAlloc::unpack(ev).stream } else { 0 };
+            let stream = if matches!(kind, Kind::TensorAlloc) { TensorAlloc::unpack(ev).stream } else { 0 };
             self.log(device, TraceEntry { action, stream, ..entry(ev, stack) });
         }
     }

@@ -39,6 +39,8 @@ impl Lookups {
                 }
                 c
             }
+            // (Most recordings have none: no hashing then, for each of their events.)
+            Lookups::Recorded { containers, .. } if containers.is_empty() => None,
             Lookups::Recorded { containers, .. } => containers.remove(&pid),
         }
     }

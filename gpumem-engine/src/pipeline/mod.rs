@@ -187,13 +187,13 @@ impl Pipeline {
             self.degraded.add(pid, reason, why);
         }
         self.last_event_ns = self.last_event_ns.max(ev.ts_ns);
-        if kind == Kind::Exit {
+        if matches!(kind, Kind::Exit) {
             self.keep_wind_down(ev);
         }
         let mut applied = self.state.apply_kind(ev, &kind, stack);
         self.looked_up(ev, looked, &mut applied);
         self.forget_forgotten();
-        if kind == Kind::Exit {
+        if matches!(kind, Kind::Exit) {
             self.stacks.forget_process(ev.pid);
         }
         let oom_stacks = self.oom_stacks(ev, &applied);
@@ -230,7 +230,7 @@ impl Pipeline {
         let wants_container = match known {
             None => !matches!(kind, Kind::Exit | Kind::OomKill(_)),
             // An exited process's pid may be reused by this event's process.
-            Some(p) => *kind != Kind::Exit && (p.container.is_none() || p.exited),
+            Some(p) => !matches!(kind, Kind::Exit) && (p.container.is_none() || p.exited),
         };
         let (memcg, host) = match kind {
             Kind::OomKill(_) => {

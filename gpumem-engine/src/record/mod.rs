@@ -133,7 +133,8 @@ pub struct Footer {
 /// One frame of a recording.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Record {
-    Header(Header),
+    // The rare, large frames are boxed: an event's record is moved for each of millions of events.
+    Header(Box<Header>),
     Event {
         event: Event,
         stack: Option<StackId>,
@@ -142,13 +143,13 @@ pub enum Record {
         id: StackId,
         frames: Vec<Frame>,
     },
-    Lookup(Lookup),
+    Lookup(Box<Lookup>),
     /// A sample of live bytes for the growth detector, at this many seconds.
     Tick(f64),
-    Nvml(NvmlPoint),
-    Xid(XidPoint),
-    Host(HostPoint),
-    Footer(Footer),
+    Nvml(Box<NvmlPoint>),
+    Xid(Box<XidPoint>),
+    Host(Box<HostPoint>),
+    Footer(Box<Footer>),
 }
 
 /// A stack frame's payload.

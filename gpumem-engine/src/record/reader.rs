@@ -1,7 +1,7 @@
 //! Reading a recording: frame by frame, stopping at the first damaged one
 //! and saying where, with everything before it kept.
 use std::{
-    io::{self, BufReader, Read},
+    io::{self, BufRead, BufReader, Read},
     path::Path,
 };
 
@@ -69,6 +69,29 @@ impl<R: Read> Reader<R> {
         if self.done {
             return None;
         }
+        // Most frames (events: 105 bytes) lie whole in the read buffer: read
+        // them there, without copying them out first.
+        let (head, len) = match self.input.fill_buf() {
+            Ok(buf) if buf.len() >= 5 => {
+                let head: [u8; 5] = buf[..5].try_into().expect("5 bytes");
+                (head, u32::from_le_bytes([head[1], head[2], head[3], head[4]]))
+            }
+            // The end of the buffer or of the file, or an error: read as it comes.
+            _ => return self.next_record_copied(),
+        };
+        let whole = 9 + len as usize;
+        if len > MAX_PAYLOAD || self.input.buffer().len() < whole {
+            return self.next_record_copied();
+        }
+        // The checksum over tag, length and payload in one pass: they lie together here.
+        let (framed, crc) = self.input.buffer()[..whole].split_at(whole - 4);
+        let decoded = checked(&self.crc, &[framed], crc).and_then(|()| decode(head[0], &framed[5..]));
+        self.input.consume(whole);
+        Some(self.decoded(decoded, len))
+    }
+
+    /// The next frame, copied out of the input (it straddles the read buffer's end).
+    fn next_record_copied(&mut self) -> Option<Result<Record, ReadError>> {
         let mut head = [0u8; 5];
         let n = match read_full(&mut self.input, &mut head) {
             Ok(n) => n,
@@ -88,7 +111,7 @@ impl<R: Read> Reader<R> {
         if n < 5 {
             return Some(Err(truncated(self)));
         }
-        let (tag, len) = (head[0], u32::from_le_bytes([head[1], head[2], head[3], head[4]]));
+        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
         if len > MAX_PAYLOAD {
             return Some(Err(self.corrupt(FrameError::TooLarge(len))));
         }
@@ -102,25 +125,35 @@ impl<R: Read> Reader<R> {
                 return Some(Err(e.into()));
             }
         }
-        let (body, crc_bytes) = payload.split_at(len as usize);
-        let mut crc = self.crc.clone();
-        crc.update(&head);
-        crc.update(body);
-        let ok = crc.finalize().to_le_bytes()[..] == crc_bytes[..];
-        let decoded = if ok { decode(tag, body) } else { Err(FrameError::Checksum) };
+        let (body, crc) = payload.split_at(len as usize);
+        let decoded = checked(&self.crc, &[&head, body], crc).and_then(|()| decode(head[0], body));
         self.payload = payload;
-        let record = match decoded {
-            Ok(r) => r,
-            Err(why) => return Some(Err(self.corrupt(why))),
-        };
+        Some(self.decoded(decoded, len))
+    }
+
+    /// A frame's record counted, or its damage said.
+    fn decoded(&mut self, decoded: Result<Record, FrameError>, len: u32) -> Result<Record, ReadError> {
+        let record = decoded.map_err(|why| self.corrupt(why))?;
         self.offset += 9 + len as u64;
-        if matches!(record, Record::Event { .. }) {
-            self.events += 1;
+        match record {
+            Record::Event { .. } => self.events += 1,
+            Record::Footer(_) => self.done = true,
+            _ => {}
         }
-        if matches!(record, Record::Footer(_)) {
-            self.done = true;
-        }
-        Some(Ok(record))
+        Ok(record)
+    }
+}
+
+/// Whether `crc` (4 bytes, LE) is the CRC-32 of `parts` one after the other.
+fn checked(fresh: &crc32fast::Hasher, parts: &[&[u8]], crc: &[u8]) -> Result<(), FrameError> {
+    let mut h = fresh.clone();
+    for p in parts {
+        h.update(p);
+    }
+    if h.finalize().to_le_bytes()[..] == crc[..] {
+        Ok(())
+    } else {
+        Err(FrameError::Checksum)
     }
 }
 
@@ -130,7 +163,7 @@ fn json<T: for<'de> Deserialize<'de>>(what: &'static str, payload: &[u8]) -> Res
 
 fn decode(tag: u8, payload: &[u8]) -> Result<Record, FrameError> {
     Ok(match tag {
-        tag::HEADER => Record::Header(json("header", payload)?),
+        tag::HEADER => Record::Header(Box::new(json("header", payload)?)),
         tag::EVENT => {
             if payload.len() != EVENT_SIZE + 8 {
                 return Err(FrameError::EventSize { got: payload.len(), expected: EVENT_SIZE + 8 });
@@ -144,12 +177,12 @@ fn decode(tag: u8, payload: &[u8]) -> Result<Record, FrameError> {
             let s: StackJson = json("stack", payload)?;
             Record::Stack { id: s.id, frames: s.frames }
         }
-        tag::LOOKUP => Record::Lookup(json("lookup", payload)?),
+        tag::LOOKUP => Record::Lookup(Box::new(json("lookup", payload)?)),
         tag::TICK => Record::Tick(f64::from_le_bytes(payload.try_into().map_err(|_| FrameError::TickSize)?)),
-        tag::FOOTER => Record::Footer(json("footer", payload)?),
-        tag::NVML => Record::Nvml(json("NVML", payload)?),
-        tag::XID => Record::Xid(json("XID", payload)?),
-        tag::HOST => Record::Host(json("host memory", payload)?),
+        tag::FOOTER => Record::Footer(Box::new(json("footer", payload)?)),
+        tag::NVML => Record::Nvml(Box::new(json("NVML", payload)?)),
+        tag::XID => Record::Xid(Box::new(json("XID", payload)?)),
+        tag::HOST => Record::Host(Box::new(json("host memory", payload)?)),
         other => return Err(FrameError::UnknownTag(other)),
     })
 }

@@ -65,7 +65,7 @@ fn round_trip() {
     let Record::Lookup(l) = &recs[1] else { panic!() };
     assert_eq!(l.container.as_ref().unwrap().qos, Some("burstable"));
     assert_eq!(recs[5], Record::Tick(0.1));
-    assert_eq!(recs[6], Record::Host(host_point()), "pids (map keys) survive JSON");
+    assert_eq!(recs[6], Record::Host(Box::new(host_point())), "pids (map keys) survive JSON");
     assert!(matches!(&recs[7], Record::Footer(f) if f.duration_s == 1.5));
 }
 

@@ -13,11 +13,12 @@ impl Process {
     pub(super) fn apply_alloc(&mut self, class: ApiClass, ev: &Event, room: bool, stack: Option<StackId>, out: &mut Applied) {
         let memory = if class == ApiClass::HostAlloc { Memory::HostPinned } else { Memory::Device };
         let adopted = ev.flags & gpumem_common::flags::ADOPTED != 0 && ev.device != DEVICE_UNKNOWN;
+        let (ctx, current_device) = self.current(ev.tid);
         let device = match memory {
             Memory::HostPinned => DEVICE_UNKNOWN,
             // Rebuilt from the kernel's table: the device the last agent resolved.
             Memory::Device if adopted => ev.device,
-            Memory::Device => self.current_device(ev.tid),
+            Memory::Device => current_device,
         };
         // A pool made while traced names its device, whatever context is current.
         let pool = if memory == Memory::Device { self.pool_of_alloc(ev, device) } else { None };
@@ -30,7 +31,6 @@ impl Process {
             out.dropped = true;
             return;
         }
-        let ctx = self.current_ctx(ev.tid);
         let alloc = Allocation::new(ev.size, device, memory, self.ctx_index(ctx), ev.ts_ns, stack, Sampling::of(ev.flags));
         // A pointer handed out twice: its free is late (another thread's,
         // not yet seen; see below) or was missed. Replace it, and remember

@@ -15,15 +15,20 @@ use super::{
 impl Process {
     /// The calling thread's current context, if known.
     pub fn current_ctx(&self, tid: u32) -> u64 {
-        let c = &self.held.contexts;
-        c.per_thread.get(&tid).and_then(|s| s.last().copied()).or(c.last).unwrap_or(0)
+        self.current(tid).0
     }
 
     /// Device of the calling thread's current context, if known.
     pub fn current_device(&self, tid: u32) -> i32 {
+        self.current(tid).1
+    }
+
+    /// The calling thread's current context (0: none) and its device, looked up once.
+    pub fn current(&self, tid: u32) -> (u64, i32) {
         let c = &self.held.contexts;
         let ctx = c.per_thread.get(&tid).and_then(|s| s.last().copied()).or(c.last);
-        ctx.and_then(|ctx| c.device_of.get(&ctx).copied()).or(self.assumed_device).unwrap_or(DEVICE_UNKNOWN)
+        let device = ctx.and_then(|ctx| c.device_of.get(&ctx).copied()).or(self.assumed_device).unwrap_or(DEVICE_UNKNOWN);
+        (ctx.unwrap_or(0), device)
     }
 
     /// The index of a context handle in `Contexts::ids`, added if new. A process

@@ -142,7 +142,7 @@ impl State {
         let Some(proc) = self.process_for(ev, kind) else {
             return Applied { device: ev.device, size: ev.size, dropped: true, ..Default::default() };
         };
-        if proc.exited && *kind != Kind::Exit {
+        if proc.exited && !matches!(kind, Kind::Exit) {
             // A call the dead process began before its exit, read after it:
             // the driver freed everything at exit, there is nothing to apply.
             self.late_events += 1;
@@ -167,7 +167,7 @@ impl State {
     /// over; a call that began before it is returned with the exited process.
     fn process_for(&mut self, ev: &Event, kind: &Kind) -> Option<&mut Process> {
         let reused = match self.processes.get(&ev.pid) {
-            Some(p) => p.exited && *kind != Kind::Exit && ev.ts_ns.saturating_sub(ev.latency_ns) > p.exited_ns,
+            Some(p) => p.exited && !matches!(kind, Kind::Exit) && ev.ts_ns.saturating_sub(ev.latency_ns) > p.exited_ns,
             None => {
                 if self.processes.len() >= self.limits.max_processes && !self.evict_exited() {
                     self.overflow.process_events_dropped += 1;
