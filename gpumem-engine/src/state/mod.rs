@@ -11,6 +11,7 @@ mod graph;
 mod ioctl;
 mod outcome;
 pub mod process;
+mod processes;
 pub mod share;
 pub mod tensor;
 mod vmm;
@@ -23,6 +24,7 @@ use rustc_hash::FxHashMap;
 use crate::{events::Kind, stacks::StackId};
 pub use outcome::{Applied, CudaOom, Holder, OomCounters, OomKill, Release, OOM_TOP_HOLDERS};
 pub use process::{Allocation, Failure, Import, Memory, PoolKey, PoolUse, Process, Sharing, Suspension, Via, VmmHandle};
+pub use processes::Processes;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -67,7 +69,7 @@ pub const MAX_DEVICE_ORDINAL: i32 = i16::MAX as i32;
 #[derive(Debug, Default)]
 pub struct State {
     pub limits: Limits,
-    pub processes: BTreeMap<u32, Process>,
+    pub processes: Processes,
     pub overflow: Overflow,
     entries: usize,
     pub events: u64,
@@ -321,7 +323,7 @@ impl State {
             }
         }
         self.device_hints = on.into_iter().filter_map(|(pid, d)| Some((pid, d?))).collect();
-        for p in self.processes.values_mut().filter(|p| !p.exited && p.assumed_device.is_none()) {
+        for p in self.processes.values_mut_unordered().filter(|p| !p.exited && p.assumed_device.is_none()) {
             if let Some(&device) = self.device_hints.get(&p.pid) {
                 if p.held.devices.contains_key(&DEVICE_UNKNOWN) || p.held.contexts.device_of.is_empty() {
                     p.assume_device(device);
@@ -426,7 +428,8 @@ impl State {
 
     /// Makes room by forgetting the oldest exited process. False if none.
     fn evict_exited(&mut self) -> bool {
-        match self.processes.iter().find(|(_, p)| p.exited).map(|(&pid, _)| pid) {
+        let lowest_exited = self.processes.iter().find(|(_, p)| p.exited).map(|(&pid, _)| pid);
+        match lowest_exited {
             Some(pid) => {
                 self.forget(pid);
                 true
