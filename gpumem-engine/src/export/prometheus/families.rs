@@ -1,16 +1,111 @@
-//! Metric families as prometheus-client encodes them: a scrape builds each
-//! family's series (labels and a value) and hands them to the encoder as one
-//! `Collector`, so that the OpenMetrics text is prometheus-client's own.
-use prometheus_client::{
-    collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder},
-    metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
-};
+//! Metric families of one scrape: each family's series (labels and a value)
+//! written as OpenMetrics text, byte for byte as prometheus-client encodes
+//! them (its encoder is the reference in the tests), without building each
+//! series' labels anew: a process row's labels are made and escaped once
+//! and shared by every family that shows the row.
+use std::{fmt::Write as _, sync::Arc};
 
 use super::catalog::Metric;
 use crate::analysis::distributions::Buckets;
 
-pub type Labels = Vec<(&'static str, String)>;
+/// Label names and values, in order.
+pub type Pairs = Vec<(&'static str, String)>;
+
+/// A series' labels: a set several families share (made, and escaped for
+/// the text format, once per scrape) followed by the series' own.
+#[derive(Clone, Debug, Default)]
+pub struct Labels {
+    shared: Option<Arc<Shared>>,
+    own: Pairs,
+}
+
+#[derive(Debug)]
+struct Shared {
+    pairs: Pairs,
+    /// `name="value",...` as the text format writes them.
+    text: String,
+}
+
+impl Labels {
+    /// Labels several series will carry (cloning them shares them).
+    pub fn shared(pairs: Pairs) -> Labels {
+        let mut text = String::new();
+        for (i, (k, v)) in pairs.iter().enumerate() {
+            if i > 0 {
+                text.push(',');
+            }
+            write_pair(&mut text, k, v);
+        }
+        Labels { shared: Some(Arc::new(Shared { pairs, text })), own: Vec::new() }
+    }
+
+    /// One more label, after those there are.
+    pub fn push(&mut self, pair: (&'static str, String)) {
+        self.own.push(pair);
+    }
+
+    /// Every label, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> + '_ {
+        let shared = self.shared.iter().flat_map(|s| s.pairs.iter());
+        shared.chain(&self.own).map(|(k, v)| (*k, v.as_str()))
+    }
+
+    /// `{...}` (with `le` first where given, as prometheus-client places a
+    /// bucket's bound), or nothing for no labels.
+    fn write(&self, out: &mut String, le: Option<&str>) {
+        let shared = self.shared.as_deref().map(|s| s.text.as_str()).filter(|t| !t.is_empty());
+        if le.is_none() && shared.is_none() && self.own.is_empty() {
+            return;
+        }
+        out.push('{');
+        let mut first = true;
+        let mut sep = |out: &mut String| {
+            if !std::mem::take(&mut first) {
+                out.push(',');
+            }
+        };
+        if let Some(le) = le {
+            sep(out);
+            write_pair(out, "le", le);
+        }
+        if let Some(text) = shared {
+            sep(out);
+            out.push_str(text);
+        }
+        for (k, v) in &self.own {
+            sep(out);
+            write_pair(out, k, v);
+        }
+        out.push('}');
+    }
+}
+
+impl From<Pairs> for Labels {
+    fn from(own: Pairs) -> Self {
+        Labels { shared: None, own }
+    }
+}
+
+/// `name="value"`, the value escaped as the text format asks (backslash,
+/// double quote, newline); names are the catalog's own.
+fn write_pair(out: &mut String, name: &str, value: &str) {
+    out.push_str(name);
+    out.push_str("=\"");
+    let mut last = 0;
+    for (i, b) in value.bytes().enumerate() {
+        let escaped = match b {
+            b'\\' => "\\\\",
+            b'"' => "\\\"",
+            b'\n' => "\\n",
+            _ => continue,
+        };
+        out.push_str(&value[last..i]);
+        out.push_str(escaped);
+        last = i + 1;
+    }
+    out.push_str(&value[last..]);
+    out.push('"');
+}
 
 /// A sample's value.
 #[derive(Clone, Debug)]
@@ -34,22 +129,6 @@ impl Value {
     }
 }
 
-/// A histogram from counts kept elsewhere (analysis::distributions).
-#[derive(Debug)]
-struct ConstHistogram<'a>(&'a Buckets);
-
-impl EncodeMetric for ConstHistogram<'_> {
-    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let b = self.0;
-        let buckets: Vec<(f64, u64)> = b.bounds.iter().copied().chain([f64::INFINITY]).zip(b.counts.iter().copied()).collect();
-        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(b.sum, b.count, &buckets, None)
-    }
-
-    fn metric_type(&self) -> MetricType {
-        MetricType::Histogram
-    }
-}
-
 #[derive(Debug)]
 struct Family {
     metric: Metric,
@@ -60,11 +139,24 @@ struct Family {
 #[derive(Debug, Default)]
 pub struct Families(Vec<Family>);
 
+/// A family's series, to add to: labels as a `Labels` or plain pairs.
+pub struct SeriesOf<'a>(&'a mut Vec<(Labels, Value)>);
+
+impl SeriesOf<'_> {
+    pub fn push<L: Into<Labels>>(&mut self, (labels, v): (L, Value)) {
+        self.0.push((labels.into(), v));
+    }
+
+    pub fn extend<L: Into<Labels>>(&mut self, series: impl IntoIterator<Item = (L, Value)>) {
+        self.0.extend(series.into_iter().map(|(l, v)| (l.into(), v)));
+    }
+}
+
 impl Families {
-    /// A new family; its series are pushed to what this returns.
-    pub fn add(&mut self, metric: Metric) -> &mut Vec<(Labels, Value)> {
+    /// A new family; its series are added to what this returns.
+    pub fn add(&mut self, metric: Metric) -> SeriesOf<'_> {
         self.0.push(Family { metric, series: Vec::new() });
-        &mut self.0.last_mut().expect("pushed").series
+        SeriesOf(&mut self.0.last_mut().expect("pushed").series)
     }
 
     /// Each family's metric and series, in order (for other encoders: OTLP).
@@ -72,31 +164,159 @@ impl Families {
         self.0.iter().map(|f| (&f.metric, f.series.as_slice()))
     }
 
-    /// The whole exposition, ending with `# EOF`.
-    pub fn encode(self) -> Result<String, std::fmt::Error> {
-        let mut out = String::with_capacity(64 * 1024);
-        let mut registry = prometheus_client::registry::Registry::default();
-        registry.register_collector(Box::new(self));
-        prometheus_client::encoding::text::encode(&mut out, &registry)?;
-        Ok(out)
+    /// The whole exposition (OpenMetrics text), ending with `# EOF`.
+    pub fn encode(self) -> String {
+        let series: usize = self.0.iter().map(|f| f.series.len()).sum();
+        let mut out = String::with_capacity(4096 + series * 160);
+        for f in &self.0 {
+            f.write(&mut out);
+        }
+        out.push_str("# EOF\n");
+        out
     }
 }
 
-impl Collector for Families {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for f in &self.0 {
-            let mut family = encoder.encode_descriptor(f.metric.name, f.metric.help, None, f.metric.kind)?;
-            for (labels, v) in &f.series {
-                let m = family.encode_family(labels)?;
-                match v {
-                    Value::Int(x) => ConstGauge::new(*x).encode(m)?,
-                    Value::Float(x) => ConstGauge::new(*x).encode(m)?,
-                    Value::Count(x) => ConstCounter::new(*x).encode(m)?,
-                    Value::FloatCount(x) => ConstCounter::new(*x).encode(m)?,
-                    Value::Histogram(b) => ConstHistogram(b).encode(m)?,
+impl Family {
+    fn write(&self, out: &mut String) {
+        let name = self.metric.name;
+        // Infallible: writing to a String.
+        let _ = write!(out, "# HELP {name} {}\n# TYPE {name} {}\n", self.metric.help, self.metric.kind.as_str());
+        let (mut ints, mut floats) = (itoa::Buffer::new(), dtoa::Buffer::new());
+        for (labels, v) in &self.series {
+            let mut sample = |suffix: &str, le: Option<&str>, value: &str| {
+                out.push_str(name);
+                out.push_str(suffix);
+                labels.write(out, le);
+                out.push(' ');
+                out.push_str(value);
+                out.push('\n');
+            };
+            match v {
+                Value::Int(x) => sample("", None, ints.format(*x)),
+                Value::Float(x) => sample("", None, floats.format(*x)),
+                Value::Count(x) => sample("_total", None, ints.format(*x)),
+                Value::FloatCount(x) => sample("_total", None, floats.format(*x)),
+                Value::Histogram(b) => {
+                    sample("_sum", None, floats.format(b.sum));
+                    sample("_count", None, ints.format(b.count));
+                    let mut cumulative = 0;
+                    let bounds = b.bounds.iter().map(Some).chain([None]);
+                    for (bound, n) in bounds.zip(&b.counts) {
+                        cumulative += n;
+                        let le = bound.map_or("+Inf".to_string(), |&x| dtoa::Buffer::new().format(x).to_string());
+                        sample("_bucket", Some(&le), itoa::Buffer::new().format(cumulative));
+                    }
                 }
             }
         }
-        Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use prometheus_client::{
+        collector::Collector,
+        encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder},
+        metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
+    };
+
+    use super::*;
+    use crate::export::prometheus::catalog as m;
+
+    /// The same families through prometheus-client's own encoder: the reference.
+    struct Reference<'a>(&'a Families);
+
+    struct ConstHistogram<'a>(&'a Buckets);
+
+    impl std::fmt::Debug for Reference<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Reference")
+        }
+    }
+
+    impl std::fmt::Debug for ConstHistogram<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("ConstHistogram")
+        }
+    }
+
+    impl EncodeMetric for ConstHistogram<'_> {
+        fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+            let b = self.0;
+            let buckets: Vec<(f64, u64)> = b.bounds.iter().copied().chain([f64::INFINITY]).zip(b.counts.iter().copied()).collect();
+            encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(b.sum, b.count, &buckets, None)
+        }
+
+        fn metric_type(&self) -> MetricType {
+            MetricType::Histogram
+        }
+    }
+
+    impl Collector for Reference<'static> {
+        fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+            for f in &self.0 .0 {
+                let mut family = encoder.encode_descriptor(f.metric.name, f.metric.help, None, f.metric.kind)?;
+                for (labels, v) in &f.series {
+                    let pairs: Vec<(&str, String)> = labels.iter().map(|(k, v)| (k, v.to_string())).collect();
+                    let m = family.encode_family(&pairs)?;
+                    match v {
+                        Value::Int(x) => ConstGauge::new(*x).encode(m)?,
+                        Value::Float(x) => ConstGauge::new(*x).encode(m)?,
+                        Value::Count(x) => ConstCounter::new(*x).encode(m)?,
+                        Value::FloatCount(x) => ConstCounter::new(*x).encode(m)?,
+                        Value::Histogram(b) => ConstHistogram(b).encode(m)?,
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// What prometheus-client's encoder writes for `f`.
+    pub(in crate::export::prometheus) fn reference(f: Families) -> String {
+        let leaked: &'static Families = Box::leak(Box::new(f));
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(Reference(leaked)));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).expect("encodes");
+        out
+    }
+
+    /// Every kind of value, shared and own labels, hostile label values.
+    fn families() -> Families {
+        let mut f = Families::default();
+        let row = Labels::shared(vec![("pid", "7".into()), ("comm", "a\"b\\c\nd é".into()), ("container", String::new())]);
+        f.add(m::PROCESS_MEMORY).extend([(row.clone(), Value::Int(-3)), (Labels::from(vec![]), Value::Int(i64::MAX))]);
+        let mut owned = row.clone();
+        owned.push(("owner", "lib\"x".into()));
+        f.add(m::PROCESS_BY_OWNER).push((owned, Value::int(u64::MAX)));
+        f.add(m::PROCESS_GROWTH).extend([
+            (row.clone(), Value::Float(1.5)),
+            (row.clone(), Value::Float(f64::NAN)),
+            (row.clone(), Value::Float(-0.0)),
+            (row.clone(), Value::Float(1e-300)),
+            (row.clone(), Value::Float(f64::INFINITY)),
+        ]);
+        f.add(m::API_CALLS).push((vec![("api", "cuMemAlloc_v2".to_string()), ("result", "success".to_string())], Value::Count(9)));
+        f.add(m::AGENT_CPU).push((vec![], Value::FloatCount(0.25)));
+        let mut b = Buckets::new(vec![1e-6, 0.25, 4.0]);
+        for x in [1e-7, 0.1, 3.0, 9.0, 9.5] {
+            b.observe(x);
+        }
+        f.add(m::API_LATENCY).extend([(row, Value::Histogram(b.clone())), (Labels::from(vec![]), Value::Histogram(b))]);
+        f.add(m::UNKNOWN_EVENTS);
+        f
+    }
+
+    #[test]
+    fn the_text_is_byte_for_byte_what_prometheus_client_writes() {
+        assert_eq!(families().encode(), reference(families()));
+    }
+
+    #[test]
+    fn shared_labels_come_first_and_iterate_in_order() {
+        let mut l = Labels::shared(vec![("a", "1".into()), ("b", "2".into())]);
+        l.push(("c", "3".into()));
+        assert_eq!(l.iter().collect::<Vec<_>>(), [("a", "1"), ("b", "2"), ("c", "3")]);
     }
 }

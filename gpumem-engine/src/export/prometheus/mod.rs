@@ -36,7 +36,7 @@ use catalog as m;
 
 /// `serve --action`/`--webhook` outcomes by (target, event, outcome).
 pub type ActionCounts = BTreeMap<(Target, TriggerKind, ActionOutcome), u64>;
-use families::{Families, Labels, Value};
+use families::{Families, Labels, Pairs, Value};
 pub use text::to_text_format;
 
 /// Everything a scrape renders.
@@ -82,8 +82,9 @@ impl<'a> Scrape<'a> {
 }
 
 /// The whole exposition, ending with `# EOF`.
+/// (Writing to a String does not fail; serve's error path keeps the Result.)
 pub fn render(s: &Scrape<'_>) -> Result<String, std::fmt::Error> {
-    families(s).encode()
+    Ok(families(s).encode())
 }
 
 /// Every family of a scrape, with its series: what /metrics shows (and
@@ -99,7 +100,7 @@ pub fn families(s: &Scrape<'_>) -> Families {
 }
 
 /// dcgm-exporter's device labels, filled from NVML where it has the GPU.
-fn device_labels(device: i32, view: &View) -> Labels {
+fn device_labels(device: i32, view: &View) -> Pairs {
     let gpu = view.gpus.iter().find(|g| g.index == device).and_then(|g| g.nvml.as_ref());
     vec![
         ("gpu", if device == DEVICE_UNKNOWN { "unknown".to_string() } else { device.to_string() }),
@@ -119,18 +120,18 @@ fn row_labels(r: &crate::analysis::view::Row, view: &View) -> Labels {
         labels.push(("GPU_I_ID", m.gpu_instance_id.to_string()));
         labels.push(("GPU_I_PROFILE", m.profile.clone()));
     }
-    labels
+    Labels::shared(labels)
 }
 
 /// A MIG reconciliation row's GPU_I_ID and GPU_I_PROFILE (nothing for a whole GPU).
-fn instance_labels(r: &crate::analysis::reconcile::Reconciliation, view: &View) -> Labels {
+fn instance_labels(r: &crate::analysis::reconcile::Reconciliation, view: &View) -> Pairs {
     let Some(id) = r.gpu_instance_id else { return Vec::new() };
     let gpu = view.gpus.iter().find(|g| g.index == r.gpu as i32).and_then(|g| g.nvml.as_ref());
     let profile = gpu.and_then(|g| g.mig.iter().find(|m| m.gpu_instance_id == id)).map(|m| m.profile.clone()).unwrap_or_default();
     vec![("GPU_I_ID", id.to_string()), ("GPU_I_PROFILE", profile)]
 }
 
-fn gpu_labels(g: &GpuSample) -> Labels {
+fn gpu_labels(g: &GpuSample) -> Pairs {
     vec![("gpu", g.index.to_string()), ("UUID", g.uuid.clone()), ("pci_bus_id", g.pci_bus_id.clone()), ("modelName", g.name.clone())]
 }
 
@@ -200,7 +201,7 @@ fn gpu_cgroups(fams: &mut Families, s: &Scrape<'_>) {
     fams.add(m::CONTAINER_GPU_MEMORY_LIMIT).extend(limits);
 }
 
-fn workload_labels(process: Option<(u32, &str, &Workload)>) -> Labels {
+fn workload_labels(process: Option<(u32, &str, &Workload)>) -> Pairs {
     let (pid, comm, w) = match process {
         Some((pid, comm, w)) => (pid.to_string(), comm.to_string(), w.clone()),
         None => (String::new(), "other".to_string(), Workload::default()),
@@ -298,7 +299,7 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
         })
         .collect();
     series.extend(capped.other.iter().map(|o| Series {
-        labels: [workload_labels(None), device_labels(o.device, view)].concat(),
+        labels: Labels::shared([workload_labels(None), device_labels(o.device, view)].concat()),
         totals: o.totals.clone(),
         leak_suspect_bytes: o.leak_suspect_bytes,
         growth_bytes_per_s: o.growth_bytes_per_s,
@@ -329,17 +330,17 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
     tensors(m::PROCESS_LARGEST_FREE_BLOCK, &|t| t.2);
 
     let cap = s.max_process_series;
-    let pinned = fams.add(m::PROCESS_HOST_PINNED);
+    let mut pinned = fams.add(m::PROCESS_HOST_PINNED);
     pinned.extend(capped.pinned.iter().map(|p| (workload_labels(Some((p.pid, &p.comm, &p.workload))), Value::int(p.bytes))));
     pinned.extend(capped.pinned_other.map(|bytes| (workload_labels(None), Value::int(bytes))));
     host_memory(fams, s);
     gpu_cgroups(fams, s);
     // Only processes that lost events: their other series are uncertain.
-    let lost = fams.add(m::PROCESS_EVENTS_LOST);
+    let mut lost = fams.add(m::PROCESS_EVENTS_LOST);
     for p in s.state.processes.values().filter(|p| p.events_lost > 0).take(cap) {
         lost.push((workload_labels(Some((p.pid, &p.comm, &Workload::of(p.container.as_ref())))), Value::Count(p.events_lost)));
     }
-    let untracked = fams.add(m::PROCESS_UNTRACKED);
+    let mut untracked = fams.add(m::PROCESS_UNTRACKED);
     for r in view.reconciliation.iter().take(cap) {
         let p = s.state.processes.get(&r.pid).filter(|p| !p.exited);
         let w = Workload::of(p.and_then(|p| p.container.as_ref()));
@@ -355,7 +356,7 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
 
 fn event_families(fams: &mut Families, s: &Scrape<'_>) {
     let c = s.counts;
-    let calls = fams.add(m::API_CALLS);
+    let mut calls = fams.add(m::API_CALLS);
     for ((api, result), n) in c.api_calls() {
         let result =
             if result == 0 { "success".to_string() } else { result_name(result).map_or_else(|| result.to_string(), str::to_string) };
@@ -370,7 +371,7 @@ fn event_families(fams: &mut Families, s: &Scrape<'_>) {
     let mut exits: BTreeMap<i32, u64> = s.view.devices().map(|d| (d, 0)).collect();
     exits.extend(c.exits.iter().map(|(&d, &n)| (d, n)));
     fams.add(m::PROCESS_EXITS).extend(exits.iter().map(|(&d, &n)| (device_labels(d, s.view), Value::Count(n))));
-    let kills = fams.add(m::OOM_KILLS);
+    let mut kills = fams.add(m::OOM_KILLS);
     for source in KillSource::ALL {
         kills.push((vec![("source", source.label().to_string())], Value::Count(c.oom_kills.get(&source).copied().unwrap_or(0))));
     }
@@ -378,8 +379,8 @@ fn event_families(fams: &mut Families, s: &Scrape<'_>) {
 
 fn gpu_families(fams: &mut Families, s: &Scrape<'_>) {
     let gpus = &s.gpus.latest;
-    let mut per_gpu = |metric, f: &dyn Fn(&GpuSample) -> Vec<(Labels, Value)>| {
-        let series = fams.add(metric);
+    let mut per_gpu = |metric, f: &dyn Fn(&GpuSample) -> Vec<(Pairs, Value)>| {
+        let mut series = fams.add(metric);
         for g in gpus {
             series.extend(f(g).into_iter().map(|(extra, v)| ([gpu_labels(g), extra].concat(), v)));
         }

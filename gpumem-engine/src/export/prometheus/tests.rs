@@ -29,6 +29,9 @@ impl Fixture {
         self.feed(at(Event { addr: 0x1000, size: mib * MIB, latency_ns: 3_000, ..ev(api::CU_MEM_ALLOC_V2) }));
     }
     fn render(&mut self) -> String {
+        self.scrape(|s| render(s).unwrap())
+    }
+    fn scrape<T>(&mut self, f: impl FnOnce(&Scrape<'_>) -> T) -> T {
         let p = &mut self.pipeline;
         p.gpus.error = Some("not loaded".into());
         let view = p.view(&ViewOptions { exited: true, leak_age_ns: 0, ..Default::default() });
@@ -53,7 +56,7 @@ impl Fixture {
             host: &host,
             ..Scrape::of(p, &view, &agent, self.max_process_series)
         };
-        render(&scrape).unwrap()
+        f(&scrape)
     }
 }
 
@@ -162,4 +165,15 @@ fn every_catalogued_metric_is_in_the_exposition() {
     ] {
         assert!(text.lines().any(|l| l.strip_prefix(series) == Some(value)), "{series}{value} is not in:\n{text}");
     }
+}
+
+#[test]
+fn a_whole_scrape_is_written_as_prometheus_client_writes_it() {
+    let mut f = Fixture::new(1);
+    f.holder(100, 64);
+    f.holder(200, 8);
+    f.holder(300, 2);
+    let (ours, reference) = f.scrape(|s| (families(s).encode(), super::families::tests::reference(families(s))));
+    assert!(ours.contains("comm=\"other\"") && ours.contains("gpumem_api_latency_seconds_bucket{le="), "{ours}");
+    assert_eq!(ours, reference);
 }
