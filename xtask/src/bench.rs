@@ -315,18 +315,13 @@ pub fn ioctl_overhead(calls: u64, rounds: u32) -> Result<()> {
 }
 
 /// /metrics render time and size at two scales, and the daemon's idle cost.
-pub fn metrics(idle_s: u64) -> Result<()> {
+pub fn metrics(idle_s: u64, against: Option<&str>) -> Result<()> {
     crate::run(crate::cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
     let bin = gpumem_tests::target_dir().join("release/gpumem");
     println!("/metrics rendering (release build, 8 GPUs with NVML labels, median of 21):");
     // 180 processes x 8 GPUs: about 10 000 samples in all; 1250 x 8: 10 000 process series.
     for processes in ["180", "1250"] {
-        let out = crate::engine_bench(&["render", "--processes", processes, "--gpus", "8"]).output()?;
-        if !out.status.success() {
-            bail!("the render benchmark failed: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        println!("  {}", stdout.lines().last().unwrap_or_default().trim());
+        crate::baseline::side_by_side(against, &["render", "--processes", processes, "--gpus", "8"], 1)?;
     }
     // The daemon at rest: probes on the synthetic libcuda, the synthetic NVML
     // read every 10 s, discovery every 0.5 s, nothing traced.
