@@ -4,7 +4,22 @@ use gpumem_engine::model::agent::{AgentStatus, Usage};
 
 /// What the agent costs now.
 pub fn usage() -> Usage {
-    Usage { cpu_seconds: cpu_seconds(), resident_bytes: resident_bytes(), bpf_map_resident_bytes: bpf_map_resident_bytes() }
+    let (heap_in_use_bytes, heap_free_bytes) = heap();
+    Usage {
+        cpu_seconds: cpu_seconds(),
+        resident_bytes: resident_bytes(),
+        bpf_map_resident_bytes: bpf_map_resident_bytes(),
+        heap_in_use_bytes,
+        heap_free_bytes,
+    }
+}
+
+/// The allocator's bytes in use and the free bytes it keeps (glibc 2.33+'s
+/// mallinfo2, within the 2.34 floor), over all arenas.
+pub fn heap() -> (u64, u64) {
+    // SAFETY: mallinfo2 takes no argument and returns plain counters.
+    let m = unsafe { libc::mallinfo2() };
+    ((m.uordblks + m.hblkhd) as u64, m.fordblks as u64)
 }
 
 /// A status with nothing counted yet, naming this build.
@@ -52,5 +67,13 @@ mod tests {
         // No BPF map is mapped by the test process: the share is 0, the total is not.
         assert_eq!(super::bpf_map_resident_bytes(), 0);
         assert!(super::resident_bytes() > 0);
+    }
+
+    #[test]
+    fn the_heap_in_use_grows_with_what_is_allocated() {
+        let before = super::heap().0;
+        let held: Vec<u8> = vec![1; 8 << 20];
+        assert!(super::heap().0 >= before + (8 << 20), "8 MiB held");
+        drop(held);
     }
 }

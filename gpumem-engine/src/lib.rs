@@ -6,7 +6,7 @@
 //!
 //! Layers, bottom up (a module imports only those below it; `cargo xtask
 //! lint` fails on an import cycle):
-//! - `procfs`, `names`, `clock`: reading /proc, naming things, clocks;
+//! - `procfs`, `names`, `clock`, `heap`: reading /proc, naming things, clocks, heap estimates;
 //! - `model`: plain data types every layer shares;
 //! - `events`: records decoded and typed;
 //! - `python`, `stacks`: CPython frames and native stacks, unwound and symbolized;
@@ -22,6 +22,7 @@ pub mod corpus;
 pub mod events;
 pub mod export;
 pub mod formats;
+pub mod heap;
 pub mod model;
 pub mod names;
 pub mod pipeline;

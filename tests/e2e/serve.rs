@@ -455,3 +455,37 @@ fn a_failed_rendering_answers_500_and_failed_counter_reads_keep_the_daemon_servi
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("reading the kernel's counters failed"), "the failure is said once: {stderr}");
 }
+
+#[test]
+fn the_daemon_says_what_its_memory_is_by_owner() {
+    require_root();
+    let f = fixtures();
+    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"], &[]);
+    let mut child = spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", "30000")]);
+    let of = |text: &str, part: &str| sample(text, &format!("gpumem_agent_heap_bytes{{part=\"{part}\"}}")).unwrap_or(f64::NAN);
+    // Once the workload's events and stacks are read.
+    let text = poll(10, "the workload's stacks on the heap", || Some(serve.metrics()).filter(|t| of(t, "stacks") > 0.0), String::new);
+    let heap = |part: &str| of(&text, part);
+    let parts = ["state", "stacks", "python", "growth", "history", "unattributed"];
+    let total: f64 = parts.iter().map(|p| heap(p)).sum();
+    let rss = sample(&text, "gpumem_agent_resident_memory_bytes").unwrap();
+    let rings = sample(&text, "gpumem_agent_bpf_map_resident_memory_bytes").unwrap();
+    // The workload's process, its allocations and their stacks are on the heap.
+    assert!(heap("state") > 0.0 && heap("stacks") > 0.0, "{:?}", parts.map(heap));
+    assert!(heap("unattributed") > 0.0, "libraries' tables are not estimated: {:?}", parts.map(heap));
+    assert!(total > 1_048_576.0 && total < rss - rings, "heap in use {total} within the resident memory {rss} less the rings {rings}");
+    assert!(sample(&text, "gpumem_agent_heap_free_bytes").is_some(), "{text}");
+    // `gpumem status` says it, asking the daemon.
+    let state = serve.state.clone().unwrap();
+    let out = Command::new(gpumem_bin())
+        .args(["status", "--socket", state.socket.to_str().unwrap(), "--pin-dir", state.pin_dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    let line = said.lines().find(|l| l.contains("memory: resident")).unwrap_or_else(|| panic!("{said}"));
+    assert!(line.contains("the rings mapped from the kernel") && line.contains("state ") && line.contains("unattributed "), "{line}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let (status, _) = serve.stop();
+    assert!(status.success());
+}

@@ -160,6 +160,9 @@ pub fn write_continuity(
                     g["consequence"].as_str().unwrap_or("")
                 )?;
             }
+            if let Some(m) = d["memory"].as_object() {
+                write_memory(out, m)?;
+            }
             if let Some(t) = d["kernel_table"].as_object() {
                 writeln!(
                     out,
@@ -181,4 +184,24 @@ pub fn write_continuity(
         writeln!(out, "pinned state {} ({} links, {} maps): {whose}", p.dir, p.links, p.maps)?;
     }
     Ok(())
+}
+
+/// A daemon's memory: resident, its rings, its heap by owner and the rest.
+fn write_memory(out: &mut impl Write, m: &serde_json::Map<String, serde_json::Value>) -> std::io::Result<()> {
+    let b = |v: &serde_json::Value| gpumem_engine::names::bytes(v.as_u64().unwrap_or(0));
+    let h = &m["heap"];
+    let parts = ["state", "stacks", "python", "growth", "history"];
+    let known: u64 = parts.iter().filter_map(|p| h[p].as_u64()).sum();
+    let named: Vec<String> = parts.iter().map(|p| format!("{p} {}", b(&h[p]))).collect();
+    let unattributed = m["heap_in_use_bytes"].as_u64().unwrap_or(0).saturating_sub(known);
+    writeln!(
+        out,
+        "  memory: resident {} ({} of it the rings mapped from the kernel); heap in use {}: {}, unattributed {}; kept free by the allocator {}",
+        b(&m["resident_bytes"]),
+        b(&m["ring_mapping_bytes"]),
+        b(&m["heap_in_use_bytes"]),
+        named.join(", "),
+        gpumem_engine::names::bytes(unattributed),
+        b(&m["heap_free_bytes"])
+    )
 }

@@ -261,6 +261,11 @@ pub struct Series {
 }
 
 impl Series {
+    /// Its samples' heap (estimated, see `heap`).
+    pub fn heap_bytes(&self) -> u64 {
+        std::mem::size_of::<Series>() as u64 + crate::heap::vec::<(f64, u64)>(self.samples.capacity())
+    }
+
     pub fn new(cap: usize) -> Self {
         // Grown as samples come: most series (short-lived processes, small groups) stay short.
         Series { samples: VecDeque::new(), cap: cap.max(2), window_s: GrowthConfig::default().window_s }

@@ -151,6 +151,16 @@ impl Default for History {
 }
 
 impl History {
+    /// What it keeps on the agent's heap (estimated, see `heap`).
+    pub fn heap_bytes(&self) -> u64 {
+        use crate::heap::{btree, hash_table, vec};
+        hash_table::<TotalsKey, Totals>(self.totals.capacity())
+            + hash_table::<(u32, Layer), (u64, u64)>(self.not_sampled.capacity())
+            + self.traces.values().map(|t| vec::<TraceEntry>(t.capacity())).sum::<u64>()
+            + btree::<u32, (u32, String)>(self.threads.len())
+            + self.threads.values().map(|(_, name)| name.capacity() as u64).sum::<u64>()
+    }
+
     /// A history whose device logs keep at most `trace_cap` entries in all.
     pub fn with_trace_cap(trace_cap: usize) -> Self {
         History {

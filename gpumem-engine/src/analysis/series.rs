@@ -111,6 +111,19 @@ impl GrowthTracker {
     }
 
     /// Series kept: one per (process, device) sampled.
+    /// What the series take on the agent's heap (estimated, see `heap`).
+    pub fn heap_bytes(&self) -> u64 {
+        use crate::heap::{btree, hash_table};
+        let series = |m: &BTreeMap<(u32, i32), Series>| btree::<(u32, i32), ()>(m.len()) + m.values().map(Series::heap_bytes).sum::<u64>();
+        let groups = self.groups.values().map(|g| {
+            hash_table::<GroupKey, ()>(g.tracked.capacity())
+                + g.tracked.values().map(Series::heap_bytes).sum::<u64>()
+                + hash_table::<GroupKey, u64>(g.peak.capacity())
+                + hash_table::<GroupKey, u64>(g.low.capacity())
+        });
+        series(&self.series) + series(&self.allocated) + btree::<(u32, i32), Groups>(self.groups.len()) + groups.sum::<u64>()
+    }
+
     pub fn len(&self) -> usize {
         self.series.len()
     }

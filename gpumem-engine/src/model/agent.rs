@@ -11,6 +11,10 @@ pub struct Usage {
     pub cpu_seconds: f64,
     pub resident_bytes: u64,
     pub bpf_map_resident_bytes: u64,
+    /// The allocator's bytes in use (glibc's mallinfo2: arenas and mmapped chunks).
+    pub heap_in_use_bytes: u64,
+    /// Free bytes the allocator keeps in its arenas (not given back yet).
+    pub heap_free_bytes: u64,
 }
 
 /// The agent as outputs report it (the summary, /metrics, top's title).

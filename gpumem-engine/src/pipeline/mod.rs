@@ -312,6 +312,18 @@ impl Pipeline {
         self.note_kept();
     }
 
+    /// The agent's heap by owner (estimated from the tables, see `heap`).
+    pub fn heap(&self) -> crate::heap::Parts {
+        let (stacks, python) = self.stacks.heap_bytes();
+        crate::heap::Parts {
+            state: self.state.heap_bytes(),
+            stacks,
+            python,
+            growth: self.growth.heap_bytes(),
+            history: self.history.as_ref().map_or(0, History::heap_bytes),
+        }
+    }
+
     /// How much is kept now, and the most so far.
     pub fn note_kept(&mut self) {
         let k = &mut self.kept;

@@ -70,6 +70,17 @@ impl Resolver {
         self.processes.insert(codes.interp.pid, codes);
     }
 
+    /// What the code-object caches take on the agent's heap (estimated, see `heap`).
+    pub fn heap_bytes(&self) -> u64 {
+        let tables = crate::heap::hash_table::<u32, ProcessCodes>(self.processes.capacity());
+        tables
+            + self
+                .processes
+                .values()
+                .map(|p| crate::heap::hash_table::<u64, Option<CodeInfo>>(p.codes.capacity()) + p.cached_bytes as u64)
+                .sum::<u64>()
+    }
+
     /// Resolves a stack's Python frames (innermost first). A code object
     /// not cached is read only while the process's read budget lasts; past
     /// it the frame is `?` (and read again once the budget refills).

@@ -39,6 +39,20 @@ pub struct DaemonStatus {
     /// Processes served less than exactly (the most recent), and why.
     #[serde(default)]
     pub degraded: Vec<Degraded>,
+    /// What its memory is.
+    #[serde(default)]
+    pub memory: Memory,
+}
+
+/// A daemon's memory: resident (of it, the rings mapped from the kernel),
+/// the allocator's bytes in use by owner (estimates) and what it keeps free.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Memory {
+    pub resident_bytes: u64,
+    pub ring_mapping_bytes: u64,
+    pub heap_in_use_bytes: u64,
+    pub heap: crate::heap::Parts,
+    pub heap_free_bytes: u64,
 }
 
 /// The status of the daemon that asks (its facts in `at.serving`).
@@ -58,5 +72,12 @@ pub fn of(p: &Pipeline, at: &Asked<'_>) -> DaemonStatus {
         lost_events: a.kernel.lost.total(),
         probe_exits: a.kernel.exits.clone(),
         degraded: p.degraded.recent.iter().cloned().collect(),
+        memory: Memory {
+            resident_bytes: a.usage.resident_bytes,
+            ring_mapping_bytes: a.usage.bpf_map_resident_bytes,
+            heap_in_use_bytes: a.usage.heap_in_use_bytes,
+            heap: p.heap(),
+            heap_free_bytes: a.usage.heap_free_bytes,
+        },
     }
 }

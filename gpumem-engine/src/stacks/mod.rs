@@ -131,6 +131,27 @@ impl Stacks {
         out
     }
 
+    /// What the stack tables take on the agent's heap (estimated, see
+    /// `heap`): (native stacks, Python frames and code caches). The
+    /// unwinders' and the symbolizer's caches of libraries are not counted.
+    pub fn heap_bytes(&self) -> (u64, u64) {
+        use crate::heap::{hash_table, string, vec};
+        let frames = |f: &Frame| f.function.as_deref().map_or(0, string) + f.file.as_deref().map_or(0, string);
+        let table = hash_table::<StackId, Vec<RawFrame>>(self.table.capacity())
+            + self.table.values().map(|v| vec::<RawFrame>(v.capacity())).sum::<u64>();
+        let symbolized = hash_table::<StackId, Vec<Frame>>(self.symbolized.capacity())
+            + self.symbolized.values().map(|v| vec::<Frame>(v.capacity()) + v.iter().map(frames).sum::<u64>()).sum::<u64>();
+        let owners = hash_table::<StackId, String>(self.owners.capacity()) + self.owners.values().map(|o| string(o)).sum::<u64>();
+        let py = |f: &crate::python::code::PyFrame| string(&f.function) + string(&f.file);
+        let python_frames = hash_table::<StackId, Vec<crate::python::code::PyFrame>>(self.python_frames.capacity())
+            + self
+                .python_frames
+                .values()
+                .map(|v| vec::<crate::python::code::PyFrame>(v.capacity()) + v.iter().map(py).sum::<u64>())
+                .sum::<u64>();
+        (table + symbolized + owners, python_frames + self.python.heap_bytes())
+    }
+
     /// Counts an allocation event's stack sampling (see `StackStats`).
     pub fn count_sampling(&mut self, event_flags: u32) {
         match Sampling::of(event_flags) {

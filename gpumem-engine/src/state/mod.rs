@@ -95,6 +95,12 @@ impl State {
         State { limits, ..Default::default() }
     }
 
+    /// What the live state takes on the agent's heap (estimated, see `heap`).
+    pub fn heap_bytes(&self) -> u64 {
+        let processes: u64 = self.processes.values().map(Process::heap_bytes).sum();
+        processes + self.processes.heap_bytes() + crate::heap::hash_table::<u64, share::Export>(self.exports.capacity())
+    }
+
     /// Table entries held across all processes.
     #[cfg(test)]
     pub fn live_entries(&self) -> usize {

@@ -374,6 +374,23 @@ impl Process {
         self.held.entries()
     }
 
+    /// What this process's tables take on the agent's heap (estimated, see `heap`).
+    pub fn heap_bytes(&self) -> u64 {
+        use crate::heap::{btree, hash_table};
+        let h = &self.held;
+        std::mem::size_of::<Process>() as u64
+            + crate::heap::string(&self.comm)
+            + hash_table::<u64, Allocation>(h.allocs.capacity())
+            + hash_table::<u64, u32>(h.displaced.capacity())
+            + hash_table::<u64, VmmHandle>(h.vmm_handles.capacity())
+            + btree::<u64, Mapping>(h.mappings.len())
+            + btree::<u64, (u64, i32)>(h.reservations.len())
+            + btree::<u64, Allocation>(h.tensors.len())
+            + btree::<u32, ApiStats>(self.apis.len())
+            + hash_table::<(i32, Option<StackId>), u64>(self.wind_down.freed.capacity())
+            + h.sharing.as_ref().map_or(0, |_| std::mem::size_of::<Sharing>() as u64)
+    }
+
     /// A process's live device memory per device.
     pub fn holdings(&self) -> Vec<super::Release> {
         self.held

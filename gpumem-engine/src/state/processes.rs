@@ -50,6 +50,11 @@ impl Processes {
         self.order.clear();
     }
 
+    /// The two tables' own heap (the processes' tables are theirs, see `Process::heap_bytes`).
+    pub fn heap_bytes(&self) -> u64 {
+        crate::heap::hash_table::<u32, Process>(self.by_pid.capacity()) + crate::heap::btree::<u32, ()>(self.order.len())
+    }
+
     /// Each process with its pid, in pid order.
     pub fn iter(&self) -> impl Iterator<Item = (&u32, &Process)> + '_ {
         self.order.iter().map(|pid| (pid, &self.by_pid[pid]))

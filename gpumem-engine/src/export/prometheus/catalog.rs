@@ -94,6 +94,8 @@ catalog! {
     KERNEL_TABLE_CAPACITY, Gauge, "gpumem_kernel_table_capacity_entries", "Entries the kernel's table holds at most (serve --kernel-table-entries); beyond it gpumem_table_overflow_total{table=\"kernel_live_entries\"} counts";
     KERNEL_TABLE_BYTES, Gauge, "gpumem_kernel_table_bytes", "Kernel memory the table's entries take";
     AGENT_BPF_MAP_RSS, Gauge, "gpumem_agent_bpf_map_resident_memory_bytes", "Part of the resident memory that is BPF maps mapped from the kernel (the event ring buffer, whose pages are mapped twice)";
+    AGENT_HEAP, Gauge, "gpumem_agent_heap_bytes", "The agent's heap in use by owner: state (live allocations and their processes), stacks (unwound and symbolized stacks), python (Python frames and code-object caches), growth (growth series), history (what exports keep), estimated from their tables' capacities; unattributed: the rest of the allocator's bytes in use (libraries' unwind and symbol caches, buffers)";
+    AGENT_HEAP_FREE, Gauge, "gpumem_agent_heap_free_bytes", "Free bytes the allocator keeps in its arenas, not given back to the kernel yet (resident where touched)";
     BUILD_INFO, Gauge, "gpumem_build_info", "The agent's version";
     DEGRADED, Counter, "gpumem_degraded", "Processes the agent serves less than exactly because what they shape was forged, broken or over its budget for one process, by reason (forged_cgroup: no container attributed; python_threads: native frames only; python_reads: Python frames `?` past its read budget; library_tables: a library's symbol or unwind tables past budget or deadline; libcuda_copies: a libcuda copy past the copies attached per tenant); gpumem status names them";
 }

@@ -58,6 +58,8 @@ pub struct Scrape<'a> {
     /// `serve --action`/`--webhook` outcomes, where something acts.
     pub actions: Option<ActionCounts>,
     pub degraded: &'a crate::model::degraded::Degradations,
+    /// The agent's heap by owner (estimates).
+    pub heap: crate::heap::Parts,
 }
 
 impl<'a> Scrape<'a> {
@@ -77,6 +79,7 @@ impl<'a> Scrape<'a> {
             otlp_pushes: None,
             actions: None,
             degraded: &p.degraded,
+            heap: p.heap(),
         }
     }
 }
@@ -485,6 +488,11 @@ fn self_families(fams: &mut Families, s: &Scrape<'_>) {
     fams.add(m::AGENT_CPU).push((vec![], Value::FloatCount(a.usage.cpu_seconds)));
     fams.add(m::AGENT_RSS).push((vec![], Value::int(a.usage.resident_bytes)));
     fams.add(m::AGENT_BPF_MAP_RSS).push((vec![], Value::int(a.usage.bpf_map_resident_bytes)));
+    let parts = s.heap.labelled();
+    let unattributed = a.usage.heap_in_use_bytes.saturating_sub(s.heap.total());
+    let heap = parts.into_iter().chain([("unattributed", unattributed)]);
+    fams.add(m::AGENT_HEAP).extend(heap.map(|(part, b)| (vec![("part", part.to_string())], Value::int(b))));
+    fams.add(m::AGENT_HEAP_FREE).push((vec![], Value::int(a.usage.heap_free_bytes)));
     if let Some(t) = &a.kernel_table {
         fams.add(m::KERNEL_TABLE_ENTRIES).push((vec![], Value::int(t.entries)));
         fams.add(m::KERNEL_TABLE_CAPACITY).push((vec![], Value::int(t.max_entries)));

@@ -177,3 +177,28 @@ fn a_whole_scrape_is_written_as_prometheus_client_writes_it() {
     assert!(ours.contains("comm=\"other\"") && ours.contains("gpumem_api_latency_seconds_bucket{le="), "{ours}");
     assert_eq!(ours, reference);
 }
+
+#[test]
+fn the_agents_heap_is_said_by_owner_and_the_rest_is_unattributed() {
+    let mut f = Fixture::new(10);
+    for pid in 1..=50 {
+        f.holder(pid, 1);
+    }
+    let p = &mut f.pipeline;
+    let view = p.view(&ViewOptions { exited: true, ..Default::default() });
+    let mut agent = AgentStatus::default();
+    agent.usage.heap_in_use_bytes = 64 * MIB;
+    agent.usage.heap_free_bytes = 3 * MIB;
+    let scrape = Scrape::of(p, &view, &agent, 10);
+    assert!(scrape.heap.state >= 50 * std::mem::size_of::<crate::state::Process>() as u64, "{:?}", scrape.heap);
+    assert!(scrape.heap.growth == 0 && scrape.heap.history == 0, "nothing sampled, no history: {:?}", scrape.heap);
+    let text = render(&scrape).unwrap();
+    let value = |part: &str| -> u64 {
+        let line = samples(&text, "gpumem_agent_heap_bytes").into_iter().find(|l| l.contains(&format!("part=\"{part}\""))).unwrap();
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value("state"), scrape.heap.state);
+    let parts: u64 = ["state", "stacks", "python", "growth", "history"].iter().map(|p| value(p)).sum();
+    assert_eq!(parts + value("unattributed"), 64 * MIB, "the parts and the rest are the allocator's bytes in use");
+    assert!(text.contains("gpumem_agent_heap_free_bytes 3145728\n"), "{text}");
+}
