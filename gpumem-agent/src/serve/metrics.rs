@@ -205,7 +205,16 @@ fn router(requests: mpsc::Sender<Request>, page: bool) -> Router {
                 // scrapers get the classic text format.
                 let openmetrics =
                     headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("application/openmetrics-text"));
-                async move { metrics_response(ask(&requests, Request::Metrics).await, openmetrics) }
+                // Prometheus asks for gzip: a scrape is about a tenth of its text then.
+                let gzip = headers.get(header::ACCEPT_ENCODING).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("gzip"));
+                async move {
+                    let response = metrics_response(ask(&requests, Request::Metrics).await, openmetrics);
+                    if gzip && response.status() == StatusCode::OK {
+                        gzipped(response).await
+                    } else {
+                        response
+                    }
+                }
             }),
         )
         .route(
@@ -232,9 +241,47 @@ fn metrics_response(answer: Option<Result<String, std::fmt::Error>>, openmetrics
     }
 }
 
+/// The response's body gzipped (fast level: a scrape is rendered often), off
+/// the runtime's threads; as it was if that fails.
+async fn gzipped(response: Response) -> Response {
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "gpumem: reading the rendered metrics failed\n").into_response();
+    };
+    let compressed = tokio::task::spawn_blocking(move || {
+        use std::io::Write as _;
+        let mut gz = flate2::write::GzEncoder::new(Vec::with_capacity(bytes.len() / 8), flate2::Compression::fast());
+        gz.write_all(&bytes).and_then(|()| gz.finish()).map_err(|_| bytes)
+    })
+    .await;
+    match compressed {
+        Ok(Ok(body)) => {
+            parts.headers.insert(header::CONTENT_ENCODING, header::HeaderValue::from_static("gzip"));
+            parts.headers.remove(header::CONTENT_LENGTH);
+            Response::from_parts(parts, axum::body::Body::from(body))
+        }
+        Ok(Err(plain)) => Response::from_parts(parts, axum::body::Body::from(plain)),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "gpumem: compressing the metrics failed\n").into_response(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_gzipped_scrape_unzips_to_the_same_text() {
+        use std::io::Read as _;
+        let text = "# HELP x X.\n# TYPE x gauge\nx 1\n".repeat(100) + "# EOF\n";
+        let r = gzipped(metrics_response(Some(Ok(text.clone())), true)).await;
+        assert_eq!(r.headers()[header::CONTENT_ENCODING], "gzip");
+        assert_eq!(r.headers()[header::CONTENT_TYPE], OPENMETRICS);
+        let body = axum::body::to_bytes(r.into_body(), usize::MAX).await.unwrap();
+        let mut unzipped = String::new();
+        flate2::read::GzDecoder::new(&body[..]).read_to_string(&mut unzipped).unwrap();
+        assert_eq!(unzipped, text);
+        assert!(body.len() < text.len() / 10, "{} of {}", body.len(), text.len());
+    }
 
     #[test]
     fn a_failed_rendering_is_a_500_that_says_why() {
