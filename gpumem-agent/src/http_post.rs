@@ -61,15 +61,19 @@ where
     Ok((status, resp.into_body().collect().await?.to_bytes()))
 }
 
-/// POSTs one body; the receiver's status when it is a success, else why not.
-pub async fn post(e: &Endpoint, content_type: &str, body: Vec<u8>) -> Result<u16> {
+/// POSTs one body (`encoding`: its Content-Encoding, if any); the
+/// receiver's status when it is a success, else why not.
+pub async fn post(e: &Endpoint, content_type: &str, encoding: Option<&str>, body: Vec<u8>) -> Result<u16> {
     let stream =
         tokio::net::TcpStream::connect((e.host.as_str(), e.port)).await.with_context(|| format!("connecting to {}", e.authority))?;
-    let req = HttpRequest::post(e.path.as_str())
+    let mut req = HttpRequest::post(e.path.as_str())
         .header(hyper::header::HOST, e.authority.as_str())
         .header(hyper::header::CONTENT_TYPE, content_type)
-        .header(hyper::header::USER_AGENT, concat!("gpumem/", env!("CARGO_PKG_VERSION")))
-        .body(Full::new(Bytes::from(body)))?;
+        .header(hyper::header::USER_AGENT, concat!("gpumem/", env!("CARGO_PKG_VERSION")));
+    if let Some(encoding) = encoding {
+        req = req.header(hyper::header::CONTENT_ENCODING, encoding);
+    }
+    let req = req.body(Full::new(Bytes::from(body)))?;
     let (status, body) = exchange(stream, req).await?;
     if !(200..300).contains(&status) {
         bail!("{} answered {status}: {}", e.authority, String::from_utf8_lossy(&body).trim());

@@ -53,20 +53,21 @@ pub fn run(processes: u32, gpus: u32, rounds: u32) -> Result<()> {
     }
     times.sort_by(|a, b| a.total_cmp(b));
     // What travels: the scrape gzipped (Prometheus asks for it) and an OTLP push of the same series.
-    let gz = {
+    let gzip = |b: &[u8]| -> std::io::Result<usize> {
         use std::io::Write as _;
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        gz.write_all(body.as_bytes())?;
-        gz.finish()?.len()
+        gz.write_all(b)?;
+        Ok(gz.finish()?.len())
     };
+    let gz = gzip(body.as_bytes())?;
     let view = p.view(&ViewOptions { now_ns: monotonic_ns(), exited: true, ..Default::default() });
     let times_ns = gpumem_engine::export::otlp::Times { start_ns: 1, now_ns: 2 };
-    let otlp =
-        gpumem_engine::export::otlp::request(&prometheus::families(&Scrape::of(&p, &view, &agent, usize::MAX)), "node", times_ns).len();
+    let otlp = gpumem_engine::export::otlp::request(&prometheus::families(&Scrape::of(&p, &view, &agent, usize::MAX)), "node", times_ns);
+    let (otlp_gz, otlp) = (gzip(&otlp)?, otlp.len());
     let samples = body.lines().filter(|l| !l.starts_with('#')).count();
     let process_series = body.lines().filter(|l| l.starts_with("gpumem_process_memory_bytes{")).count();
     println!(
-        "process_series={process_series} samples={samples} bytes={} gzip_bytes={gz} otlp_bytes={otlp} text_bytes={} median_ms={:.2} min_ms={:.2}",
+        "process_series={process_series} samples={samples} bytes={} gzip_bytes={gz} otlp_bytes={otlp} otlp_gzip_bytes={otlp_gz} text_bytes={} median_ms={:.2} min_ms={:.2}",
         body.len(),
         prometheus::to_text_format(&body).len(),
         times[times.len() / 2] * 1e3,

@@ -17,7 +17,7 @@ pub async fn deliver(to: &Endpoint, json: &[u8]) -> (Outcome, u32, Option<String
     let mut backoff = FIRST_BACKOFF;
     let mut last = None;
     for attempt in 1..=ATTEMPTS {
-        match tokio::time::timeout(TRY_TIMEOUT, http_post::post(to, "application/json", json.to_vec())).await {
+        match tokio::time::timeout(TRY_TIMEOUT, http_post::post(to, "application/json", None, json.to_vec())).await {
             Ok(Ok(_)) => return (Outcome::Ok, attempt, None),
             Ok(Err(e)) => last = Some(format!("{e:#}")),
             Err(_) => last = Some(format!("{} did not answer in {} s", to.authority, TRY_TIMEOUT.as_secs())),
