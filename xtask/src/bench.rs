@@ -344,6 +344,12 @@ pub fn metrics(idle_s: u64, against: Option<&str>) -> Result<()> {
         (rss - bpf) / 1048576.0,
         bpf / 1048576.0
     );
+    let parts = ["state", "stacks", "python", "growth", "history", "unattributed"];
+    let heap: Vec<String> = parts
+        .iter()
+        .map(|p| format!("{p} {:.1} KiB", read(&after, &format!("gpumem_agent_heap_bytes{{part=\"{p}\"}}")) / 1024.0))
+        .collect();
+    println!("  heap in use by owner: {}; kept free {:.1} KiB", heap.join(", "), read(&after, "gpumem_agent_heap_free_bytes") / 1024.0);
     println!("  CPU              {:.2} % of one core", 100.0 * cpu / dt);
     let (status, stderr) = serve.stop();
     if !status.success() {
