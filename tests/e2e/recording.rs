@@ -68,10 +68,18 @@ fn damaged_recordings_give_clear_errors_and_what_was_readable() {
     let events = lines.len() - 1;
     assert!(events > 100 && events < t.events.len(), "{events} of {}", t.events.len());
     assert_eq!(lines[..events], t.events[..events], "what was read is what was recorded");
-    // A flipped byte in the middle: caught by the checksum, same treatment.
+    // A flipped byte in the middle of a frame's payload (not its length,
+    // which would read as a frame too large): caught by the checksum, same treatment.
     let mut bad = full.clone();
-    let mid = bad.len() / 2;
-    bad[mid] ^= 0x10;
+    let mut frame = 12; // after the magic and the version
+    loop {
+        let len = u32::from_le_bytes(full[frame + 1..frame + 5].try_into().unwrap()) as usize;
+        if frame + 9 + len > full.len() / 2 {
+            bad[frame + 5 + len / 2] ^= 0x10;
+            break;
+        }
+        frame += 9 + len;
+    }
     let (code, _, stderr) = replay("flipped.gpumemrec", &bad);
     assert_eq!(code, Some(1));
     assert!(stderr.contains("damaged at byte") && stderr.contains("checksum mismatch"), "{stderr}");
