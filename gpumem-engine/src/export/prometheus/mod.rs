@@ -1,4 +1,4 @@
-//! Prometheus exposition (OpenMetrics text, prometheus-client), rendered
+//! Prometheus exposition (OpenMetrics text, written as prometheus-client writes it: see families.rs),
 //! from what the analyses and the agent hold: the view's rows (capped by
 //! `analysis::view::cap`), the event counters and distributions, NVML's
 //! readings and the agent's own status. Nothing here computes or reads /proc.
