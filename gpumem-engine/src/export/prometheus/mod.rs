@@ -1,4 +1,4 @@
-//! Prometheus exposition (OpenMetrics text, written as prometheus-client writes it: see families.rs),
+//! Prometheus exposition (OpenMetrics text, written as prometheus-client writes it: families.rs), rendered
 //! from what the analyses and the agent hold: the view's rows (capped by
 //! `analysis::view::cap`), the event counters and distributions, NVML's
 //! readings and the agent's own status. Nothing here computes or reads /proc.
