@@ -61,6 +61,15 @@ where
     Ok((status, resp.into_body().collect().await?.to_bytes()))
 }
 
+/// A body gzipped for the wire (fast level: scrapes and pushes are made
+/// often, and most of the gain is in the first level).
+pub fn gzip(body: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Write as _;
+    let mut gz = flate2::write::GzEncoder::new(Vec::with_capacity(body.len() / 8), flate2::Compression::fast());
+    gz.write_all(body)?;
+    gz.finish()
+}
+
 /// POSTs one body (`encoding`: its Content-Encoding, if any); the
 /// receiver's status when it is a success, else why not.
 pub async fn post(e: &Endpoint, content_type: &str, encoding: Option<&str>, body: Vec<u8>) -> Result<u16> {

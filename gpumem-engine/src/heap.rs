@@ -55,6 +55,11 @@ impl Parts {
     pub fn total(&self) -> u64 {
         self.labelled().iter().map(|(_, b)| b).sum()
     }
+
+    /// What of the allocator's `in_use` bytes no part accounts for.
+    pub fn unattributed(&self, in_use: u64) -> u64 {
+        in_use.saturating_sub(self.total())
+    }
 }
 
 #[cfg(test)]

@@ -53,12 +53,7 @@ pub fn run(processes: u32, gpus: u32, rounds: u32) -> Result<()> {
     }
     times.sort_by(|a, b| a.total_cmp(b));
     // What travels: the scrape gzipped (Prometheus asks for it) and an OTLP push of the same series.
-    let gzip = |b: &[u8]| -> std::io::Result<usize> {
-        use std::io::Write as _;
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        gz.write_all(b)?;
-        Ok(gz.finish()?.len())
-    };
+    let gzip = |b: &[u8]| gpumem_agent::http_post::gzip(b).map(|z| z.len());
     let gz = gzip(body.as_bytes())?;
     let view = p.view(&ViewOptions { now_ns: monotonic_ns(), exited: true, ..Default::default() });
     let times_ns = gpumem_engine::export::otlp::Times { start_ns: 1, now_ns: 2 };

@@ -190,10 +190,7 @@ pub fn write_continuity(
 fn write_memory(out: &mut impl Write, m: &serde_json::Map<String, serde_json::Value>) -> std::io::Result<()> {
     let b = |v: &serde_json::Value| gpumem_engine::names::bytes(v.as_u64().unwrap_or(0));
     let h = &m["heap"];
-    let parts = ["state", "stacks", "python", "growth", "history"];
-    let known: u64 = parts.iter().filter_map(|p| h[p].as_u64()).sum();
-    let named: Vec<String> = parts.iter().map(|p| format!("{p} {}", b(&h[p]))).collect();
-    let unattributed = m["heap_in_use_bytes"].as_u64().unwrap_or(0).saturating_sub(known);
+    let named: Vec<String> = ["state", "stacks", "python", "growth", "history"].iter().map(|p| format!("{p} {}", b(&h[p]))).collect();
     writeln!(
         out,
         "  memory: resident {} ({} of it the rings mapped from the kernel); heap in use {}: {}, unattributed {}; kept free by the allocator {}",
@@ -201,7 +198,7 @@ fn write_memory(out: &mut impl Write, m: &serde_json::Map<String, serde_json::Va
         b(&m["ring_mapping_bytes"]),
         b(&m["heap_in_use_bytes"]),
         named.join(", "),
-        gpumem_engine::names::bytes(unattributed),
+        b(&m["heap_unattributed_bytes"]),
         b(&m["heap_free_bytes"])
     )
 }

@@ -241,19 +241,13 @@ fn metrics_response(answer: Option<Result<String, std::fmt::Error>>, openmetrics
     }
 }
 
-/// The response's body gzipped (fast level: a scrape is rendered often), off
-/// the runtime's threads; as it was if that fails.
+/// The response's body gzipped off the runtime's threads; as it was if that fails.
 async fn gzipped(response: Response) -> Response {
     let (mut parts, body) = response.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
         return (StatusCode::INTERNAL_SERVER_ERROR, "gpumem: reading the rendered metrics failed\n").into_response();
     };
-    let compressed = tokio::task::spawn_blocking(move || {
-        use std::io::Write as _;
-        let mut gz = flate2::write::GzEncoder::new(Vec::with_capacity(bytes.len() / 8), flate2::Compression::fast());
-        gz.write_all(&bytes).and_then(|()| gz.finish()).map_err(|_| bytes)
-    })
-    .await;
+    let compressed = tokio::task::spawn_blocking(move || crate::http_post::gzip(&bytes).map_err(|_| bytes)).await;
     match compressed {
         Ok(Ok(body)) => {
             parts.headers.insert(header::CONTENT_ENCODING, header::HeaderValue::from_static("gzip"));

@@ -123,13 +123,6 @@ impl Pushes {
     }
 }
 
-fn gzip(body: &[u8]) -> std::io::Result<Vec<u8>> {
-    use std::io::Write as _;
-    let mut gz = flate2::write::GzEncoder::new(Vec::with_capacity(body.len() / 8), flate2::Compression::fast());
-    gz.write_all(body)?;
-    gz.finish()
-}
-
 /// The pushing task: one push every `every`, the first one at once.
 fn spawn(e: Endpoint, every: Duration, requests: mpsc::Sender<Request>, pushes: Arc<Pushes>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -145,7 +138,7 @@ fn spawn(e: Endpoint, every: Duration, requests: mpsc::Sender<Request>, pushes: 
             let Ok(body) = rx.await else { return };
             // Gzipped, as OTLP/HTTP receivers must accept: a push of 10 000
             // process series is 18 MB of protobuf, well under a tenth of it gzipped.
-            let Ok(Ok(body)) = tokio::task::spawn_blocking(move || gzip(&body)).await else {
+            let Ok(Ok(body)) = tokio::task::spawn_blocking(move || http_post::gzip(&body)).await else {
                 fail(&pushes, &mut said_failure, "compressing the push failed");
                 continue;
             };

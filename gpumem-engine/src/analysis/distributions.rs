@@ -130,6 +130,11 @@ impl Buckets {
 
     pub fn observe(&mut self, v: f64) {
         let i = self.bounds.iter().position(|&b| v <= b).unwrap_or(self.bounds.len());
+        self.add(i, v);
+    }
+
+    /// Counts `v` in bucket `i` (found by the caller).
+    fn add(&mut self, i: usize, v: f64) {
         self.counts[i] += 1;
         self.sum += v;
         self.count += 1;
@@ -170,10 +175,7 @@ impl Distribution {
         // Value 0 (a zero-byte allocation) is recorded as 1: the bound's floor.
         self.hdr.saturating_record(v.max(1));
         let i = self.raw_bounds.partition_point(|&r| r < v);
-        let b = &mut self.buckets;
-        b.counts[i] += 1;
-        b.sum += v as f64 * self.scale;
-        b.count += 1;
+        self.buckets.add(i, v as f64 * self.scale);
     }
 
     /// Each value is the lowest of its hdrhistogram bucket (within 1 % below

@@ -110,7 +110,6 @@ impl GrowthTracker {
         }
     }
 
-    /// Series kept: one per (process, device) sampled.
     /// What the series take on the agent's heap (estimated, see `heap`).
     pub fn heap_bytes(&self) -> u64 {
         use crate::heap::{btree, hash_table};
@@ -124,6 +123,7 @@ impl GrowthTracker {
         series(&self.series) + series(&self.allocated) + btree::<(u32, i32), Groups>(self.groups.len()) + groups.sum::<u64>()
     }
 
+    /// Series kept: one per (process, device) sampled.
     pub fn len(&self) -> usize {
         self.series.len()
     }

@@ -52,6 +52,8 @@ pub struct Memory {
     pub ring_mapping_bytes: u64,
     pub heap_in_use_bytes: u64,
     pub heap: crate::heap::Parts,
+    /// The bytes in use no part accounts for.
+    pub heap_unattributed_bytes: u64,
     pub heap_free_bytes: u64,
 }
 
@@ -72,12 +74,16 @@ pub fn of(p: &Pipeline, at: &Asked<'_>) -> DaemonStatus {
         lost_events: a.kernel.lost.total(),
         probe_exits: a.kernel.exits.clone(),
         degraded: p.degraded.recent.iter().cloned().collect(),
-        memory: Memory {
-            resident_bytes: a.usage.resident_bytes,
-            ring_mapping_bytes: a.usage.bpf_map_resident_bytes,
-            heap_in_use_bytes: a.usage.heap_in_use_bytes,
-            heap: p.heap(),
-            heap_free_bytes: a.usage.heap_free_bytes,
+        memory: {
+            let heap = p.heap();
+            Memory {
+                resident_bytes: a.usage.resident_bytes,
+                ring_mapping_bytes: a.usage.bpf_map_resident_bytes,
+                heap_in_use_bytes: a.usage.heap_in_use_bytes,
+                heap_unattributed_bytes: heap.unattributed(a.usage.heap_in_use_bytes),
+                heap,
+                heap_free_bytes: a.usage.heap_free_bytes,
+            }
         },
     }
 }

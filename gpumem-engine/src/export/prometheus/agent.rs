@@ -63,7 +63,7 @@ pub(super) fn self_families(fams: &mut Families, s: &Scrape<'_>) {
     fams.add(m::AGENT_RSS).push((vec![], Value::int(a.usage.resident_bytes)));
     fams.add(m::AGENT_BPF_MAP_RSS).push((vec![], Value::int(a.usage.bpf_map_resident_bytes)));
     let parts = s.heap.labelled();
-    let unattributed = a.usage.heap_in_use_bytes.saturating_sub(s.heap.total());
+    let unattributed = s.heap.unattributed(a.usage.heap_in_use_bytes);
     let heap = parts.into_iter().chain([("unattributed", unattributed)]);
     fams.add(m::AGENT_HEAP).extend(heap.map(|(part, b)| (vec![("part", part.to_string())], Value::int(b))));
     fams.add(m::AGENT_HEAP_FREE).push((vec![], Value::int(a.usage.heap_free_bytes)));

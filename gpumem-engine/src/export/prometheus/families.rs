@@ -203,8 +203,9 @@ impl Family {
                     let bounds = b.bounds.iter().map(Some).chain([None]);
                     for (bound, n) in bounds.zip(&b.counts) {
                         cumulative += n;
-                        let le = bound.map_or("+Inf".to_string(), |&x| dtoa::Buffer::new().format(x).to_string());
-                        sample("_bucket", Some(&le), itoa::Buffer::new().format(cumulative));
+                        let mut bound_text = dtoa::Buffer::new();
+                        let le = bound.map_or("+Inf", |&x| bound_text.format(x));
+                        sample("_bucket", Some(le), ints.format(cumulative));
                     }
                 }
             }
