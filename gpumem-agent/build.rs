@@ -45,8 +45,13 @@ fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-changed={common}");
     println!("cargo:rerun-if-env-changed=CARGO_FEATURE_BENCH");
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").context("OUT_DIR not set")?);
-    let target_dir = metadata.target_directory.join("bpf");
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").context("CARGO_CFG_TARGET_ARCH not set")?;
+    // One per machine whose registers the programs read (bpf_target_arch):
+    // an aarch64 build beside the x86_64 one rebuilds neither.
+    let target_dir = match arch.as_str() {
+        "x86_64" => metadata.target_directory.join("bpf"),
+        other => metadata.target_directory.join(format!("bpf-{other}")),
+    };
     let toolchain = std::env::var("RUSTUP_TOOLCHAIN").unwrap_or_else(|_| "stable".into());
     // The benchmark's empty programs only in a `bench` build of the agent.
     let features = if std::env::var_os("CARGO_FEATURE_BENCH").is_some() { "bench" } else { "" };

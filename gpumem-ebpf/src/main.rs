@@ -22,6 +22,7 @@ mod maps;
 mod oom;
 mod process;
 mod python;
+mod regs;
 mod share;
 mod stack;
 mod task;

@@ -2,7 +2,7 @@
 //! and the stream-ordered pools it comes from. Exporter and importer are
 //! joined by the 64 bytes that travel between them, folded into a key
 //! (`gpumem_common::ipc::key`) on both sides.
-use aya_ebpf::{bindings::pt_regs, programs::ProbeContext};
+use aya_ebpf::programs::ProbeContext;
 use gpumem_common::{
     api,
     payload::{Payload, Pool, Shared},
@@ -17,19 +17,11 @@ use crate::{
 
 /// What an entry must read while the caller's memory is as it passed it:
 /// the importer's handle bytes. cuIpcOpenMemHandle_v2 takes its
-/// CUipcMemHandle by value: the x86-64 SysV ABI passes a 64-byte struct in
-/// memory, at [rsp+8] on entry (the return address at [rsp]), and the
-/// integer arguments after it move up a register (AAPCS64 passes it by
-/// reference instead: issue 33).
+/// CUipcMemHandle by value (`regs::second_struct_argument` finds it).
 #[inline(always)]
 pub fn entry_key(ctx: &ProbeContext, api_id: u32, args: &[u64; 6]) -> u64 {
     match api_id {
-        api::CU_IPC_OPEN_MEM_HANDLE_V2 => {
-            let regs: *const pt_regs = ctx.regs;
-            // SAFETY: `regs` is the probe's context, its pt_regs.
-            let sp = unsafe { (*regs).rsp };
-            key_at(sp + 8)
-        }
+        api::CU_IPC_OPEN_MEM_HANDLE_V2 => key_at(crate::regs::second_struct_argument(ctx.regs)),
         // (CUdeviceptr *ptr_out, CUmemoryPool pool, CUmemPoolPtrExportData *shareData)
         api::CU_MEM_POOL_IMPORT_POINTER => key_at(args[2]),
         _ => 0,

@@ -101,8 +101,7 @@ fn sampled(size: u64) -> bool {
 #[inline(always)]
 fn send_stack(regs: *const pt_regs, ev: &Event) -> bool {
     let Some(rec) = STACK_SCRATCH.get_ptr_mut(0) else { return false };
-    // SAFETY: `regs` is the probe's context, its pt_regs.
-    let (ip, sp, bp) = unsafe { ((*regs).rip, (*regs).rsp, (*regs).rbp) };
+    let (ip, sp, bp) = crate::regs::caller(regs);
     let mut len = 0usize;
     // SAFETY: plain lookup, copied out.
     let chunks = unsafe { STACK_COPY_BYTES.get(&ev.pid) }.map_or(STACK_BYTES, |&b| b as usize) / STACK_CHUNK;

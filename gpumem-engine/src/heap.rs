@@ -38,6 +38,9 @@ pub struct Parts {
     pub state: u64,
     /// Native stacks: unwound frames by stack id, symbolized frames, owners.
     pub stacks: u64,
+    /// Libraries' unwind tables (.eh_frame, .debug_frame) read for unwinding.
+    #[serde(default)]
+    pub unwind: u64,
     /// Python frames per stack and each interpreter's code-object cache.
     pub python: u64,
     /// Growth series (processes, devices, stack groups).
@@ -48,8 +51,15 @@ pub struct Parts {
 
 impl Parts {
     /// Each part with its label, in order.
-    pub fn labelled(&self) -> [(&'static str, u64); 5] {
-        [("state", self.state), ("stacks", self.stacks), ("python", self.python), ("growth", self.growth), ("history", self.history)]
+    pub fn labelled(&self) -> [(&'static str, u64); 6] {
+        [
+            ("state", self.state),
+            ("stacks", self.stacks),
+            ("unwind", self.unwind),
+            ("python", self.python),
+            ("growth", self.growth),
+            ("history", self.history),
+        ]
     }
 
     pub fn total(&self) -> u64 {
@@ -59,6 +69,23 @@ impl Parts {
     /// What of the allocator's `in_use` bytes no part accounts for.
     pub fn unattributed(&self, in_use: u64) -> u64 {
         in_use.saturating_sub(self.total())
+    }
+}
+
+/// One of the agent's caches: what it holds, the most it may hold, and the
+/// entries it has let go to stay within that (each starts over when full:
+/// what it let go is read or computed again when asked).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Cache {
+    pub name: String,
+    pub entries: u64,
+    pub max_entries: u64,
+    pub evicted: u64,
+}
+
+impl Cache {
+    pub fn new(name: &str, entries: usize, max_entries: usize, evicted: u64) -> Self {
+        Cache { name: name.to_string(), entries: entries as u64, max_entries: max_entries as u64, evicted }
     }
 }
 

@@ -144,7 +144,15 @@ pub const TARGETS: &[Target] = &[
     Target { name: "mounts", reads: "/proc/PID/mounts", run: |d| procfs::parse_mounts(&text(d)).for_each(drop) },
     Target { name: "ld_so_cache", reads: "ld.so.cache (both formats)", run: |d| drop(ld_cache::parse(d)) },
     Target { name: "stapsdt", reads: "a library's .note.stapsdt notes and argument specs", run: |d| drop(usdt::probes_in(d, "fuzz")) },
-    Target { name: "usdt_argument", reads: "one USDT argument spec", run: |d| drop(usdt::parse_arg(&text(d))) },
+    Target {
+        name: "usdt_argument",
+        reads: "one USDT argument spec (x86_64's and aarch64's syntax)",
+        run: |d| {
+            let spec = text(d);
+            drop(usdt::Arch::X86_64.parse_arg(&spec));
+            drop(usdt::Arch::Aarch64.parse_arg(&spec));
+        },
+    },
     Target { name: "elf_symbols", reads: "a libcuda copy's symbol tables", run: |d| drop(symbols::function_offsets_in(d, |_| true)) },
     Target {
         name: "python_elf",

@@ -199,10 +199,37 @@ fn python_frames_at_unmapped_memory_end_the_walk_show_as_unknown_and_the_bytes_s
 #[test]
 fn a_garbage_file_named_libcuda_is_refused_with_why_and_the_real_one_stays_exact() {
     require_root();
-    let f = fixtures();
     // Not an ELF file, mapped executable by a process under libcuda's name.
     let fake = libcuda_under(b"garbage");
     std::fs::write(&fake, (0..65536u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect::<Vec<u8>>()).unwrap();
+    refused_while_the_real_one_stays_exact("garbage/libcuda.so.1", &fake, "is not an ELF shared library");
+}
+
+#[test]
+fn a_libcuda_built_for_another_machine_gets_no_probe_and_the_real_one_stays_exact() {
+    require_root();
+    // The synthetic driver built for aarch64: what a process under qemu-user
+    // (a multi-arch container build) maps. A breakpoint in it would be x86's
+    // int3 written into aarch64 code that the emulator then translates.
+    let fake = libcuda_under(b"aarch64");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/fake_libcuda.c");
+    let cc = std::process::Command::new("aarch64-linux-gnu-gcc")
+        .args(["-shared", "-fPIC", "-O2", "-o", fake.to_str().unwrap(), src.to_str().unwrap(), "-lpthread"])
+        .status()
+        .expect("aarch64-linux-gnu-gcc (gcc-aarch64-linux-gnu; cargo xtask setup installs it)");
+    assert!(cc.success());
+    refused_while_the_real_one_stays_exact(
+        "aarch64/libcuda.so.1",
+        &fake,
+        "is code for Aarch64, not for this machine (X86_64): no probe goes into it",
+    );
+}
+
+/// A process maps `fake` (named libcuda.so.1) executable while a workload
+/// allocates through the real synthetic driver: the agent says the copy is
+/// not attached and why, and the workload's allocations are exact.
+fn refused_while_the_real_one_stays_exact(named: &str, fake: &std::path::Path, why: &str) {
+    let f = fixtures();
     // The dlopen after the mapping (ctypes' extension) is what tells the
     // agent to read the process's maps again (its loader hook): the agent
     // read them at exec, before the mapping existed.
@@ -215,7 +242,7 @@ fn a_garbage_file_named_libcuda_is_refused_with_why_and_the_real_one_stays_exact
     let (agent, stderr) = start_agent(&["--duration", "6"]);
     let mut mapper = std::process::Command::new("/usr/bin/python3.11")
         .args(["-c", MAPPER])
-        .arg(&fake)
+        .arg(fake)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -227,10 +254,7 @@ fn a_garbage_file_named_libcuda_is_refused_with_why_and_the_real_one_stays_exact
     assert!(st.success());
     let _ = mapper.wait();
     let (lines, said) = finish_agent(agent, stderr);
-    assert!(
-        said.contains("garbage/libcuda.so.1") && said.contains("not attached") && said.contains("is not an ELF shared library"),
-        "{said}"
-    );
+    assert!(said.contains(named) && said.contains("not attached") && said.contains(why), "{said}");
     let pid =
         lines.iter().find(|e| e["type"] == "init").and_then(|e| e["pid"].as_u64()).unwrap_or_else(|| panic!("no cuInit traced: {said}"));
     let allocs: Vec<&Value> = lines.iter().filter(|e| e["type"] == "alloc" && e["pid"] == pid).collect();
@@ -406,7 +430,14 @@ fn beside_a_hostile_tenant_the_agent_stays_within_its_bounds_names_it_and_keeps_
     let refused = named.iter().filter(|a| inner(a) == "?").count();
     println!("long tables: {read} code objects read, {refused} refused past the budget");
     assert_eq!(degraded(names), ["python_reads"], "{summary:#}");
-    assert!(read >= 20 && refused >= 100 && read + refused == 300, "read {read}, refused {refused}");
+    // Any other allocation is shown (its Python frames, names cut): once in
+    // a CI run one was neither, which these say the next time.
+    let odd: Vec<Vec<String>> = named
+        .iter()
+        .filter(|a| !(inner(a) == "?" || inner(a).starts_with("fff") && inner(a).ends_with('…')))
+        .map(|a| python_frames(a).iter().map(|f| f.0.chars().take(24).collect()).collect())
+        .collect();
+    assert!(read >= 20 && refused >= 100 && read + refused == 300, "read {read}, refused {refused}; the others' Python frames: {odd:?}");
     // The ordinary tenant: exact, not degraded.
     assert_eq!(sizes(&allocs(plain)), [8 * MIB, 4 * MIB]);
     assert!(degraded(plain).is_empty());

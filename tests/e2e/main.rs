@@ -4,6 +4,7 @@
 //! reason; none skips.
 mod actions;
 mod alloc;
+mod arm64;
 mod bindings;
 mod chart;
 mod cli;

@@ -58,8 +58,23 @@ fn damaged_recordings_give_clear_errors_and_what_was_readable() {
         let out = run_gpumem(&["trace", "--json", "--from", path.to_str().unwrap()], &[]);
         (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
-    // Cut in the middle: the events before the cut, a summary of them, and where it broke.
-    let (code, stdout, stderr) = replay("cut.gpumemrec", &full[..full.len() / 2]);
+    // The frame (kind, 4-byte length, payload, checksum) that holds the
+    // file's middle byte: cuts and flips land inside its payload (at a frame's
+    // end a cut reads, rightly, as a recording that ends without its footer;
+    // on its length a flip reads as a frame too large).
+    let (middle, middle_len) = {
+        let mut frame = 12; // after the magic and the version
+        loop {
+            let len = u32::from_le_bytes(full[frame + 1..frame + 5].try_into().unwrap()) as usize;
+            if frame + 9 + len > full.len() / 2 {
+                break (frame, len);
+            }
+            frame += 9 + len;
+        }
+    };
+    let inside = middle + 5 + middle_len / 2;
+    // Cut in the middle of a frame: the events before it, a summary of them, and where it broke.
+    let (code, stdout, stderr) = replay("cut.gpumemrec", &full[..inside]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("truncated at byte") && stderr.contains("the report above covers the"), "{stderr}");
     let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -68,18 +83,9 @@ fn damaged_recordings_give_clear_errors_and_what_was_readable() {
     let events = lines.len() - 1;
     assert!(events > 100 && events < t.events.len(), "{events} of {}", t.events.len());
     assert_eq!(lines[..events], t.events[..events], "what was read is what was recorded");
-    // A flipped byte in the middle of a frame's payload (not its length,
-    // which would read as a frame too large): caught by the checksum, same treatment.
+    // A flipped byte in the middle of that frame's payload: caught by the checksum, same treatment.
     let mut bad = full.clone();
-    let mut frame = 12; // after the magic and the version
-    loop {
-        let len = u32::from_le_bytes(full[frame + 1..frame + 5].try_into().unwrap()) as usize;
-        if frame + 9 + len > full.len() / 2 {
-            bad[frame + 5 + len / 2] ^= 0x10;
-            break;
-        }
-        frame += 9 + len;
-    }
+    bad[inside] ^= 0x10;
     let (code, _, stderr) = replay("flipped.gpumemrec", &bad);
     assert_eq!(code, Some(1));
     assert!(stderr.contains("damaged at byte") && stderr.contains("checksum mismatch"), "{stderr}");

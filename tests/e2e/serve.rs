@@ -466,13 +466,27 @@ fn the_daemon_says_what_its_memory_is_by_owner() {
     // Once the workload's events and stacks are read.
     let text = poll(10, "the workload's stacks on the heap", || Some(serve.metrics()).filter(|t| of(t, "stacks") > 0.0), String::new);
     let heap = |part: &str| of(&text, part);
-    let parts = ["state", "stacks", "python", "growth", "history", "unattributed"];
+    let parts = ["state", "stacks", "unwind", "python", "growth", "history", "unattributed"];
     let total: f64 = parts.iter().map(|p| heap(p)).sum();
     let rss = sample(&text, "gpumem_agent_resident_memory_bytes").unwrap();
     let rings = sample(&text, "gpumem_agent_bpf_map_resident_memory_bytes").unwrap();
     // The workload's process, its allocations and their stacks are on the heap.
     assert!(heap("state") > 0.0 && heap("stacks") > 0.0, "{:?}", parts.map(heap));
-    assert!(heap("unattributed") > 0.0, "libraries' tables are not estimated: {:?}", parts.map(heap));
+    // The workload's libraries' unwind tables (libc's .eh_frame alone is tens of KiB).
+    assert!(heap("unwind") > 16384.0, "{:?}", parts.map(heap));
+    assert!(heap("unattributed") > 0.0, "what blazesym keeps parsed is not estimated: {:?}", parts.map(heap));
+    // Each cache with its bound: the workload's stacks are in the table and known.
+    let cache = |family: &str, name: &str| sample(&text, &format!("{family}{{cache=\"{name}\"}}")).unwrap_or(f64::NAN);
+    assert!(cache("gpumem_agent_cache_entries", "stacks") >= 1.0, "{text}");
+    assert!(cache("gpumem_agent_cache_entries", "known_stacks") >= 1.0, "{text}");
+    assert_eq!(cache("gpumem_agent_cache_max_entries", "stacks"), 65536.0);
+    // Each BPF map's kernel memory: the two 16 MiB rings at least their size.
+    let map = |name: &str| sample(&text, &format!("gpumem_agent_bpf_map_bytes{{map=\"{name}\"}}")).unwrap_or(f64::NAN);
+    assert!(map("EVENTS") >= 16.0 * 1048576.0 && map("STACKS") >= 16.0 * 1048576.0, "{text}");
+    for name in ["stacks", "known_stacks", "symbolized_frames", "stack_owners", "process_unwinders", "unwind_tables", "python_code_objects"]
+    {
+        assert_eq!(cache("gpumem_agent_cache_evictions_total", name), 0.0, "{name}: nothing let go at this size");
+    }
     assert!(total > 1_048_576.0 && total < rss - rings, "heap in use {total} within the resident memory {rss} less the rings {rings}");
     assert!(sample(&text, "gpumem_agent_heap_free_bytes").is_some(), "{text}");
     // `gpumem status` says it, asking the daemon.
@@ -484,6 +498,12 @@ fn the_daemon_says_what_its_memory_is_by_owner() {
     let said = String::from_utf8_lossy(&out.stdout);
     let line = said.lines().find(|l| l.contains("memory: resident")).unwrap_or_else(|| panic!("{said}"));
     assert!(line.contains("the rings mapped from the kernel") && line.contains("state ") && line.contains("unattributed "), "{line}");
+    let caches = said.lines().find(|l| l.contains("caches (entries/most):")).unwrap_or_else(|| panic!("{said}"));
+    assert!(caches.contains("/65536") && caches.contains("unwind_tables "), "{caches}");
+    let maps = said.lines().find(|l| l.contains("kernel maps:")).unwrap_or_else(|| panic!("{said}"));
+    assert!(maps.contains("EVENTS 16.") || maps.contains("STACKS 16."), "{maps}");
+    let rings = said.lines().find(|l| l.contains("rings: events")).unwrap_or_else(|| panic!("{said}"));
+    assert!(rings.contains("events 16.0 MiB, stacks 16.0 MiB"), "{rings}");
     let _ = child.kill();
     let _ = child.wait();
     let (status, _) = serve.stop();

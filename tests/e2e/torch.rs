@@ -311,3 +311,96 @@ fn metrics_and_top_show_allocated_beside_reserved() {
     // PID POD COMM GPU LIVE(2 words) ALLOCS TENSORS(2 words) ...
     assert_eq!((w[4], w[5], w[7], w[8]), ("104.0", "MiB", "84.0", "MiB"), "reserved, then allocated: {row}");
 }
+
+/// The operands of a `readelf -n` "Arguments:" line: split at spaces
+/// outside brackets (`8@[sp, 40]` is one).
+fn note_arguments(line: &str) -> Vec<String> {
+    let (mut out, mut cur, mut depth) = (Vec::new(), String::new(), 0);
+    for c in line.trim().chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ' ' if depth == 0 => {
+                out.extend((!cur.is_empty()).then(|| std::mem::take(&mut cur)));
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    out.extend((!cur.is_empty()).then_some(cur));
+    out
+}
+
+/// What `gpumem status` says of the libc10_cuda.so a process maps from `lib`.
+fn torch_status_of(lib: &std::path::Path) -> Value {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/map_elf.py");
+    let _mapper = Mapper::start(&format!("exec python3 {} {}", script.display(), lib.display()));
+    let out = run_gpumem(&["status", "--json"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let path = lib.display().to_string();
+    let found = status["pytorch"].as_array().unwrap().iter().find(|t| t["path"].as_str().is_some_and(|p| p.ends_with(&path))).cloned();
+    found.unwrap_or_else(|| panic!("{path} not found: {status:#}"))
+}
+
+#[test]
+fn aarch64_libraries_probes_read_in_aarch64_syntax_and_not_attached_by_an_x86_64_agent() {
+    require_root();
+    // The test allocator built for aarch64 (GCC at -O0 puts arguments on the stack: `8@[sp, 40]`).
+    let dir = std::env::temp_dir().join(format!("gpumem-aarch64-{}", std::process::id()));
+    let sys = dir.join("include/sys");
+    std::fs::create_dir_all(&sys).unwrap();
+    for h in ["sdt.h", "sdt-config.h"] {
+        std::fs::copy(format!("/usr/include/x86_64-linux-gnu/sys/{h}"), sys.join(h)).expect("systemtap-sdt-dev's headers");
+    }
+    let lib = dir.join("libc10_cuda.so");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch_alloc.c");
+    let include = format!("-I{}", dir.join("include").display());
+    let cc = Command::new("aarch64-linux-gnu-gcc")
+        .args(["-shared", "-fPIC", "-O0", "-g", &include, "-o", lib.to_str().unwrap(), src.to_str().unwrap(), "-ldl", "-lpthread"])
+        .status()
+        .expect("aarch64-linux-gnu-gcc (gcc-aarch64-linux-gnu; cargo xtask setup installs it)");
+    assert!(cc.success());
+    // What binutils reads in its notes.
+    let notes = Command::new("readelf").arg("-n").arg(&lib).output().unwrap();
+    let notes = String::from_utf8_lossy(&notes.stdout);
+    let expected: Vec<Vec<String>> = notes
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Arguments:"))
+        .map(|args| {
+            let described = |spec: &String| {
+                let (size, operand) = spec.split_once('@').unwrap();
+                let bits = size.trim_start_matches('-').parse::<u32>().unwrap() * 8;
+                format!("{}{bits} {operand}", if size.starts_with('-') { "i" } else { "u" })
+            };
+            note_arguments(args).iter().map(described).collect()
+        })
+        .collect();
+    assert_eq!(expected.iter().map(Vec::len).collect::<Vec<_>>(), [4, 1], "{notes}");
+    assert!(expected[0].iter().any(|a| a.contains("[sp, ")), "memory operands at -O0: {expected:?}");
+
+    let torch = torch_status_of(&lib);
+    let said: Vec<Vec<String>> = torch["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect())
+        .collect();
+    assert_eq!(said, expected, "every argument read in aarch64's syntax: {torch:#}");
+    assert!(torch["sites"].as_array().unwrap().iter().all(|s| s["semaphore"].as_u64().is_some()), "{torch:#}");
+    assert_eq!(torch["attached"], false, "{torch:#}");
+    let why = torch["error"].as_str().unwrap_or_default();
+    assert!(why.contains("written for aarch64; this agent runs on x86_64"), "{torch:#}");
+
+    // PyTorch 2.15's own aarch64 libc10_cuda.so has no USDT probes at all:
+    // on Grace, tensors are seen only where a build has them.
+    let wheel = real_torch_lib_aarch64();
+    let copy = dir.join("wheel/libc10_cuda.so");
+    std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+    std::fs::copy(&wheel, &copy).unwrap();
+    let torch = torch_status_of(&copy);
+    assert_eq!((torch["attached"].as_bool(), torch["sites"].as_array().map(Vec::len)), (Some(false), Some(0)), "{torch:#}");
+    assert!(torch["error"].as_str().unwrap_or_default().contains("no pytorch:malloc or pytorch:free probes"), "{torch:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

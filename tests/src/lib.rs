@@ -53,6 +53,20 @@ pub fn gpumem_bin() -> PathBuf {
     bin
 }
 
+/// The agent built for aarch64 (`cargo xtask test` builds it), and the
+/// command that runs it here under qemu-user with Debian's aarch64 libraries.
+pub fn aarch64_gpumem() -> std::process::Command {
+    let bin = target_dir().join("aarch64-unknown-linux-gnu/debug/gpumem");
+    assert!(
+        bin.exists(),
+        "{} does not exist: `cargo build --target aarch64-unknown-linux-gnu -p gpumem-agent` (cargo xtask test does)",
+        bin.display()
+    );
+    let mut cmd = std::process::Command::new("qemu-aarch64");
+    cmd.env("QEMU_LD_PREFIX", "/usr/aarch64-linux-gnu").arg(bin);
+    cmd
+}
+
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
     assert_eq!(unsafe { libc::geteuid() }, 0, "the end-to-end tests load eBPF and must run as root");

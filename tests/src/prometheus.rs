@@ -151,6 +151,18 @@ pub fn sample(exposition: &str, series: &str) -> Option<f64> {
     exposition.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
 }
 
+/// `gpumem_agent_heap_bytes{part="..."}` of an exposition, by part, in its order.
+pub fn heap_parts(exposition: &str) -> Vec<(String, f64)> {
+    exposition
+        .lines()
+        .filter_map(|l| l.strip_prefix("gpumem_agent_heap_bytes{part=\""))
+        .filter_map(|l| {
+            let (part, rest) = l.split_once('"')?;
+            Some((part.to_string(), rest.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
 /// Debian's Prometheus server on loopback, scraping what it is told every second.
 pub struct Prometheus {
     child: std::process::Child,

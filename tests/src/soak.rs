@@ -4,7 +4,7 @@
 //! `cargo xtask soak` (10 minutes, a million allocations).
 use std::time::{Duration, Instant};
 
-use crate::{fixtures, sample, spawn_workload, Serve, ServeState};
+use crate::{fixtures, heap_parts, sample, spawn_workload, Serve, ServeState};
 
 pub struct SoakConfig {
     pub duration: Duration,
@@ -22,12 +22,20 @@ pub struct SoakSample {
     pub at_s: f64,
     /// RSS without the ring buffer's mapping (kernel memory).
     pub own_rss_bytes: f64,
+    /// Of the RSS, anonymous pages (/proc/PID/status RssAnon): what the
+    /// agent allocated (heap, thread stacks), without its code's pages
+    /// (a debug build's are three times a release build's) or the rings.
+    pub anon_bytes: f64,
     pub tracked_processes: f64,
     pub events: f64,
     pub lost: f64,
     pub allocations_overflow: f64,
     pub aggregated_series: f64,
     pub process_series: f64,
+    /// The agent's heap by owner (`gpumem_agent_heap_bytes`), in use and
+    /// kept free: where the RSS goes.
+    pub heap: Vec<(String, f64)>,
+    pub heap_free_bytes: f64,
 }
 
 #[derive(Debug, Default)]
@@ -44,6 +52,9 @@ impl SoakReport {
     pub fn max_own_rss(&self) -> f64 {
         self.samples.iter().map(|s| s.own_rss_bytes).fold(0.0, f64::max)
     }
+    pub fn max_anon(&self) -> f64 {
+        self.samples.iter().map(|s| s.anon_bytes).fold(0.0, f64::max)
+    }
     pub fn max_tracked(&self) -> f64 {
         self.samples.iter().map(|s| s.tracked_processes).fold(0.0, f64::max)
     }
@@ -56,18 +67,29 @@ fn read(text: &str, series: &str) -> f64 {
     sample(text, series).unwrap_or(f64::NAN)
 }
 
-fn take(text: &str, at_s: f64) -> SoakSample {
+/// A process's anonymous resident bytes (RssAnon in /proc/PID/status).
+fn anon_bytes(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb =
+        status.lines().find_map(|l| l.strip_prefix("RssAnon:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok());
+    kb.map_or(f64::NAN, |kb| kb * 1024.0)
+}
+
+fn take(text: &str, at_s: f64, pid: u32) -> SoakSample {
     let lost: f64 =
         text.lines().filter(|l| l.starts_with("gpumem_lost_events_total{")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
     SoakSample {
         at_s,
         own_rss_bytes: read(text, "gpumem_agent_resident_memory_bytes") - read(text, "gpumem_agent_bpf_map_resident_memory_bytes"),
+        anon_bytes: anon_bytes(pid),
         tracked_processes: read(text, "gpumem_tracked_processes"),
         events: read(text, "gpumem_events_processed_total"),
         lost,
         allocations_overflow: read(text, "gpumem_table_overflow_total{table=\"allocations\"}"),
         aggregated_series: read(text, "gpumem_exporter_aggregated_process_series"),
         process_series: read(text, "gpumem_exporter_process_series"),
+        heap: heap_parts(text),
+        heap_free_bytes: read(text, "gpumem_agent_heap_free_bytes"),
     }
 }
 
@@ -128,14 +150,14 @@ pub fn run(cfg: &SoakConfig, mut progress: impl FnMut(&SoakSample)) -> SoakRepor
         assert!(out.status.success(), "a churn process failed");
         report.processes_started += 1;
         if began.elapsed() >= next_sample {
-            let s = take(&serve.metrics(), began.elapsed().as_secs_f64());
+            let s = take(&serve.metrics(), began.elapsed().as_secs_f64(), serve.child.id());
             progress(&s);
             report.samples.push(s);
             next_sample += Duration::from_secs(10);
         }
     }
     let text = serve.metrics();
-    report.samples.push(take(&text, began.elapsed().as_secs_f64()));
+    report.samples.push(take(&text, began.elapsed().as_secs_f64(), serve.child.id()));
     report.held_allocations_seen = held(&text, holder.id());
     let _ = holder.kill();
     let _ = holder.wait();

@@ -8,6 +8,11 @@ pub fn real_torch_lib() -> PathBuf {
     torch_file("libc10_cuda.so")
 }
 
+/// The same library from torch 2.15.0's aarch64 wheel (Grace hosts).
+pub fn real_torch_lib_aarch64() -> PathBuf {
+    torch_file("aarch64/libc10_cuda.so")
+}
+
 /// PyTorch's memory viewer, torch/cuda/_memory_viz.py of the same wheel.
 pub fn torch_memory_viz() -> PathBuf {
     torch_file("_memory_viz.py")

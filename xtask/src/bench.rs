@@ -18,7 +18,7 @@ fn churn_ns(cmd: &mut Command) -> Result<(u64, u64)> {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
     v[v.len() / 2]
 }
@@ -344,11 +344,7 @@ pub fn metrics(idle_s: u64, against: Option<&str>) -> Result<()> {
         (rss - bpf) / 1048576.0,
         bpf / 1048576.0
     );
-    let parts = ["state", "stacks", "python", "growth", "history", "unattributed"];
-    let heap: Vec<String> = parts
-        .iter()
-        .map(|p| format!("{p} {:.1} KiB", read(&after, &format!("gpumem_agent_heap_bytes{{part=\"{p}\"}}")) / 1024.0))
-        .collect();
+    let heap: Vec<String> = gpumem_tests::heap_parts(&after).iter().map(|(p, b)| format!("{p} {:.1} KiB", b / 1024.0)).collect();
     println!("  heap in use by owner: {}; kept free {:.1} KiB", heap.join(", "), read(&after, "gpumem_agent_heap_free_bytes") / 1024.0);
     println!("  CPU              {:.2} % of one core", 100.0 * cpu / dt);
     let (status, stderr) = serve.stop();
@@ -397,81 +393,4 @@ pub fn idle(processes: u32, seconds: u64) -> Result<()> {
         let _ = s.wait();
     }
     result
-}
-
-/// `gpumem serve`'s CPU while one process allocates and frees at a steady
-/// rate, each allocation's stack 16 frames deep and taken (under the stack
-/// budget at 1 000/s, sampled beyond it at 10 000/s), beside the daemon at
-/// rest in the same run; pinned (the default: the kernel's table of live
-/// entries kept, the agent writing back each allocation's device and stack)
-/// and with `--no-pin`, one after the other.
-pub fn agent_cpu(seconds: u64, python: bool) -> Result<()> {
-    crate::run(crate::cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
-    std::env::set_var("GPUMEM_BIN", gpumem_tests::target_dir().join("release/gpumem"));
-    let what = if python { "16 Python frames over ctypes" } else { "16-frame C call chains" };
-    println!("gpumem serve (release), one process allocating at a steady rate, {what}, {seconds} s each:");
-    for (mode, extra) in [("pinned (default)", None), ("--no-pin", Some("--no-pin"))] {
-        println!(" {mode}:");
-        agent_cpu_of(seconds, python, extra)?;
-    }
-    Ok(())
-}
-
-fn agent_cpu_of(seconds: u64, python: bool, extra: Option<&str>) -> Result<()> {
-    let f = gpumem_tests::fixtures();
-    let mut args = vec!["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"];
-    args.extend(extra);
-    let serve = gpumem_tests::Serve::start(&args, &[]);
-    std::thread::sleep(std::time::Duration::from_secs(3));
-    let cpu = || gpumem_tests::sample(&serve.metrics(), "gpumem_agent_cpu_seconds_total").unwrap_or(f64::NAN);
-    let secs = seconds.to_string();
-    let (mut idle, mut pairs) = (0.0, 0u64);
-    let rates: &[u32] = if python { &[0, 1000, 3000] } else { &[0, 1000, 10_000] };
-    for &rate in rates {
-        let before = cpu();
-        let t0 = std::time::Instant::now();
-        if rate == 0 {
-            std::thread::sleep(std::time::Duration::from_secs(seconds));
-        } else {
-            pairs = steady(f, python, rate, &secs)?;
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-        let dt = t0.elapsed().as_secs_f64();
-        let share = 100.0 * (cpu() - before) / dt;
-        if rate == 0 {
-            idle = share;
-            println!("  at rest: {share:.2} % of one core");
-        } else {
-            let per_alloc_us = (share - idle) / 100.0 * dt / pairs as f64 * 1e6;
-            println!(
-                "  {rate} allocations/s asked, {:.0}/s made: {share:.2} % of one core ({per_alloc_us:.1} µs of agent CPU per allocation+free above rest)",
-                pairs as f64 / seconds as f64
-            );
-        }
-    }
-    let (status, stderr) = serve.stop();
-    if !status.success() {
-        bail!("gpumem serve failed: {stderr}");
-    }
-    Ok(())
-}
-
-/// Runs the steady workload (C or Python) at `rate` pairs/s; the pairs it made.
-fn steady(f: &gpumem_tests::Fixtures, python: bool, rate: u32, seconds: &str) -> Result<u64> {
-    let lib = f.libcuda.display().to_string();
-    let mut cmd = if python {
-        let mut c = Command::new("python3");
-        c.arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/steady.py")).arg(&lib);
-        c
-    } else {
-        let mut c = Command::new(&f.workload);
-        c.args([lib.as_str(), "steady"]);
-        c
-    };
-    let out = cmd.env("GPUMEM_RATE", rate.to_string()).env("GPUMEM_SECONDS", seconds).output()?;
-    let text = String::from_utf8_lossy(&out.stderr);
-    match text.split_whitespace().find_map(|w| w.strip_prefix("steady_pairs=")).and_then(|v| v.parse().ok()) {
-        Some(n) if out.status.success() => Ok(n),
-        _ => bail!("the steady workload failed ({}): {text}", out.status),
-    }
 }

@@ -22,6 +22,10 @@ const APT_PACKAGES: &[&str] = &[
     "python3.11",
     "debootstrap",
     "systemtap-sdt-dev",
+    // aarch64 builds of the agent and the test libraries (issue 33), and
+    // qemu-user to run the agent's aarch64 build here.
+    "gcc-aarch64-linux-gnu",
+    "qemu-user",
     "llvm-22-dev",
     "libpolly-22-dev",
     "libzstd-dev",
@@ -108,6 +112,7 @@ pub fn test_deps() -> Result<()> {
     python312_root()?;
     python310_root()?;
     torch_lib()?;
+    torch_lib_aarch64()?;
     torch_memory_viz()?;
     victoria_metrics()?;
     perfetto_ui()?;
@@ -281,25 +286,36 @@ pub const TORCH_VERSION: &str = "2.15.0";
 /// fetched with range requests (scripts/wheel-member.py), cached in
 /// ~/.cache/gpumem so that reruns and fresh clones do not fetch it again.
 pub fn torch_lib() -> Result<PathBuf> {
-    torch_file("torch/lib/libc10_cuda.so")
+    torch_file("torch/lib/libc10_cuda.so", "x86_64")
+}
+
+/// The same library from the aarch64 wheel (Grace hosts), cached under
+/// torch-VERSION/aarch64.
+pub fn torch_lib_aarch64() -> Result<PathBuf> {
+    torch_file("torch/lib/libc10_cuda.so", "aarch64")
 }
 
 /// PyTorch's memory viewer (`torch/cuda/_memory_viz.py`, standard library
 /// only for its `stats` and `trace` commands), the real reader of the
 /// memory snapshot export; fetched and cached the same way.
 pub fn torch_memory_viz() -> Result<PathBuf> {
-    torch_file("torch/cuda/_memory_viz.py")
+    torch_file("torch/cuda/_memory_viz.py", "x86_64")
 }
 
-/// One file of the torch wheel, cached under ~/.cache/gpumem/torch-VERSION.
-fn torch_file(member: &str) -> Result<PathBuf> {
+/// One file of the torch wheel for `arch`, cached under
+/// ~/.cache/gpumem/torch-VERSION (x86_64) or torch-VERSION/ARCH.
+fn torch_file(member: &str, arch: &str) -> Result<PathBuf> {
     let name = member.rsplit('/').next().expect("a file name");
-    let dest = cache_dir().join(format!("torch-{TORCH_VERSION}")).join(name);
+    let mut dir = cache_dir().join(format!("torch-{TORCH_VERSION}"));
+    if arch != "x86_64" {
+        dir = dir.join(arch);
+    }
+    let dest = dir.join(name);
     if dest.exists() {
         return Ok(dest);
     }
     let script = gpumem_tests::workspace().join("scripts/wheel-member.py");
-    let wheel = format!("torch-{TORCH_VERSION}-cp311-cp311-manylinux_*_x86_64.whl");
+    let wheel = format!("torch-{TORCH_VERSION}-cp311-cp311-manylinux_*_{arch}.whl");
     run(Command::new("python3").arg(script).args(["torch", TORCH_VERSION, &wheel, member]).arg(&dest))?;
     Ok(dest)
 }

@@ -16,27 +16,35 @@ pub fn soak(minutes: f64, live: u64, max_allocations: u64, restart_every: Option
     println!(
         "soak: {minutes} min of back-to-back CUDA processes; one process holding {live} allocations; --max-allocations {max_allocations}"
     );
-    println!("{:>6} {:>10} {:>9} {:>10} {:>6} {:>12} {:>10}", "t (s)", "own RSS", "tracked", "events", "lost", "table full", "series");
+    println!(
+        "{:>6} {:>10} {:>10} {:>10} {:>9} {:>10} {:>6} {:>12} {:>10}  heap by owner (MiB)",
+        "t (s)", "own RSS", "anon", "heap free", "tracked", "events", "lost", "table full", "series"
+    );
     let line = |s: &soak::SoakSample| {
+        let parts: Vec<String> = s.heap.iter().map(|(part, b)| format!("{part} {:.1}", b / 1048576.0)).collect();
         println!(
-            "{:>6.0} {:>6.1} MiB {:>9} {:>10} {:>6} {:>12} {:>10}",
+            "{:>6.0} {:>6.1} MiB {:>6.1} MiB {:>6.1} MiB {:>9} {:>10} {:>6} {:>12} {:>10}  {}",
             s.at_s,
             s.own_rss_bytes / 1048576.0,
+            s.anon_bytes / 1048576.0,
+            s.heap_free_bytes / 1048576.0,
             s.tracked_processes,
             s.events,
             s.lost,
             s.allocations_overflow,
-            format!("{}+{}", s.process_series, s.aggregated_series)
+            format!("{}+{}", s.process_series, s.aggregated_series),
+            parts.join(", ")
         )
     };
     let r = soak::run(&cfg, line);
     line(r.last());
     println!(
-        "{} processes started ({:.0}/s); own RSS max {:.1} MiB, last {:.1} MiB; tracked processes max {}; the holder's allocations kept {} (cap {max_allocations}), {} counted as not kept",
+        "{} processes started ({:.0}/s); own RSS max {:.1} MiB, last {:.1} MiB, anonymous max {:.1} MiB; tracked processes max {}; the holder's allocations kept {} (cap {max_allocations}), {} counted as not kept",
         r.processes_started,
         r.processes_started as f64 / cfg.duration.as_secs_f64(),
         r.max_own_rss() / 1048576.0,
         r.last().own_rss_bytes / 1048576.0,
+        r.max_anon() / 1048576.0,
         r.max_tracked(),
         r.held_allocations_seen,
         r.last().allocations_overflow

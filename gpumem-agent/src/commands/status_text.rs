@@ -189,8 +189,8 @@ pub fn write_continuity(
 /// A daemon's memory: resident, its rings, its heap by owner and the rest.
 fn write_memory(out: &mut impl Write, m: &serde_json::Map<String, serde_json::Value>) -> std::io::Result<()> {
     let b = |v: &serde_json::Value| gpumem_engine::names::bytes(v.as_u64().unwrap_or(0));
-    let h = &m["heap"];
-    let named: Vec<String> = ["state", "stacks", "python", "growth", "history"].iter().map(|p| format!("{p} {}", b(&h[p]))).collect();
+    let heap: gpumem_engine::heap::Parts = serde_json::from_value(m["heap"].clone()).unwrap_or_default();
+    let named: Vec<String> = heap.labelled().iter().map(|(p, n)| format!("{p} {}", gpumem_engine::names::bytes(*n))).collect();
     writeln!(
         out,
         "  memory: resident {} ({} of it the rings mapped from the kernel); heap in use {}: {}, unattributed {}; kept free by the allocator {}",
@@ -200,5 +200,40 @@ fn write_memory(out: &mut impl Write, m: &serde_json::Map<String, serde_json::Va
         named.join(", "),
         b(&m["heap_unattributed_bytes"]),
         b(&m["heap_free_bytes"])
-    )
+    )?;
+    let caches: Vec<String> = m
+        .get("caches")
+        .and_then(|c| c.as_array())
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let n = |k: &str| c[k].as_u64().unwrap_or(0);
+            let evicted = if n("evicted") > 0 { format!(", {} let go", n("evicted")) } else { String::new() };
+            format!("{} {}/{}{evicted}", c["name"].as_str().unwrap_or("?"), n("entries"), n("max_entries"))
+        })
+        .collect();
+    if !caches.is_empty() {
+        writeln!(out, "  caches (entries/most): {}", caches.join(", "))?;
+    }
+    let maps: Vec<(String, u64)> = m
+        .get("bpf_maps")
+        .and_then(|v| v.as_array())
+        .into_iter()
+        .flatten()
+        .map(|e| (e["name"].as_str().unwrap_or("?").to_string(), e["bytes"].as_u64().unwrap_or(0)))
+        .collect();
+    if !maps.is_empty() {
+        let total: u64 = maps.iter().map(|(_, b)| b).sum();
+        let largest: Vec<String> = maps.iter().take(4).map(|(n, b)| format!("{n} {}", gpumem_engine::names::bytes(*b))).collect();
+        writeln!(out, "  kernel maps: {} in {} maps (largest: {})", gpumem_engine::names::bytes(total), maps.len(), largest.join(", "))?;
+    }
+    if let Some(r) = m.get("rings").filter(|r| r["events_bytes"].as_u64().unwrap_or(0) > 0) {
+        writeln!(
+            out,
+            "  rings: events {}, stacks {} (kernel memory; --ringbuf-bytes, --stack-ring-bytes)",
+            b(&r["events_bytes"]),
+            b(&r["stacks_bytes"])
+        )?;
+    }
+    Ok(())
 }

@@ -167,7 +167,7 @@ impl Agent {
             .override_global(global::OOM_OFFSETS, &oom_offsets, true)
             .map_max_entries(map::EVENTS, options.ringbuf_bytes)
             // A page when stacks are off: the ring must exist, nothing goes to it.
-            .map_max_entries(map::STACKS, if options.stacks.capture { options.stacks.ring_bytes } else { 4096 })
+            .map_max_entries(map::STACKS, options.stacks.kernel_ring_bytes())
             .load(EBPF_OBJECT)
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
         let (path, why) = ioctl::choose(options.ioctl_mode, features::detect().kprobes, ioctl::nvidia_module_loaded(), &prefix);
@@ -309,6 +309,22 @@ impl Agent {
     /// Whether this library (by inode) has been handled already.
     pub fn knows(&self, lib: &Library) -> bool {
         self.seen.contains(&lib.key())
+    }
+
+    /// The agent's status once loaded: its probes, its rings' sizes and
+    /// its maps' kernel memory (fixed from here on; the rest is counted as
+    /// the session goes).
+    pub fn status_at_load(&self) -> gpumem_engine::model::agent::AgentStatus {
+        let rings = gpumem_engine::model::agent::Rings {
+            events_bytes: self.options.ringbuf_bytes as u64,
+            stacks_bytes: self.options.stacks.kernel_ring_bytes() as u64,
+        };
+        gpumem_engine::model::agent::AgentStatus {
+            probes_attached: self.attached_probe_count(),
+            rings,
+            bpf_maps: crate::selfstat::bpf_maps(),
+            ..crate::selfstat::status()
+        }
     }
 
     pub fn attached_probe_count(&self) -> usize {

@@ -77,6 +77,16 @@ fn probe_id(p: &UsdtProbe) -> Option<(u32, usize)> {
 /// The kernel side's spec of one site; an error names what does not fit.
 pub fn spec_of(p: &UsdtProbe) -> Result<UsdtSpec, String> {
     let (probe, wanted) = probe_id(p).ok_or_else(|| format!("{}:{} is not a probe gpumem reads", p.provider, p.name))?;
+    if p.arch != usdt::Arch::host() {
+        // Its operands name another machine's registers (pt_regs offsets differ).
+        return Err(format!(
+            "{}:{} is written for {}; this agent runs on {}",
+            p.provider,
+            p.name,
+            p.arch.name(),
+            usdt::Arch::host().name()
+        ));
+    }
     if p.args.len() < wanted {
         return Err(format!("{}:{} has {} arguments, {wanted} expected", p.provider, p.name, p.args.len()));
     }
@@ -93,15 +103,9 @@ pub fn spec_of(p: &UsdtProbe) -> Result<UsdtSpec, String> {
     Ok(spec)
 }
 
-fn describe_arg(a: &usdt::UsdtArg) -> String {
+fn describe_arg(arch: usdt::Arch, a: &usdt::UsdtArg) -> String {
     let sign = if a.signed { "i" } else { "u" };
-    let at = match a.location {
-        Location::Register { pt_regs, high_byte: false } => format!("%{}", usdt::register_name(pt_regs)),
-        Location::Register { pt_regs, high_byte: true } => format!("%{} (second byte)", usdt::register_name(pt_regs)),
-        Location::Constant(c) => format!("${c}"),
-        Location::Memory { pt_regs, displacement } => format!("{displacement}(%{})", usdt::register_name(pt_regs)),
-    };
-    format!("{sign}{} {at}", a.size * 8)
+    format!("{sign}{} {}", a.size * 8, arch.describe(&a.location))
 }
 
 /// `bpf_attr` for BPF_LINK_CREATE of a uprobe_multi link (uapi linux/bpf.h).
@@ -266,7 +270,7 @@ impl Agent {
                         probe: format!("{}:{}", p.provider, p.name),
                         offset: p.offset,
                         semaphore: p.semaphore,
-                        args: p.args.iter().map(describe_arg).collect(),
+                        args: p.args.iter().map(|a| describe_arg(p.arch, a)).collect(),
                     })
                     .collect();
                 match self.link_torch(&sites, lib) {
@@ -348,6 +352,7 @@ mod tests {
         let malloc = UsdtProbe {
             provider: "pytorch".into(),
             name: "malloc".into(),
+            arch: usdt::Arch::X86_64,
             offset: 0x4a173,
             semaphore: Some(0x867ca),
             args: args(&["-8@%rbp", "-1@%al", "-8@%r12", "-8@56(%rsp)"]),
@@ -361,6 +366,20 @@ mod tests {
         assert_eq!(spec_of(&free).unwrap().probe, api::TENSOR_FREE);
         let short = UsdtProbe { args: args(&["-8@%rdi"]), ..malloc.clone() };
         assert!(spec_of(&short).unwrap_err().contains("1 arguments, 4 expected"));
+        // An aarch64 library's probes (as aarch64-linux-gnu-gcc writes the test allocator's)
+        // are read for the registers of the machine the agent runs on only.
+        let aarch64 = |specs: &[&str]| specs.iter().map(|s| usdt::Arch::Aarch64.parse_arg(s).unwrap()).collect::<Vec<_>>();
+        let arm = UsdtProbe { arch: usdt::Arch::Aarch64, args: aarch64(&["8@x21", "-1@x0", "8@x19", "-8@[sp, 16]"]), ..malloc.clone() };
+        assert_eq!(describe_arg(arm.arch, &arm.args[3]), "i64 [sp, 16]");
+        assert_eq!(describe_arg(malloc.arch, &malloc.args[3]), "i64 56(%rsp)");
+        match spec_of(&arm) {
+            Ok(s) if cfg!(target_arch = "aarch64") => {
+                assert_eq!((s.args[0].kind, s.args[0].reg_off), (arg_kind::REGISTER, 21 * 8));
+                assert_eq!((s.args[3].kind, s.args[3].reg_off, s.args[3].value), (arg_kind::MEMORY, 31 * 8, 16), "sp after x0..x30");
+            }
+            Err(why) => assert!(cfg!(target_arch = "x86_64") && why.contains("written for aarch64; this agent runs on x86_64"), "{why}"),
+            Ok(s) => panic!("aarch64 registers read on x86_64: {s:?}"),
+        }
         let other = UsdtProbe { provider: "python".into(), ..malloc };
         assert!(spec_of(&other).is_err());
         assert!(is_torch_cuda_name("libc10_cuda.so") && !is_torch_cuda_name("libc10.so"));

@@ -51,7 +51,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(30);
 /// The replay window is closed this long after adoption.
 const WINDOW_FOR: Duration = Duration::from_secs(30);
 /// Write-backs kept for the tick at most; beyond, written at once.
-const WRITE_BACK_MAX: usize = 1 << 16;
+const WRITE_BACK_MAX: usize = 4096;
 
 /// Ring events up to the snapshot may be accounted for by it.
 struct Window {
@@ -220,13 +220,16 @@ impl Continuity {
 
     /// After an event is applied: the device and stack the agent resolved go
     /// into the kernel's entry, exits are noted for the sweep, new stacks
-    /// for the state directory.
-    pub fn applied(&mut self, o: &Outcome) {
+    /// for the state directory; a full batch of write-backs is written at
+    /// once (a burst of a ring's worth of allocations would otherwise be held
+    /// until the drain's end).
+    pub fn applied(&mut self, o: &Outcome, agent: &mut Agent, state: &gpumem_engine::state::State) {
         if matches!(o.kind, Kind::Exit) {
             self.exited.push(o.event.pid);
             return;
         }
         self.learned(&o.event, o.applied.device, o.stack);
+        self.write_back_if_full(agent, state);
     }
 
     /// A ring event the adopted table accounted for brought the stack of an
@@ -260,16 +263,23 @@ impl Continuity {
                 agent.live_write_back(&key, &entry);
             }
         }
+        // A burst between ticks may have grown it past the batch: not kept.
+        self.to_write.shrink_to(WRITE_BACK_MAX);
     }
 
     /// After each drain: the stacks first seen in it are written, so that
     /// even a SIGKILL right after leaves them for the next agent (each
     /// stack is symbolized and written once).
     pub fn drained(&mut self, agent: &mut Agent, pipeline: &mut Pipeline) {
-        if self.to_write.len() >= WRITE_BACK_MAX {
-            self.write_back(agent, &pipeline.state);
-        }
+        self.write_back_if_full(agent, &pipeline.state);
         self.stacks.persist(pipeline);
+    }
+
+    /// Writes back a full batch at once.
+    fn write_back_if_full(&mut self, agent: &mut Agent, state: &gpumem_engine::state::State) {
+        if self.to_write.len() >= WRITE_BACK_MAX {
+            self.write_back(agent, state);
+        }
     }
 
     /// The maintenance tick: what was learned written back, entries of

@@ -142,7 +142,7 @@ impl<'o, O: Output> Live<'o, O> {
             None => None,
         };
         let inputs = out.inputs();
-        let status = AgentStatus { probes_attached: agent.attached_probe_count(), ..selfstat::status() };
+        let status = agent.status_at_load();
         let maintenance = Maintenance::new(&s);
         let mut live = Live {
             s,
@@ -237,7 +237,7 @@ impl<'o, O: Output> Live<'o, O> {
             }
             let o = pipeline.apply(ev, stack.map_or(Stack::None, Stack::Captured));
             if let Some(c) = continuity.as_mut() {
-                c.applied(&o);
+                c.applied(&o, kernel, &pipeline.state);
             }
             result = out.event(&mut Ctx { pipeline: &mut *pipeline, agent, elapsed_s }, &o);
             matches!(result, Ok(Flow::Continue))

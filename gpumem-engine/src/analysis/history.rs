@@ -249,16 +249,22 @@ impl History {
         if device == DEVICE_UNKNOWN {
             return;
         }
-        self.traces.entry(device).or_default().push_back(e);
-        self.trace_len += 1;
-        if self.trace_len > self.trace_cap {
-            // The oldest entry of the longest log goes.
-            if let Some(log) = self.traces.values_mut().max_by_key(|l| l.len()) {
-                log.pop_front();
-                self.trace_len -= 1;
+        self.traces.entry(device).or_default();
+        if self.trace_len >= self.trace_cap {
+            // The oldest entry of the longest log goes, counting this one in
+            // its log; taken before the push, so that a full log stays within
+            // its capacity (pushed first, a deque at its capacity doubles).
+            let longest = self.traces.iter_mut().max_by_key(|(d, l)| l.len() + usize::from(**d == device)).map(|(_, l)| l);
+            if let Some(log) = longest {
                 self.trace_dropped += 1;
+                if log.pop_front().is_none() {
+                    return; // no room at all (a cap of 0): this one goes
+                }
+                self.trace_len -= 1;
             }
         }
+        self.traces.entry(device).or_default().push_back(e);
+        self.trace_len += 1;
     }
 
     /// The most log entries kept, all devices together.
@@ -319,5 +325,45 @@ mod tests {
         let actions: Vec<(&str, u64)> = h.traces[&1].iter().map(|e| (e.action.name(), e.size)).collect();
         assert_eq!(actions, [("segment_alloc", 100), ("segment_free", 100)].repeat(3));
         assert_eq!(h.threads_of(key.pid).count(), 1);
+    }
+
+    #[test]
+    fn full_logs_drop_the_oldest_of_the_longest_and_stay_within_their_capacity() {
+        let entry = |ts_ns| TraceEntry {
+            ts_ns,
+            pid: 1,
+            tid: 1,
+            action: Action::SegmentAlloc,
+            addr: 0,
+            size: 1,
+            stream: 0,
+            stack: None,
+            device_free: None,
+        };
+        let mut h = History::with_trace_cap(1024);
+        for ts in 0..1024 {
+            h.log(0, entry(ts));
+        }
+        let capacity = h.traces[&0].capacity();
+        for ts in 1024..10_000 {
+            h.log(0, entry(ts));
+        }
+        assert_eq!((h.traces[&0].len(), h.trace_dropped), (1024, 10_000 - 1024));
+        assert_eq!(h.traces[&0].front().map(|e| e.ts_ns), Some(10_000 - 1024), "the oldest went");
+        assert_eq!(h.traces[&0].capacity(), capacity, "a full log does not grow");
+        // Another device's entries take room from the longest log.
+        h.log(1, entry(1));
+        h.log(1, entry(2));
+        assert_eq!((h.traces[&0].len(), h.traces[&1].len(), h.trace_len), (1022, 2, 1024));
+        // Equal logs: the last device's goes first, as when pushed before.
+        let mut h = History::with_trace_cap(2);
+        h.log(0, entry(1));
+        h.log(1, entry(2));
+        h.log(0, entry(3));
+        assert_eq!((h.traces[&0].len(), h.traces[&1].len()), (1, 1), "device 0, longest counting the new entry, lost its oldest");
+        assert_eq!(h.traces[&0].front().map(|e| e.ts_ns), Some(3));
+        let mut none = History::with_trace_cap(0);
+        none.log(0, entry(1));
+        assert_eq!((none.trace_len, none.trace_dropped), (0, 1));
     }
 }

@@ -7,6 +7,18 @@ pub mod kmsg_xid;
 pub mod ld_cache;
 pub mod symbols;
 pub mod usdt;
+pub mod usdt_aarch64;
+
+/// The machine the agent runs on, as ELF files name it: uprobes go into
+/// its code only (a process under qemu-user maps another machine's
+/// libraries as data, which a breakpoint would corrupt).
+pub fn host_architecture() -> object::Architecture {
+    if cfg!(target_arch = "aarch64") {
+        object::Architecture::Aarch64
+    } else {
+        object::Architecture::X86_64
+    }
+}
 
 /// A file another process chose, opened for its ELF structures: not mapped
 /// (its owner truncating it under a mapping would kill the agent with
@@ -30,5 +42,21 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         let whole = super::symbols::function_offsets(std::path::Path::new(seed), |_| true).unwrap();
         assert!(whole.contains_key("cuMemAlloc_v2"), "{whole:?}");
+    }
+
+    #[test]
+    fn a_library_for_another_machine_gets_no_probe() {
+        // The same libcuda, its ELF header saying aarch64 (e_machine 183): what
+        // an emulated process under qemu-user maps.
+        let seed = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/elf_symbols/libcuda.so.1");
+        let mut bytes = std::fs::read(seed).unwrap();
+        let other: u16 = if cfg!(target_arch = "aarch64") { 62 } else { 183 };
+        bytes[18..20].copy_from_slice(&other.to_le_bytes());
+        let path = std::env::temp_dir().join(format!("gpumem-other-machine-{}.so", std::process::id()));
+        std::fs::write(&path, &bytes).unwrap();
+        let err = super::symbols::function_offsets(&path, |_| true).unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        let said = err.to_string();
+        assert!(said.contains("not for this machine") && said.contains("no probe goes into it"), "{said}");
     }
 }

@@ -18,6 +18,8 @@ pub enum SymbolError {
     Late { path: String },
     #[error("{path}'s symbols were not read: {} earlier readings of libraries still run past their deadline", budget::MAX_LATE)]
     Refused { path: String },
+    #[error("{path} is code for {machine:?}, not for this machine ({host:?}): no probe goes into it (under an emulator such as qemu-user a breakpoint would corrupt it)")]
+    Machine { path: String, machine: object::Architecture, host: object::Architecture },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +28,8 @@ pub enum TableError {
     Elf(#[from] object::Error),
     #[error("its symbol tables hold over {} symbols, more than gpumem reads of one file", budget::MAX_SYMBOLS)]
     TooMany,
+    #[error("it is code for {0:?}, not for this machine")]
+    Machine(object::Architecture),
 }
 
 impl SymbolError {
@@ -48,6 +52,7 @@ pub fn function_offsets(path: &Path, wanted: fn(&str) -> bool) -> Result<HashMap
         function_offsets_in(&data, wanted).map_err(|e| match e {
             TableError::Elf(source) => SymbolError::Parse { path, source },
             TableError::TooMany => SymbolError::TooMany { path },
+            TableError::Machine(machine) => SymbolError::Machine { path, machine, host: super::host_architecture() },
         })
     };
     match budget::within(budget::DEADLINE, read) {
@@ -61,6 +66,10 @@ pub fn function_offsets(path: &Path, wanted: fn(&str) -> bool) -> Result<HashMap
 /// the file), scanning `budget::MAX_SYMBOLS` symbols at most.
 pub fn function_offsets_in<'d, R: object::ReadRef<'d>>(data: R, wanted: fn(&str) -> bool) -> Result<HashMap<String, u64>, TableError> {
     let file = object::File::parse(data)?;
+    // Offsets found here get breakpoints: only in this machine's code.
+    if file.architecture() != super::host_architecture() {
+        return Err(TableError::Machine(file.architecture()));
+    }
     // The tables' sizes say it before a name is read (each name read is
     // kept by the reader: a huge table cost tens of MiB to learn it was huge).
     let declared = match &file {

@@ -20,6 +20,8 @@ pub enum UsdtError {
     Misplaced { path: String, provider: String, name: String, why: String },
     #[error("{path}: {why}")]
     OverBudget { path: String, why: String },
+    #[error("{path} is built for {arch}, whose registers gpumem does not read")]
+    Arch { path: String, arch: String },
 }
 
 impl UsdtError {
@@ -39,11 +41,64 @@ pub const MAX_PROBES: usize = 4096;
 const PF_X: u32 = 1;
 const PF_W: u32 = 2;
 
+/// The instruction set of a file's probes: their operands name its
+/// registers, at offsets of its `struct pt_regs`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Arch {
+    #[default]
+    X86_64,
+    Aarch64,
+}
+
+impl Arch {
+    /// The syntax of an ELF machine's probes; None for one gpumem does not read.
+    pub fn of(machine: object::Architecture) -> Option<Arch> {
+        match machine {
+            object::Architecture::X86_64 => Some(Arch::X86_64),
+            object::Architecture::Aarch64 => Some(Arch::Aarch64),
+            _ => None,
+        }
+    }
+
+    /// The machine this agent runs on (the eBPF program reads its pt_regs).
+    pub fn host() -> Arch {
+        Arch::of(super::host_architecture()).unwrap_or_default()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
+        }
+    }
+
+    /// Parses one argument spec in this instruction set's syntax.
+    pub fn parse_arg(self, spec: &str) -> Result<UsdtArg, String> {
+        match self {
+            Arch::X86_64 => parse_arg(spec),
+            Arch::Aarch64 => super::usdt_aarch64::parse_arg(spec),
+        }
+    }
+
+    /// How a location reads in this instruction set's syntax.
+    pub fn describe(self, location: &Location) -> String {
+        match (self, *location) {
+            (Arch::Aarch64, _) => super::usdt_aarch64::describe(location),
+            (Arch::X86_64, Location::Register { pt_regs, high_byte: false }) => format!("%{}", register_name(pt_regs)),
+            (Arch::X86_64, Location::Register { pt_regs, high_byte: true }) => format!("%{} (second byte)", register_name(pt_regs)),
+            (Arch::X86_64, Location::Constant(c)) => format!("${c}"),
+            (Arch::X86_64, Location::Memory { pt_regs, displacement }) => format!("{displacement}(%{})", register_name(pt_regs)),
+        }
+    }
+}
+
 /// One probe site.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UsdtProbe {
     pub provider: String,
     pub name: String,
+    /// The instruction set its arguments are written for.
+    pub arch: Arch,
     /// File offset of the probed instruction (where the uprobe goes).
     pub offset: u64,
     /// File offset of the semaphore (`ref_ctr_offset`), if the probe has one.
@@ -125,14 +180,21 @@ fn register(name: &str) -> Option<(u16, bool)> {
     None
 }
 
-/// Parses one argument spec: `8@%rax`, `-1@$0`, `-4@-56(%rbp)`, `8@(%rdi)`.
-pub fn parse_arg(spec: &str) -> Result<UsdtArg, String> {
+/// A spec's `size@operand` (the same in every instruction set): the size
+/// in bytes (negative: signed), whether signed, and the operand.
+pub(super) fn sized(spec: &str) -> Result<(u8, bool, &str), String> {
     let (size, operand) = spec.split_once('@').ok_or("no `size@` before the operand")?;
     let size: i8 = size.parse().map_err(|_| format!("size `{size}` is not a number"))?;
     let (signed, size) = (size < 0, size.unsigned_abs());
     if ![1, 2, 4, 8].contains(&size) {
         return Err(format!("size {size} is not 1, 2, 4 or 8 bytes"));
     }
+    Ok((size, signed, operand))
+}
+
+/// Parses one argument spec: `8@%rax`, `-1@$0`, `-4@-56(%rbp)`, `8@(%rdi)`.
+pub fn parse_arg(spec: &str) -> Result<UsdtArg, String> {
+    let (size, signed, operand) = sized(spec)?;
     let reg = |r: &str| -> Result<(u16, bool), String> {
         let name = r.strip_prefix('%').ok_or_else(|| format!("`{r}` is not a register"))?;
         register(name).ok_or_else(|| format!("unknown register `{name}`"))
@@ -181,6 +243,7 @@ pub fn probes_in<'d, R: object::ReadRef<'d>>(data: R, path: &str) -> Result<Vec<
     let shown = || path.to_string();
     let elf = object::File::parse(data).map_err(|source| UsdtError::Parse { path: shown(), source })?;
     let Some(section) = elf.section_by_name(".note.stapsdt") else { return Ok(Vec::new()) };
+    let arch = Arch::of(elf.architecture()).ok_or_else(|| UsdtError::Arch { path: shown(), arch: format!("{:?}", elf.architecture()) })?;
     if section.size() > MAX_NOTE_BYTES {
         let why = format!("its .note.stapsdt is {} KiB, over the {} KiB gpumem reads", section.size() >> 10, MAX_NOTE_BYTES >> 10);
         return Err(UsdtError::OverBudget { path: shown(), why });
@@ -219,10 +282,10 @@ pub fn probes_in<'d, R: object::ReadRef<'d>>(data: R, path: &str) -> Result<Vec<
         let Some(offset) = file_offset(pc, PF_X) else {
             return Err(misplaced(&provider, &name, format!("its address {pc:#x} is in no executable segment")));
         };
-        let args = args
-            .split_whitespace()
+        let args = split_args(&args)
+            .into_iter()
             .map(|spec| {
-                parse_arg(spec).map_err(|why| UsdtError::Argument {
+                arch.parse_arg(spec).map_err(|why| UsdtError::Argument {
                     path: shown(),
                     provider: provider.clone(),
                     name: name.clone(),
@@ -238,9 +301,30 @@ pub fn probes_in<'d, R: object::ReadRef<'d>>(data: R, path: &str) -> Result<Vec<
                     .ok_or_else(|| misplaced(&provider, &name, format!("its semaphore {at:#x} is in no writable segment")))?,
             ),
         };
-        out.push(UsdtProbe { provider, name, offset, semaphore, args });
+        out.push(UsdtProbe { provider, name, arch, offset, semaphore, args });
     }
     Ok(out)
+}
+
+/// A note's argument specs: separated by spaces, except inside brackets
+/// (aarch64's memory operands: `-1@x0 8@[sp, 40]`).
+fn split_args(args: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0i32, None);
+    for (i, c) in args.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            c if c.is_whitespace() && depth <= 0 => {
+                out.extend(start.take().map(|s| &args[s..i]));
+                continue;
+            }
+            _ => {}
+        }
+        start.get_or_insert(i);
+    }
+    out.extend(start.map(|s| &args[s..]));
+    out
 }
 
 /// The descriptors of the `stapsdt` notes (type 3) of a note section.
@@ -349,5 +433,14 @@ mod tests {
         let (a, b) = (malloc.semaphore.unwrap(), found[1].semaphore.unwrap());
         assert_eq!(a.abs_diff(b), 2);
         assert!(a > malloc.offset && b > found[1].offset);
+    }
+
+    #[test]
+    fn argument_lists_split_at_spaces_outside_brackets() {
+        assert_eq!(split_args("-8@%rbp -1@%al -8@%r12 -8@56(%rsp)"), ["-8@%rbp", "-1@%al", "-8@%r12", "-8@56(%rsp)"]);
+        assert_eq!(split_args("8@[sp, 40] -1@[sp, 39]  8@x19"), ["8@[sp, 40]", "-1@[sp, 39]", "8@x19"]);
+        assert_eq!(split_args(" "), Vec::<&str>::new());
+        assert_eq!(split_args("8@[sp, 4"), ["8@[sp, 4"], "an unclosed bracket is one spec (refused when parsed)");
+        assert_eq!(split_args("8@x1] 4@x2"), ["8@x1]", "4@x2"]);
     }
 }

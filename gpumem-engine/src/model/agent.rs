@@ -17,6 +17,14 @@ pub struct Usage {
     pub heap_free_bytes: u64,
 }
 
+/// A BPF map's kernel memory (what the kernel charges for it: its fdinfo's
+/// `memlock`), by the map's name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BpfMapMemory {
+    pub name: String,
+    pub bytes: u64,
+}
+
 /// The agent as outputs report it (the summary, /metrics, top's title).
 #[derive(Clone, Debug, Default)]
 pub struct AgentStatus {
@@ -37,6 +45,22 @@ pub struct AgentStatus {
     pub continuity: Option<ContinuityReport>,
     /// The kernel's table of live entries, as last counted.
     pub kernel_table: Option<KernelTable>,
+    /// The rings the agent reads.
+    pub rings: Rings,
+    /// Kernel memory of the BPF maps it holds open, largest first: made at
+    /// load and fixed in size, read once.
+    pub bpf_maps: Vec<BpfMapMemory>,
+}
+
+/// The kernel's rings the agent reads, by size: kernel memory, which the
+/// agent maps twice (so that records can wrap) and which counts in its
+/// resident memory from the start. Sized by `--ringbuf-bytes` and
+/// `--stack-ring-bytes`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Rings {
+    pub events_bytes: u64,
+    /// 4 KiB where no stacks are captured.
+    pub stacks_bytes: u64,
 }
 
 /// What finding libraries cost, for the summary: full scans of /proc (at

@@ -318,6 +318,7 @@ impl Pipeline {
         crate::heap::Parts {
             state: self.state.heap_bytes(),
             stacks,
+            unwind: self.stacks.unwind_table_bytes(),
             python,
             growth: self.growth.heap_bytes(),
             history: self.history.as_ref().map_or(0, History::heap_bytes),

@@ -52,6 +52,17 @@ struct ProcessCodes {
     codes: HashMap<u64, Option<CodeInfo>>,
     cached_bytes: usize,
     budget: ReadBudget,
+    /// Changes whenever the code objects cached start over (see `Resolved`).
+    generation: u64,
+}
+
+/// A stack's Python frames, resolved, and whether the same frame references
+/// would resolve the same way for as long as `generation` holds: not where
+/// the read budget refused a code object (it is read again once refilled)
+/// or the process's interpreter is not known yet.
+pub struct Resolved {
+    pub frames: Vec<PyFrame>,
+    pub generation: Option<u64>,
 }
 
 /// Resolves the Python frames of the processes whose interpreter it was
@@ -62,12 +73,29 @@ pub struct Resolver {
     processes: HashMap<u32, ProcessCodes>,
     /// Processes over their read budget since the last `take_degraded`.
     degraded: Vec<(u32, Reason, String)>,
+    /// The last generation handed out (see `ProcessCodes::generation`).
+    generations: u64,
+    /// Code objects let go to stay within `MAX_CODES` and `MAX_CACHED_BYTES`.
+    evicted: u64,
 }
 
 impl Resolver {
     pub fn add(&mut self, interp: Interpreter) {
-        let codes = ProcessCodes { interp, codes: HashMap::new(), cached_bytes: 0, budget: ReadBudget::default() };
+        self.generations += 1;
+        let codes =
+            ProcessCodes { interp, codes: HashMap::new(), cached_bytes: 0, budget: ReadBudget::default(), generation: self.generations };
         self.processes.insert(codes.interp.pid, codes);
+    }
+
+    /// The code objects cached, as a report (the bound is per process).
+    pub fn cache(&self) -> crate::heap::Cache {
+        let entries = self.processes.values().map(|p| p.codes.len()).sum();
+        crate::heap::Cache::new("python_code_objects", entries, MAX_CODES, self.evicted)
+    }
+
+    /// The generation of a process's code objects (see `Resolved`).
+    pub fn generation(&self, pid: u32) -> Option<u64> {
+        self.processes.get(&pid).map(|p| p.generation)
     }
 
     /// What the code-object caches take on the agent's heap (estimated, see `heap`).
@@ -84,18 +112,13 @@ impl Resolver {
     /// Resolves a stack's Python frames (innermost first). A code object
     /// not cached is read only while the process's read budget lasts; past
     /// it the frame is `?` (and read again once the budget refills).
-    pub fn resolve(&mut self, pid: u32, frames: impl Iterator<Item = PyFrameRef>) -> Vec<PyFrame> {
+    pub fn resolve(&mut self, pid: u32, frames: impl Iterator<Item = PyFrameRef>) -> Resolved {
         self.resolve_in(pid, frames, || ProcessMemory::open(pid).ok())
     }
 
     /// `resolve`, reading the memory `open` gives.
-    fn resolve_in<M: Memory>(
-        &mut self,
-        pid: u32,
-        frames: impl Iterator<Item = PyFrameRef>,
-        open: impl FnOnce() -> Option<M>,
-    ) -> Vec<PyFrame> {
-        let Some(p) = self.processes.get_mut(&pid) else { return Vec::new() };
+    fn resolve_in<M: Memory>(&mut self, pid: u32, frames: impl Iterator<Item = PyFrameRef>, open: impl FnOnce() -> Option<M>) -> Resolved {
+        let Some(p) = self.processes.get_mut(&pid) else { return Resolved { frames: Vec::new(), generation: None } };
         // Opened for code objects not seen yet only: the cache still answers
         // once the process is gone (its last stacks are read after its exit).
         let mut open = Some(open);
@@ -106,8 +129,11 @@ impl Resolver {
         let resolved = frames
             .map(|f| {
                 if p.codes.len() >= MAX_CODES || p.cached_bytes >= MAX_CACHED_BYTES {
+                    self.evicted += p.codes.len() as u64;
                     p.codes.clear();
                     p.cached_bytes = 0;
+                    self.generations += 1;
+                    p.generation = self.generations;
                 }
                 if !p.codes.contains_key(&f.code) {
                     if !p.budget.allows(now) {
@@ -159,7 +185,7 @@ impl Resolver {
             );
             self.degraded.push((pid, Reason::PythonReads, why));
         }
-        resolved
+        Resolved { frames: resolved, generation: (!refused).then_some(p.generation) }
     }
 
     pub fn forget(&mut self, pid: u32) {
@@ -348,7 +374,9 @@ mod tests {
         let mut r = Resolver::default();
         r.add(interp.clone());
         let frames = (0..300).map(|k| PyFrameRef { code: BASE + k * 0x100, instr: BASE + k * 0x100 + 184 });
-        let out = r.resolve_in(7, frames.clone(), || Some(Image { base: BASE, bytes: &m }));
+        let first = r.resolve_in(7, frames.clone(), || Some(Image { base: BASE, bytes: &m }));
+        assert_eq!(first.generation, None, "refused frames are read again later: not final");
+        let out = first.frames;
         let read = out.iter().filter(|f| f.function == "run").count();
         assert!((25..40).contains(&read), "about 2 MiB of 64 KiB objects read: {read}");
         assert!(out[..read].iter().all(|f| f.line == Some(2)));
@@ -358,7 +386,8 @@ mod tests {
         assert_eq!((degraded[0].0, degraded[0].1), (7, Reason::PythonReads));
         // What was read stays answered without reading again.
         let again = r.resolve_in(7, frames.take(read), || None::<Image>);
-        assert!(again.iter().all(|f| f.function == "run"));
+        assert!(again.frames.iter().all(|f| f.function == "run"));
+        assert_eq!(again.generation, r.generation(7), "all answered: final");
         assert!(r.take_degraded().is_empty());
         // Another process is not charged for this one.
         let (small, mut other) = codes(10, 64);
@@ -366,7 +395,11 @@ mod tests {
         r.add(other);
         let out =
             r.resolve_in(8, (0..10).map(|k| PyFrameRef { code: BASE + k * 0x100, instr: 0 }), || Some(Image { base: BASE, bytes: &small }));
-        assert!(out.iter().all(|f| f.function == "run"));
+        assert!(out.frames.iter().all(|f| f.function == "run"));
+        assert!(out.generation.is_some() && out.generation != r.generation(7));
+        // A process whose interpreter is not known yet: nothing final.
+        let unknown = r.resolve_in(9, std::iter::once(PyFrameRef { code: BASE, instr: 0 }), || None::<Image>);
+        assert!(unknown.frames.is_empty() && unknown.generation.is_none());
     }
 
     #[test]
@@ -378,6 +411,20 @@ mod tests {
             r.resolve_in(7, std::iter::once(PyFrameRef { code: BASE + k * 0x100, instr: 0 }), || Some(Image { base: BASE, bytes: &m }));
             assert!(r.processes[&7].cached_bytes <= MAX_CACHED_BYTES + (64 << 10));
         }
+    }
+
+    #[test]
+    fn a_cache_that_starts_over_is_a_new_generation() {
+        let n = MAX_CODES as u64 + 1;
+        let (m, interp) = codes(n, 16);
+        let mut r = Resolver::default();
+        r.add(interp);
+        let first = r.generation(7);
+        let frames = (0..n).map(|k| PyFrameRef { code: BASE + k * 0x100, instr: 0 });
+        let out = r.resolve_in(7, frames, || Some(Image { base: BASE, bytes: &m }));
+        assert!(out.frames.iter().all(|f| f.function == "run"), "within the read budget");
+        assert!(first.is_some() && r.generation(7) != first, "full at the last one: started over");
+        assert_eq!(out.generation, r.generation(7));
     }
 
     #[test]

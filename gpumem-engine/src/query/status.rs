@@ -55,6 +55,15 @@ pub struct Memory {
     /// The bytes in use no part accounts for.
     pub heap_unattributed_bytes: u64,
     pub heap_free_bytes: u64,
+    /// The caches, their bounds and what each let go.
+    #[serde(default)]
+    pub caches: Vec<crate::heap::Cache>,
+    /// The rings' sizes (kernel memory).
+    #[serde(default)]
+    pub rings: crate::model::agent::Rings,
+    /// Every BPF map's kernel memory, largest first.
+    #[serde(default)]
+    pub bpf_maps: Vec<crate::model::agent::BpfMapMemory>,
 }
 
 /// The status of the daemon that asks (its facts in `at.serving`).
@@ -83,6 +92,9 @@ pub fn of(p: &Pipeline, at: &Asked<'_>) -> DaemonStatus {
                 heap_unattributed_bytes: heap.unattributed(a.usage.heap_in_use_bytes),
                 heap,
                 heap_free_bytes: a.usage.heap_free_bytes,
+                caches: p.stacks.caches(),
+                rings: a.rings,
+                bpf_maps: a.bpf_maps.clone(),
             }
         },
     }

@@ -1,5 +1,6 @@
 //! Allocation stacks: unwound from the stack slice each allocation event
 //! carries, deduplicated by id, symbolized on demand.
+mod known;
 pub mod policy;
 mod python;
 pub mod symbolize;
@@ -80,13 +81,16 @@ impl StackStats {
 #[derive(Default)]
 pub struct Stacks {
     modules: ModuleCache,
-    unwinders: HashMap<u32, ProcessUnwinder>,
+    unwinders: rustc_hash::FxHashMap<u32, ProcessUnwinder>,
     table: HashMap<StackId, Vec<RawFrame>>,
     /// Stacks already symbolized: read from a recording, or through a file
     /// replaced on disk (see `record`).
     symbolized: HashMap<StackId, Vec<Frame>>,
     /// Each stack's owner (analysis::owners), found once.
     owners: HashMap<StackId, String>,
+    /// Owners and process unwinders let go to stay within their bounds.
+    owners_evicted: u64,
+    unwinders_evicted: u64,
     symbolizer: symbolize::Symbolizer,
     pub stats: StackStats,
     /// The session's stack sampling rate (beyond the budget): what sampled
@@ -96,6 +100,8 @@ pub struct Stacks {
     /// Python frames resolved at capture, per stack (Python processes only).
     python_frames: HashMap<StackId, Vec<crate::python::code::PyFrame>>,
     python: crate::python::code::Resolver,
+    /// Stacks seen before, by their unwound frames (see `known`).
+    known: known::Known,
     /// Processes degraded since the last `take_degraded`.
     degraded: Vec<(u32, Reason, String)>,
 }
@@ -107,7 +113,9 @@ impl Stacks {
     pub fn prepare(&mut self, pid: u32) {
         if !self.unwinders.contains_key(&pid) {
             if self.unwinders.len() >= MAX_PROCESSES {
+                self.unwinders_evicted += self.unwinders.len() as u64;
                 self.unwinders.clear();
+                self.known.clear();
             }
             if let Some(mut u) = ProcessUnwinder::new(pid, &mut self.modules) {
                 self.note_refused(pid, &mut u);
@@ -132,15 +140,15 @@ impl Stacks {
     }
 
     /// What the stack tables take on the agent's heap (estimated, see
-    /// `heap`): (native stacks, Python frames and code caches). The
-    /// unwinders' and the symbolizer's caches of libraries are not counted.
+    /// `heap`): (native stacks with the symbolized frames' cache, Python
+    /// frames and code caches). Libraries' unwind tables are counted apart
+    /// (`unwind_table_bytes`); what blazesym keeps parsed is not counted.
     pub fn heap_bytes(&self) -> (u64, u64) {
         use crate::heap::{hash_table, string, vec};
-        let frames = |f: &Frame| f.function.as_deref().map_or(0, string) + f.file.as_deref().map_or(0, string);
         let table = hash_table::<StackId, Vec<RawFrame>>(self.table.capacity())
             + self.table.values().map(|v| vec::<RawFrame>(v.capacity())).sum::<u64>();
         let symbolized = hash_table::<StackId, Vec<Frame>>(self.symbolized.capacity())
-            + self.symbolized.values().map(|v| vec::<Frame>(v.capacity()) + v.iter().map(frames).sum::<u64>()).sum::<u64>();
+            + self.symbolized.values().map(|v| vec::<Frame>(v.capacity()) + v.iter().map(Frame::string_bytes).sum::<u64>()).sum::<u64>();
         let owners = hash_table::<StackId, String>(self.owners.capacity()) + self.owners.values().map(|o| string(o)).sum::<u64>();
         let py = |f: &crate::python::code::PyFrame| string(&f.function) + string(&f.file);
         let python_frames = hash_table::<StackId, Vec<crate::python::code::PyFrame>>(self.python_frames.capacity())
@@ -149,7 +157,28 @@ impl Stacks {
                 .values()
                 .map(|v| vec::<crate::python::code::PyFrame>(v.capacity()) + v.iter().map(py).sum::<u64>())
                 .sum::<u64>();
-        (table + symbolized + owners, python_frames + self.python.heap_bytes())
+        (table + symbolized + owners + self.known.heap_bytes() + self.symbolizer.heap_bytes(), python_frames + self.python.heap_bytes())
+    }
+
+    /// Bytes of libraries' unwind tables read for unwinding (on the heap).
+    pub fn unwind_table_bytes(&self) -> u64 {
+        self.modules.bytes()
+    }
+
+    /// The caches stacks keep, each with its bound and what it let go. The
+    /// table of stacks itself does not evict: a stack past it is refused
+    /// and counted (`StackStats::table_full`).
+    pub fn caches(&self) -> Vec<crate::heap::Cache> {
+        use crate::heap::Cache;
+        vec![
+            Cache::new("stacks", self.table.len() + self.symbolized.len(), MAX_STACKS, 0),
+            self.known.cache(),
+            self.symbolizer.cache(),
+            Cache::new("stack_owners", self.owners.len(), MAX_STACKS, self.owners_evicted),
+            Cache::new("process_unwinders", self.unwinders.len(), MAX_PROCESSES, self.unwinders_evicted),
+            self.modules.cache(),
+            self.python.cache(),
+        ]
     }
 
     /// Counts an allocation event's stack sampling (see `StackStats`).
@@ -177,7 +206,9 @@ impl Stacks {
                 }
                 let mut unwound = u.unwind(rec.ip, rec.sp, rec.bp, stack, MAX_FRAMES);
                 if unwound.unknown && u.refresh(&mut self.modules).is_some() {
-                    // A library loaded since we read the maps (dlopen).
+                    // A library loaded since we read the maps (dlopen); the
+                    // stacks known hold the old mappings' modules by address.
+                    self.known.forget(pid);
                     unwound = u.unwind(rec.ip, rec.sp, rec.bp, stack, MAX_FRAMES);
                 }
                 if !unwound.frames.is_empty() {
@@ -195,22 +226,24 @@ impl Stacks {
             self.stats.unwind_failed += 1;
             return None;
         }
-        // Resolved now: the interpreter's code objects are read while it runs.
-        let py = if rec.py_frames > 0 { self.python.resolve(pid, rec.python_frames()) } else { Vec::new() };
-        self.stats.python_frames_total += py.len() as u64;
         self.stats.frames_total += frames.len() as u64;
         self.stats.max_depth = self.stats.max_depth.max(frames.len() as u64);
-        let mut h = DefaultHasher::new();
-        for f in &frames {
-            f.module.path.hash(&mut h);
-            f.module.file.hash(&mut h);
-            f.file_offset.hash(&mut h);
+        let python = (rec.py_frames > 0).then(|| self.python.generation(pid));
+        let key = self.known.key(&frames, rec.python_frames());
+        if let Some(seen) = self.known.get(pid, key, python.flatten()) {
+            self.stats.python_frames_total += seen.python_frames as u64;
+            return Some(seen.id);
         }
-        py.hash(&mut h);
-        let id = h.finish();
-        if !py.is_empty() {
-            self.python_frames.entry(id).or_insert(py);
-        }
+        // Resolved now: the interpreter's code objects are read while it runs.
+        let (py, generation) = match python {
+            Some(_) => {
+                let r = self.python.resolve(pid, rec.python_frames());
+                (r.frames, r.generation)
+            }
+            None => (Vec::new(), None),
+        };
+        self.stats.python_frames_total += py.len() as u64;
+        let id = stack_id(&frames, &py);
         if !self.table.contains_key(&id) && !self.symbolized.contains_key(&id) {
             if self.table.len() + self.symbolized.len() >= MAX_STACKS {
                 self.stats.table_full += 1;
@@ -226,12 +259,20 @@ impl Stacks {
             }
             self.stats.unique += 1;
         }
+        // Final only where every Python frame was resolved for good.
+        if python.is_none() || generation.is_some() {
+            self.known.insert(pid, key, id, py.len(), generation);
+        }
+        if !py.is_empty() {
+            self.python_frames.entry(id).or_insert(py);
+        }
         Some(id)
     }
 
     /// Forgets a process's unwind state (it exited).
     pub fn forget_process(&mut self, pid: u32) {
         self.unwinders.remove(&pid);
+        self.known.forget(pid);
         self.python.forget(pid);
         self.copy.forget(pid);
     }
@@ -260,6 +301,7 @@ impl Stacks {
         }
         if self.owners.len() >= MAX_STACKS {
             // Stacks come and go with processes: the cache is bounded as the table is.
+            self.owners_evicted += self.owners.len() as u64;
             self.owners.clear();
         }
         let o = find(&self.module_frames(id));
@@ -306,4 +348,17 @@ impl Stacks {
         };
         self.with_python(id, natives)
     }
+}
+
+/// A stack's id: its frames' files and offsets and its Python frames, hashed
+/// (the same in every run: recordings and the kernel's live table keep ids).
+fn stack_id(frames: &[RawFrame], py: &[crate::python::code::PyFrame]) -> StackId {
+    let mut h = DefaultHasher::new();
+    for f in frames {
+        f.module.path.hash(&mut h);
+        f.module.file.hash(&mut h);
+        f.file_offset.hash(&mut h);
+    }
+    py.hash(&mut h);
+    h.finish()
 }

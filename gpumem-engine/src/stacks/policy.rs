@@ -40,6 +40,18 @@ fn default_burst() -> u32 {
     DEFAULT_BURST
 }
 
+impl StackPolicy {
+    /// The stack ring's size as the kernel makes it: a page where no stack
+    /// is captured.
+    pub fn kernel_ring_bytes(&self) -> u32 {
+        if self.capture {
+            self.ring_bytes
+        } else {
+            4096
+        }
+    }
+}
+
 impl Default for StackPolicy {
     fn default() -> Self {
         StackPolicy {

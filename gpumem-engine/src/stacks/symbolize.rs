@@ -60,6 +60,12 @@ impl Frame {
 }
 
 impl Frame {
+    /// The heap bytes of its own strings (the module's path is shared).
+    pub fn string_bytes(&self) -> u64 {
+        use crate::heap::string;
+        self.function.as_deref().map_or(0, string) + self.file.as_deref().map_or(0, string)
+    }
+
     /// A native frame's module and offset, before symbolization.
     pub fn unsymbolized(raw: &RawFrame) -> Frame {
         Frame {
@@ -79,6 +85,10 @@ impl Frame {
 /// without one. Frames already symbolized stay cached.
 pub const IDLE_RELEASE: Duration = Duration::from_secs(5);
 
+/// Frames kept symbolized, at most (a few hundred bytes each with their
+/// names); past it the cache starts over.
+pub const MAX_CACHED_FRAMES: usize = 65536;
+
 #[derive(Default)]
 pub struct Symbolizer {
     inner: blazesym::symbolize::Symbolizer,
@@ -87,6 +97,8 @@ pub struct Symbolizer {
     cache: HashMap<((Arc<str>, u64), u64), Frame>,
     /// When `inner` last read a file; None while it holds nothing.
     last_used: Option<Instant>,
+    /// Frames let go to stay within `MAX_CACHED_FRAMES`.
+    pub evicted: u64,
 }
 
 impl Symbolizer {
@@ -127,7 +139,22 @@ impl Symbolizer {
                 break;
             }
         }
+        if self.cache.len() >= MAX_CACHED_FRAMES {
+            self.evicted += self.cache.len() as u64;
+            self.cache.clear();
+        }
         self.cache.insert(key, frame.clone());
         frame
+    }
+
+    /// The frame cache, as a report.
+    pub fn cache(&self) -> crate::heap::Cache {
+        crate::heap::Cache::new("symbolized_frames", self.cache.len(), MAX_CACHED_FRAMES, self.evicted)
+    }
+
+    /// What the frame cache takes on the heap (estimated, see `heap`).
+    pub fn heap_bytes(&self) -> u64 {
+        crate::heap::hash_table::<((Arc<str>, u64), u64), Frame>(self.cache.capacity())
+            + self.cache.values().map(Frame::string_bytes).sum::<u64>()
     }
 }

@@ -2,10 +2,11 @@
 //! .debug_frame) through framehop, per process, from its /proc/PID/maps.
 use std::{collections::HashMap, ops::Range, sync::Arc};
 
-use framehop::{
-    x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64},
-    ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _,
-};
+#[cfg(target_arch = "aarch64")]
+use framehop::aarch64::{CacheAarch64 as ArchCache, UnwinderAarch64 as ArchUnwinder};
+#[cfg(not(target_arch = "aarch64"))]
+use framehop::x86_64::{CacheX86_64 as ArchCache, UnwinderX86_64 as ArchUnwinder};
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 
 use crate::{formats::budget, procfs};
@@ -125,8 +126,8 @@ pub fn file_mappings(pid: u32, entries: &[procfs::MapsEntry]) -> Vec<Mapping> {
 pub struct ProcessUnwinder {
     pid: u32,
     maps: Vec<Mapping>,
-    unwinder: UnwinderX86_64<Arc<[u8]>>,
-    cache: CacheX86_64,
+    unwinder: ArchUnwinder<Arc<[u8]>>,
+    cache: ArchCache,
     /// Files whose unwind data is added (or refused), by identity.
     added: std::collections::HashSet<(Arc<str>, u64)>,
     /// Files whose reading ran past its deadline: added once it ends.
@@ -163,6 +164,8 @@ pub struct ModuleCache {
     modules: HashMap<(Arc<str>, u64), Slot>,
     /// Bytes of unwind tables the cache holds.
     bytes: u64,
+    /// Files let go to stay within `MAX_MODULES`.
+    evicted: u64,
 }
 
 /// Distinct library files whose unwind tables are kept; beyond it the cache
@@ -179,6 +182,16 @@ pub const MAX_CACHE_UNWIND_BYTES: u64 = 1 << 30;
 pub const MAX_LATE_PER_PROCESS: usize = 2;
 
 impl ModuleCache {
+    /// The cache, as a report.
+    pub fn cache(&self) -> crate::heap::Cache {
+        crate::heap::Cache::new("unwind_tables", self.modules.len(), MAX_MODULES, self.evicted)
+    }
+
+    /// Bytes of unwind tables it holds (read from the libraries' files).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     fn get(&mut self, file: &(Arc<str>, u64), open_path: &str) -> Got {
         if let Some(Slot::Late(rx)) = self.modules.get(file) {
             match rx.try_recv() {
@@ -226,8 +239,8 @@ impl ProcessUnwinder {
         let mut u = ProcessUnwinder {
             pid,
             maps: Vec::new(),
-            unwinder: UnwinderX86_64::new(),
-            cache: CacheX86_64::new(),
+            unwinder: ArchUnwinder::new(),
+            cache: ArchCache::new(),
             added: Default::default(),
             late: Default::default(),
             bytes: 0,
@@ -240,7 +253,10 @@ impl ProcessUnwinder {
     /// Re-reads the maps (a library may have been loaded since) and adds new modules.
     pub fn refresh(&mut self, modules: &mut ModuleCache) -> Option<()> {
         self.maps = file_mappings(self.pid, &procfs::read_maps(self.pid).ok()?);
+        // The kernel lists them in order; `mapping` relies on it.
+        self.maps.sort_by_key(|m| m.range.start);
         if modules.modules.len() > MAX_MODULES {
+            modules.evicted += modules.modules.len() as u64;
             modules.modules.clear();
             modules.bytes = 0;
         }
@@ -328,8 +344,11 @@ impl ProcessUnwinder {
         }
     }
 
+    /// The mapping holding an address: maps lists mappings in address
+    /// order, without overlaps, so it is a binary search.
     fn mapping(&self, addr: u64) -> Option<&Mapping> {
-        self.maps.iter().find(|m| m.range.contains(&addr))
+        let i = self.maps.partition_point(|m| m.range.end <= addr);
+        self.maps.get(i).filter(|m| m.range.contains(&addr))
     }
 
     /// Unwinds from the caller's registers over the captured stack slice:
@@ -350,7 +369,8 @@ impl ProcessUnwinder {
         let mut frames = Vec::new();
         let mut unknown = false;
         // At the uretprobe, ip is the return address in the caller: a call site like any other.
-        let mut iter = self.unwinder.iter_frames(ip, UnwindRegsX86_64::new(ip, sp, bp), &mut self.cache, &mut read);
+        let highest = self.maps.last().map_or(u64::MAX, |m| m.range.end);
+        let mut iter = self.unwinder.iter_frames(ip, unwind_regs(ip, sp, bp, highest), &mut self.cache, &mut read);
         let mut addrs = vec![ip.saturating_sub(1)];
         let _ = iter.next(); // the initial ip, already taken as a return address
         while addrs.len() < max_frames {
@@ -372,6 +392,22 @@ impl ProcessUnwinder {
         }
         Unwound { frames, unknown, reach: reach.get(), ran_out: ran_out.get() }
     }
+}
+
+/// The caller's registers as the unwinder takes them: (ip, sp, frame
+/// pointer) from the event. On aarch64 the link register holds the return
+/// address the uretprobe stopped at (the ip), and return addresses signed by
+/// pointer authentication (PAC) lose their signature bits: no code lies
+/// above the process's highest mapping.
+#[cfg(not(target_arch = "aarch64"))]
+fn unwind_regs(ip: u64, sp: u64, bp: u64, _highest: u64) -> framehop::x86_64::UnwindRegsX86_64 {
+    framehop::x86_64::UnwindRegsX86_64::new(ip, sp, bp)
+}
+
+#[cfg(target_arch = "aarch64")]
+fn unwind_regs(ip: u64, sp: u64, fp: u64, highest: u64) -> framehop::aarch64::UnwindRegsAarch64 {
+    let mask = framehop::aarch64::PtrAuthMask::from_max_known_address(highest);
+    framehop::aarch64::UnwindRegsAarch64::new_with_ptr_auth_mask(mask, ip, sp, fp)
 }
 
 /// One unwind's result.

@@ -62,11 +62,16 @@ pub(super) fn self_families(fams: &mut Families, s: &Scrape<'_>) {
     fams.add(m::AGENT_CPU).push((vec![], Value::FloatCount(a.usage.cpu_seconds)));
     fams.add(m::AGENT_RSS).push((vec![], Value::int(a.usage.resident_bytes)));
     fams.add(m::AGENT_BPF_MAP_RSS).push((vec![], Value::int(a.usage.bpf_map_resident_bytes)));
+    fams.add(m::AGENT_BPF_MAP_BYTES).extend(a.bpf_maps.iter().map(|b| (vec![("map", b.name.clone())], Value::int(b.bytes))));
     let parts = s.heap.labelled();
     let unattributed = s.heap.unattributed(a.usage.heap_in_use_bytes);
     let heap = parts.into_iter().chain([("unattributed", unattributed)]);
     fams.add(m::AGENT_HEAP).extend(heap.map(|(part, b)| (vec![("part", part.to_string())], Value::int(b))));
     fams.add(m::AGENT_HEAP_FREE).push((vec![], Value::int(a.usage.heap_free_bytes)));
+    let cache = |c: &crate::heap::Cache| vec![("cache", c.name.clone())];
+    fams.add(m::AGENT_CACHE_ENTRIES).extend(s.caches.iter().map(|c| (cache(c), Value::int(c.entries))));
+    fams.add(m::AGENT_CACHE_MAX).extend(s.caches.iter().map(|c| (cache(c), Value::int(c.max_entries))));
+    fams.add(m::AGENT_CACHE_EVICTIONS).extend(s.caches.iter().map(|c| (cache(c), Value::Count(c.evicted))));
     if let Some(t) = &a.kernel_table {
         fams.add(m::KERNEL_TABLE_ENTRIES).push((vec![], Value::int(t.entries)));
         fams.add(m::KERNEL_TABLE_CAPACITY).push((vec![], Value::int(t.max_entries)));

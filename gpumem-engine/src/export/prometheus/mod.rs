@@ -60,6 +60,8 @@ pub struct Scrape<'a> {
     pub degraded: &'a crate::model::degraded::Degradations,
     /// The agent's heap by owner (estimates).
     pub heap: crate::heap::Parts,
+    /// The agent's caches, their bounds and evictions.
+    pub caches: Vec<crate::heap::Cache>,
 }
 
 impl<'a> Scrape<'a> {
@@ -80,6 +82,7 @@ impl<'a> Scrape<'a> {
             actions: None,
             degraded: &p.degraded,
             heap: p.heap(),
+            caches: p.stacks.caches(),
         }
     }
 }
