@@ -18,6 +18,7 @@ fn main() -> ExitCode {
         Command::Record(args) => commands::record::run(args),
         Command::Replay(args) => commands::replay::run(args),
         Command::Health(args) => commands::health::run(args),
+        Command::Preflight(args) => commands::preflight::run(args),
         Command::Serve(args) => gpumem_agent::serve::run(*args),
         Command::Status(args) => commands::status::run(args).map(|()| ExitCode::SUCCESS),
         Command::Kube(args) => commands::kube::run(args),

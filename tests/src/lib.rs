@@ -21,6 +21,7 @@ mod receiver;
 pub mod runc;
 pub mod soak;
 mod tools;
+mod trace;
 mod wait;
 
 pub use browser::*;
@@ -31,6 +32,7 @@ pub use prometheus::*;
 pub use receiver::*;
 pub use runc::*;
 pub use tools::*;
+pub use trace::*;
 pub use wait::*;
 
 pub const MIB: u64 = 1024 * 1024;
@@ -190,76 +192,6 @@ pub fn real_libcuda() -> PathBuf {
     path
 }
 
-/// A finished `gpumem trace --json` run.
-#[derive(Debug)]
-pub struct Trace {
-    pub events: Vec<Value>,
-    pub summary: Value,
-    pub status: std::process::ExitStatus,
-    pub stderr: String,
-}
-
-impl Trace {
-    pub fn of_type(&self, t: &str) -> Vec<&Value> {
-        self.events.iter().filter(|e| e["type"] == t).collect()
-    }
-
-    pub fn for_pid(&self, pid: u64) -> Vec<&Value> {
-        self.events.iter().filter(|e| e["pid"] == pid).collect()
-    }
-
-    /// The `released` list of a process's exit event, as (device, bytes, allocs).
-    pub fn released_at_exit(&self, pid: u64) -> Vec<(i64, u64, u64)> {
-        let exits: Vec<&Value> = self.events.iter().filter(|e| e["type"] == "exit" && e["pid"] == pid).collect();
-        assert_eq!(exits.len(), 1, "one exit event for pid {pid}: {:#?}", self.events);
-        released(exits[0])
-    }
-
-    pub fn summary_process(&self, pid: u64) -> &Value {
-        self.summary["processes"]
-            .as_array()
-            .expect("processes array")
-            .iter()
-            .find(|p| p["pid"] == pid)
-            .unwrap_or_else(|| panic!("pid {pid} not in summary {:#}", self.summary))
-    }
-
-    /// Pids seen in events, in order of first appearance.
-    pub fn pids(&self) -> Vec<u64> {
-        let mut pids = Vec::new();
-        for e in &self.events {
-            let p = e["pid"].as_u64().expect("pid");
-            if !pids.contains(&p) {
-                pids.push(p);
-            }
-        }
-        pids
-    }
-}
-
-/// A process's statistics for one API in a summary.
-pub fn api_stats<'a>(proc_summary: &'a Value, api: &str) -> &'a Value {
-    proc_summary["apis"].as_array().unwrap().iter().find(|a| a["api"] == api).unwrap_or_else(|| panic!("{api} not in {proc_summary:#}"))
-}
-
-/// The one process a trace saw.
-pub fn single_pid(t: &Trace) -> u64 {
-    let pids = t.pids();
-    assert_eq!(pids.len(), 1, "one traced process expected: {pids:?}");
-    pids[0]
-}
-
-/// The process exited holding nothing.
-pub fn assert_nothing_live(t: &Trace, pid: u64) {
-    let p = t.summary_process(pid);
-    assert_eq!(p["exited"], true, "{p:#}");
-    for d in p["devices"].as_array().unwrap() {
-        assert_eq!(d["live_bytes"], 0, "{p:#}");
-        assert_eq!(d["live_allocs"], 0, "{p:#}");
-    }
-    assert_eq!(p["host_pinned_bytes"], 0);
-}
-
 /// NVIDIA's Python driver bindings the tests use (`cargo xtask test-deps` installs them).
 pub const CUDA_BINDINGS: &str = "cuda-bindings==13.0.1";
 /// Their virtual environment, under ~/.cache/gpumem.
@@ -325,22 +257,7 @@ pub fn trace(args: &[&str], envs: &[(&str, &str)]) -> Trace {
     let mut full = vec!["trace", "--json"];
     full.extend_from_slice(args);
     let out = run_gpumem(&full, envs);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let mut events = Vec::new();
-    let mut summary = None;
-    for line in stdout.lines() {
-        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}\nstderr: {stderr}"));
-        if v["type"] == "summary" {
-            assert!(summary.is_none(), "two summaries");
-            summary = Some(v);
-        } else {
-            assert!(summary.is_none(), "event after the summary: {line}");
-            events.push(v);
-        }
-    }
-    let summary = summary.unwrap_or_else(|| panic!("no summary; status {:?}\nstdout: {stdout}\nstderr: {stderr}", out.status));
-    Trace { events, summary, status: out.status, stderr }
+    Trace::parse(&String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr).into_owned(), out.status)
 }
 
 /// The PyTorch-shaped loop (fixtures/torch_train.py) over the test allocator and the synthetic driver.

@@ -2,12 +2,14 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use gpumem_engine::formats::arm64_probe::Policy;
 
 pub mod actions;
 pub mod continuity;
 pub mod export;
 pub mod kube;
 mod parse;
+pub mod preflight;
 
 pub use parse::{parse_age, parse_bytes, parse_duration};
 use parse::{parse_prefix, parse_ringbuf, parse_sample_bytes, parse_stack_budget};
@@ -63,6 +65,11 @@ pub enum Command {
     /// Show kernel features, every libcuda found and every probe attached or skipped.
     #[command(after_help = privileges::PROBING_HELP)]
     Status(StatusArgs),
+    /// On arm64: which probe sites of these libraries gpumem would attach
+    /// on a kernel, and why not the others (the instruction at each; nothing
+    /// is attached; any host can check arm64 files).
+    #[command(after_help = privileges::NONE_HELP)]
+    Preflight(preflight::PreflightArgs),
     /// GPU health from NVML: ECC, retired pages, remapped rows, temperatures, a score
     /// with its reasons. Exit status 3 when NVML is unavailable.
     Health(HealthArgs),
@@ -149,6 +156,13 @@ pub struct ProbeArgs {
     /// Tests: act as a kernel that refuses uprobe_multi links.
     #[arg(long, hide = true)]
     pub refuse_uprobe_multi: bool,
+    /// On arm64 hosts, which probe sites are attached: `strict` only those
+    /// whose instruction the kernel simulates; `allow-xol` also those it
+    /// single-steps out of line (most function entries: the path blamed for
+    /// processes resumed at a wrong PC on GB300); `off` none. Ignored on
+    /// x86_64. `gpumem status` says per site what was decided and why.
+    #[arg(long, value_name = "POLICY", value_enum, default_value_t = Policy::Strict, env = "GPUMEM_ARM64_UPROBES")]
+    pub arm64_uprobes: Policy,
     /// Tests and benchmarks: act as if no dynamic loader could be hooked
     /// (discovery falls back to scanning every process).
     #[arg(long, hide = true)]

@@ -5,6 +5,7 @@ pub mod export;
 pub mod health;
 pub mod kube;
 pub mod leaks;
+pub mod preflight;
 pub mod record;
 pub mod replay;
 pub mod report;
@@ -46,6 +47,7 @@ impl ProbeArgs {
             },
             uprobe_links: self.uprobe_links,
             refuse_uprobe_multi: self.refuse_uprobe_multi,
+            arm64_uprobes: self.arm64_uprobes,
             refuse_loader_hooks: self.refuse_loader_hooks,
             milestones: self.milestones,
         }

@@ -53,6 +53,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
             "tracepoints": agent.tracepoints,
             "ioctl": agent.ioctl,
             "uprobe_links": agent.uprobe_links,
+            "arm64_uprobe_gate": agent.arm64_gate(),
             "discovery": runtime::discovery::report(&agent),
             "nvml": nvml,
             "gpu_memory_limits": gpu_limits,

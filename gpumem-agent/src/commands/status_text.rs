@@ -27,6 +27,9 @@ pub fn write_human(
     writeln!(out, "  tracepoints         {}", yes(features.tracepoints))?;
     writeln!(out, "  ring buffer         {}", yes(features.ring_buffer))?;
     writeln!(out, "  BTF                 {}", yes(features.btf))?;
+    if let Some(gate) = agent.arm64_gate() {
+        writeln!(out, "  arm64 uprobe gate   {gate}")?;
+    }
     writeln!(out, "tracepoints")?;
     for t in &agent.tracepoints {
         match &t.error {
@@ -49,12 +52,7 @@ pub fn write_human(
     writeln!(out, "uprobe links: {} — {} ({} link(s))", l.mode.name(), l.why, l.links)?;
     let d = discovery;
     writeln!(out, "discovery: {} — {}; every process rescanned every {} s", d.mode.replace('_', "-"), d.why, d.full_scan_every_s)?;
-    for l in &d.loaders {
-        match &l.error {
-            None => writeln!(out, "  loader {} (inode {}) hooked", shown(&l.path), l.inode)?,
-            Some(e) => writeln!(out, "  loader {} (inode {}) NOT hooked: {}", shown(&l.path), l.inode, shown(e))?,
-        }
-    }
+    write_loaders(out, d)?;
     writeln!(out, "NVML: {nvml}")?;
     if agent.libraries.is_empty() {
         writeln!(out, "libcuda: none found (not in ld.so.cache, not loaded by any process); give one with --libcuda PATH")?;
@@ -68,8 +66,10 @@ pub fn write_human(
         let links = lib.links.map(|m| format!(" ({} links)", m.name())).unwrap_or_default();
         writeln!(out, "  {} of {} probes attached{links}", lib.attached(), lib.probes.len())?;
         for p in &lib.probes {
+            let arm64 = p.arm64.as_ref().map(|d| format!(" [arm64: {}: {}]", d.instruction, d.why)).unwrap_or_default();
             let what = match &p.status {
-                ProbeStatus::Attached => "attached (uprobe + uretprobe)".to_string(),
+                ProbeStatus::Attached => format!("attached (uprobe + uretprobe){arm64}"),
+                ProbeStatus::Refused => format!("REFUSED{arm64}"),
                 ProbeStatus::NotExported { required: true } => "skipped: not exported by this library".to_string(),
                 ProbeStatus::NotExported { required: false } => "skipped: not exported (newer drivers only)".to_string(),
                 ProbeStatus::Failed { error } => format!("FAILED: {}", shown(error)),
@@ -81,6 +81,21 @@ pub fn write_human(
     // What bring-up said, as it says it (its sentences carry their own "note:").
     for n in notes {
         writeln!(out, "{n}")?;
+    }
+    Ok(())
+}
+
+/// Each loader copy and whether its hook is attached (where, on arm64).
+fn write_loaders(out: &mut impl Write, d: &DiscoveryReport) -> std::io::Result<()> {
+    for l in &d.loaders {
+        match &l.error {
+            None => {
+                let arm64 =
+                    l.arm64.as_ref().map(|d| format!(" at {:#x} [arm64: {}: {}]", d.offset, d.instruction, d.why)).unwrap_or_default();
+                writeln!(out, "  loader {} (inode {}) hooked{arm64}", shown(&l.path), l.inode)?
+            }
+            Some(e) => writeln!(out, "  loader {} (inode {}) NOT hooked: {}", shown(&l.path), l.inode, shown(e))?,
+        }
     }
     Ok(())
 }
@@ -119,6 +134,10 @@ fn write_torch(out: &mut impl Write, agent: &Agent) -> std::io::Result<()> {
         for site in &t.sites {
             let sem = site.semaphore.map_or("no semaphore".to_string(), |s| format!("semaphore at {s:#x}"));
             writeln!(out, "  {:<16} at {:#x}, {sem}: {}", site.probe, site.offset, site.args.join(", "))?;
+            if let Some(d) = &site.arm64 {
+                let what = if d.attach { "attached" } else { "REFUSED" };
+                writeln!(out, "    arm64: {what}: {}: {}", d.instruction, d.why)?;
+            }
         }
     }
     Ok(())

@@ -8,7 +8,10 @@ use aya::programs::{
     UProbe,
 };
 use gpumem_common::{ApiInfo, APIS};
-use gpumem_engine::model::degraded::Reason;
+use gpumem_engine::{
+    formats::arm64_probe::{self, Decision, Site},
+    model::degraded::Reason,
+};
 
 use super::{
     links::{self, LinkMode, UprobeLinks},
@@ -26,6 +29,8 @@ pub enum ProbeStatus {
     Failed {
         error: String,
     },
+    /// Not attached by the arm64 gate (its `arm64` decision says why).
+    Refused,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -33,6 +38,9 @@ pub struct SymbolReport {
     pub symbol: &'static str,
     #[serde(flatten)]
     pub status: ProbeStatus,
+    /// On arm64: the entry's instruction and what the gate decided.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arm64: Option<Decision>,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -156,14 +164,24 @@ impl Agent {
             Ok(offsets) => {
                 let exported: Vec<(&'static ApiInfo, u64)> =
                     attach_order().into_iter().filter_map(|api| offsets.get(api.symbol).map(|&off| (api, off))).collect();
-                let (mode, failed) = self.link(&exported, &lib.path);
+                // On arm64, only the entries the gate allows (the return probe
+                // goes on the same entry, so the entry's instruction decides both).
+                let mut decisions: HashMap<&str, Decision> = exported
+                    .iter()
+                    .filter_map(|(api, off)| Some((api.symbol, self.gate.check(&lib.path, *off, Site::EntryAndReturn)?)))
+                    .collect();
+                arm64_probe::all_or_none(decisions.values_mut());
+                let allowed: Vec<_> = exported.into_iter().filter(|(api, _)| decisions.get(api.symbol).is_none_or(|d| d.attach)).collect();
+                let (mode, failed) = self.link(&allowed, &lib.path);
                 for api in APIS {
+                    let arm64 = decisions.get(api.symbol).cloned();
                     let status = match failed.iter().find(|(symbol, _)| *symbol == api.symbol) {
                         _ if !offsets.contains_key(api.symbol) => ProbeStatus::NotExported { required: api.required },
+                        _ if arm64.as_ref().is_some_and(|d| !d.attach) => ProbeStatus::Refused,
                         Some((_, error)) => ProbeStatus::Failed { error: error.clone() },
                         None => ProbeStatus::Attached,
                     };
-                    report.probes.push(SymbolReport { symbol: api.symbol, status });
+                    report.probes.push(SymbolReport { symbol: api.symbol, status, arm64 });
                 }
                 report.links = (report.attached() > 0).then_some(mode);
             }

@@ -10,6 +10,8 @@ use aya::programs::{
 };
 use serde::Serialize;
 
+use gpumem_engine::formats::arm64_probe::{Decision, Site};
+
 use super::{discover::Library, symbols, Agent, ProbeError};
 
 /// The debugger hook every loader calls when its link map changes.
@@ -24,6 +26,9 @@ pub struct LoaderReport {
     pub inode: u64,
     pub attached: bool,
     pub error: Option<String>,
+    /// On arm64: the hook's instruction and what the gate decided.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arm64: Option<Decision>,
 }
 
 impl Agent {
@@ -33,13 +38,15 @@ impl Agent {
             return None;
         }
         self.links_changed = true;
-        let result = self.attach_hook(lib);
+        let mut arm64 = None;
+        let result = self.attach_hook(lib, &mut arm64);
         self.loaders.push(LoaderReport {
             path: lib.name.clone(),
             dev: lib.dev,
             inode: lib.ino,
             attached: result.is_ok(),
             error: result.err().map(|e| e.to_string()),
+            arm64,
         });
         self.loaders.last()
     }
@@ -50,7 +57,7 @@ impl Agent {
         self.loaders.iter().filter(|l| l.attached).count()
     }
 
-    fn attach_hook(&mut self, lib: &Library) -> Result<(), ProbeError> {
+    fn attach_hook(&mut self, lib: &Library, arm64: &mut Option<Decision>) -> Result<(), ProbeError> {
         if self.options.refuse_loader_hooks {
             return Err(ProbeError::Injected("attaching the loader hook"));
         }
@@ -59,6 +66,15 @@ impl Agent {
             .get(HOOK)
             .copied()
             .ok_or_else(|| ProbeError::Hook(format!("{} has no {HOOK}", lib.name)))?;
+        // The hook reads no register: on arm64 it may sit after a landing pad.
+        *arm64 = self.gate.check(&lib.path, offset, Site::Signal);
+        let offset = match arm64.as_ref() {
+            Some(d) if !d.attach => {
+                return Err(ProbeError::Hook(format!("{HOOK} in {}: refused on arm64: {}: {}", lib.name, d.instruction, d.why)))
+            }
+            Some(d) => d.offset,
+            None => offset,
+        };
         if !self.hook_loaded {
             let prog: &mut UProbe = self.program(PROGRAM)?;
             prog.load().map_err(|source| ProbeError::Program { program: PROGRAM.to_string(), source: Box::new(source) })?;

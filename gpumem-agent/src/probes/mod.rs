@@ -1,5 +1,6 @@
 //! Loading gpumem's eBPF programs, attaching them to every libcuda copy and
 //! the process tracepoints, and reporting what is attached and why not.
+pub mod arm64;
 mod detach;
 pub mod discover;
 pub mod features;
@@ -80,6 +81,8 @@ pub struct Options {
     pub uprobe_links: UprobeLinks,
     /// Tests: act as a kernel that refuses uprobe_multi links at attach time.
     pub refuse_uprobe_multi: bool,
+    /// Which probe sites an arm64 host attaches.
+    pub arm64_uprobes: gpumem_engine::formats::arm64_probe::Policy,
     /// Tests and benchmarks: act as if no dynamic loader could be hooked.
     pub refuse_loader_hooks: bool,
     /// The kernel keeps its table of live entries (`serve`), this big.
@@ -122,6 +125,8 @@ pub struct Agent {
     pub torch: Vec<torch::TorchReport>,
     torch_links: Vec<std::os::fd::OwnedFd>,
     usdt_specs_used: u32,
+    /// The arm64 uprobe gate (no-op on x86_64).
+    gate: arm64::Gate,
     /// Links made since the last pinning (see `pin_new_links`).
     links_changed: bool,
     /// Links of this load pinned so far, by id.
@@ -173,9 +178,11 @@ impl Agent {
         let (path, why) = ioctl::choose(options.ioctl_mode, features::detect().kprobes, ioctl::nvidia_module_loaded(), &prefix);
         let ioctl = ioctl::IoctlReport { path, why, prefix, seeded_fds: 0, error: None };
         let uprobe_links = links::choose(options.uprobe_links);
+        let gate = arm64::Gate::running(options.arm64_uprobes);
         let mut agent = Agent {
             ebpf,
             options,
+            gate,
             seen: HashSet::new(),
             libraries: Vec::new(),
             loaders: Vec::new(),
@@ -307,6 +314,11 @@ impl Agent {
     }
 
     /// Whether this library (by inode) has been handled already.
+    /// The arm64 uprobe gate, as `status` describes it (None on x86_64).
+    pub fn arm64_gate(&self) -> Option<String> {
+        self.gate.describe()
+    }
+
     pub fn knows(&self, lib: &Library) -> bool {
         self.seen.contains(&lib.key())
     }

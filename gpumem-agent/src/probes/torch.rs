@@ -26,7 +26,10 @@ use gpumem_common::{
     usdt::{arg_kind, UsdtArgSpec, UsdtSpec, ARGS_MAX, SPECS_MAX},
 };
 
-use gpumem_engine::model::degraded::Reason;
+use gpumem_engine::{
+    formats::arm64_probe::{Decision, Site},
+    model::degraded::Reason,
+};
 
 use super::{
     usdt::{self, Location, UsdtProbe},
@@ -48,6 +51,9 @@ pub struct SiteReport {
     pub semaphore: Option<u64>,
     /// The argument specs as the note has them, decoded.
     pub args: Vec<String>,
+    /// On arm64: the site's instruction (a `nop`) and what the gate decided.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arm64: Option<Decision>,
 }
 
 /// What was attached to one libc10_cuda.so.
@@ -271,9 +277,17 @@ impl Agent {
                         offset: p.offset,
                         semaphore: p.semaphore,
                         args: p.args.iter().map(|a| describe_arg(p.arch, a)).collect(),
+                        arm64: self.gate.check(&lib.path, p.offset, Site::Usdt),
                     })
                     .collect();
-                match self.link_torch(&sites, lib) {
+                let allowed: Vec<&UsdtProbe> =
+                    sites.iter().zip(&report.sites).filter(|(_, r)| r.arm64.as_ref().is_none_or(|d| d.attach)).map(|(p, _)| *p).collect();
+                let refused = report.sites.iter().find_map(|r| r.arm64.as_ref().filter(|d| !d.attach));
+                let linked = match refused {
+                    Some(d) if allowed.is_empty() => Err(format!("every probe site refused on arm64: {}: {}", d.instruction, d.why)),
+                    _ => self.link_torch(&allowed, lib),
+                };
+                match linked {
                     Ok(()) => {
                         report.attached = true;
                         report.links = Some(self.uprobe_links.mode);

@@ -41,6 +41,7 @@ pub fn load_with(
         stacks: p.stacks,
         uprobe_links: p.uprobe_links,
         refuse_uprobe_multi: p.refuse_uprobe_multi,
+        arm64_uprobes: p.arm64_uprobes,
         refuse_loader_hooks: p.refuse_loader_hooks,
         kernel_table: continuity.map(|c| c.opts.kernel_table),
         pin: continuity.and_then(|c| c.pinned.clone()),
@@ -81,6 +82,16 @@ pub fn describe(report: &LibraryReport) -> String {
     }
     if !failed.is_empty() {
         line.push_str(&format!("; FAILED: {}", failed.join("; ")));
+    }
+    let refused: Vec<_> = report.probes.iter().filter(|p| matches!(p.status, ProbeStatus::Refused)).collect();
+    if let Some(d) = refused.first().and_then(|p| p.arm64.as_ref()) {
+        let names: Vec<&str> = refused.iter().map(|p| p.symbol).collect();
+        line.push_str(&format!(
+            "; refused on arm64: {} (the first: {}: {}; `gpumem status` says why for each)",
+            names.join(", "),
+            d.instruction,
+            d.why
+        ));
     }
     line
 }

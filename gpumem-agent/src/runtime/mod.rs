@@ -51,6 +51,8 @@ pub struct Probing {
     pub uprobe_links: crate::probes::links::UprobeLinks,
     /// Tests: act as a kernel that refuses uprobe_multi links.
     pub refuse_uprobe_multi: bool,
+    /// Which probe sites an arm64 host attaches.
+    pub arm64_uprobes: gpumem_engine::formats::arm64_probe::Policy,
     /// Tests and benchmarks: act as if no dynamic loader could be hooked.
     pub refuse_loader_hooks: bool,
     /// Tests: say on stderr when readings are applied and ticks run

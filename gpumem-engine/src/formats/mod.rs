@@ -2,6 +2,7 @@
 //! their own: the symbol tables and USDT notes of the libraries a process
 //! loads, the dynamic linker's cache, the driver's XID lines. Every one is
 //! fed arbitrary bytes by `crate::untrusted`'s fuzz targets.
+pub mod arm64_probe;
 pub mod budget;
 pub mod kmsg_xid;
 pub mod ld_cache;

@@ -44,15 +44,25 @@ impl SymbolError {
 /// names (only those are kept: a table may hold any number): read on its
 /// own thread, waited for `budget::DEADLINE` at most.
 pub fn function_offsets(path: &Path, wanted: fn(&str) -> bool) -> Result<HashMap<String, u64>, SymbolError> {
+    function_offsets_for(path, super::host_architecture(), wanted)
+}
+
+/// `function_offsets` of a library built for `machine` (`gpumem preflight`
+/// checks arm64 libraries on any host).
+pub fn function_offsets_for(
+    path: &Path,
+    machine: object::Architecture,
+    wanted: fn(&str) -> bool,
+) -> Result<HashMap<String, u64>, SymbolError> {
     let shown = path.display().to_string();
     let owned = path.to_path_buf();
     let read = move || -> Result<_, SymbolError> {
         let data = super::elf_reader(&owned).map_err(|source| SymbolError::Read { path: owned.display().to_string(), source })?;
         let path = owned.display().to_string();
-        function_offsets_in(&data, wanted).map_err(|e| match e {
+        offsets_of_machine(&data, machine, wanted).map_err(|e| match e {
             TableError::Elf(source) => SymbolError::Parse { path, source },
             TableError::TooMany => SymbolError::TooMany { path },
-            TableError::Machine(machine) => SymbolError::Machine { path, machine, host: super::host_architecture() },
+            TableError::Machine(found) => SymbolError::Machine { path, machine: found, host: machine },
         })
     };
     match budget::within(budget::DEADLINE, read) {
@@ -65,9 +75,17 @@ pub fn function_offsets(path: &Path, wanted: fn(&str) -> bool) -> Result<HashMap
 /// `function_offsets` of a file's bytes (whatever they are: a process chose
 /// the file), scanning `budget::MAX_SYMBOLS` symbols at most.
 pub fn function_offsets_in<'d, R: object::ReadRef<'d>>(data: R, wanted: fn(&str) -> bool) -> Result<HashMap<String, u64>, TableError> {
+    offsets_of_machine(data, super::host_architecture(), wanted)
+}
+
+fn offsets_of_machine<'d, R: object::ReadRef<'d>>(
+    data: R,
+    machine: object::Architecture,
+    wanted: fn(&str) -> bool,
+) -> Result<HashMap<String, u64>, TableError> {
     let file = object::File::parse(data)?;
     // Offsets found here get breakpoints: only in this machine's code.
-    if file.architecture() != super::host_architecture() {
+    if file.architecture() != machine {
         return Err(TableError::Machine(file.architecture()));
     }
     // The tables' sizes say it before a name is read (each name read is
