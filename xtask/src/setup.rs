@@ -23,8 +23,11 @@ const APT_PACKAGES: &[&str] = &[
     "debootstrap",
     "systemtap-sdt-dev",
     // aarch64 builds of the agent and the test libraries (issue 33), and
-    // qemu-user to run the agent's aarch64 build here.
+    // qemu-user to run the agent's aarch64 build here (the C library's
+    // headers are only recommended by the compiler: named, since apt here
+    // installs without recommends).
     "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
     "qemu-user",
     "llvm-22-dev",
     "libpolly-22-dev",
