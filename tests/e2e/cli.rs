@@ -103,17 +103,28 @@ fn the_version_names_the_git_revision_and_the_glibc_floor_holds() {
     let head = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).current_dir(workspace()).output().unwrap();
     let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
     assert_eq!(text, format!("gpumem {} ({head})", env!("CARGO_PKG_VERSION")));
-    // The newest glibc symbol version the binary needs: the floor the README
-    // states (glibc 2.34: Debian 12, Ubuntu 22.04, RHEL 9 and later).
-    let dynamic = Command::new("objdump").arg("-T").arg(gpumem_bin()).output().expect("objdump (binutils)");
-    let needed = String::from_utf8_lossy(&dynamic.stdout)
-        .split_whitespace()
-        .filter_map(|w| w.trim_start_matches('(').trim_end_matches(')').strip_prefix("GLIBC_"))
-        .filter_map(|v| {
-            let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
-            Some((parts.next()??, parts.next().flatten().unwrap_or(0)))
-        })
-        .max()
-        .expect("glibc symbols");
-    assert!(needed <= (2, 34), "the binary needs glibc {}.{}: raise the floor in the README or avoid the symbol", needed.0, needed.1);
+    // The newest glibc symbol version each build needs: the floor the README
+    // states (glibc 2.34 on x86_64 and on aarch64: Debian 12, Ubuntu 22.04,
+    // RHEL 9 and later).
+    let aarch64 = target_dir().join("aarch64-unknown-linux-gnu/debug/gpumem");
+    for (objdump, bin) in [("objdump", gpumem_bin()), ("aarch64-linux-gnu-objdump", aarch64)] {
+        let dynamic = Command::new(objdump).arg("-T").arg(&bin).output().expect("objdump (binutils)");
+        assert!(dynamic.status.success(), "{objdump} -T {}: {}", bin.display(), String::from_utf8_lossy(&dynamic.stderr));
+        let needed = String::from_utf8_lossy(&dynamic.stdout)
+            .split_whitespace()
+            .filter_map(|w| w.trim_start_matches('(').trim_end_matches(')').strip_prefix("GLIBC_"))
+            .filter_map(|v| {
+                let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
+                Some((parts.next()??, parts.next().flatten().unwrap_or(0)))
+            })
+            .max()
+            .expect("glibc symbols");
+        assert!(
+            needed <= (2, 34),
+            "{} needs glibc {}.{}: raise the floor in the README or avoid the symbol",
+            bin.display(),
+            needed.0,
+            needed.1
+        );
+    }
 }
