@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# prepare.sh - build, once, what boot.sh needs to boot a real Debian arm64
+# kernel under qemu-system-aarch64 (TCG, no KVM) with an initramfs-only root.
+#
+# Usage: scripts/arm64-vm/prepare.sh        (run as root; idempotent)
+#
+# Everything lives in $ARM64_VM_CACHE (default: <repo>/target/arm64-vm):
+#   Image          uncompressed arm64 kernel from Debian trixie's
+#                  linux-image-6.12.*+deb13-arm64-unsigned (newest of
+#                  trixie / trixie-security at the time it was made)
+#   kernel.txt     "<package> <version>" of that kernel
+#   kernel-config  its /boot/config-*, for reference
+#   base.cpio.zst  trixie minbase root (+ python3, bpftool, busybox-static)
+#                  as a zstd-compressed newc cpio, used as the whole root fs
+# Only missing parts are made. Each part is built in a temp dir inside the
+# cache and renamed into place at the end, so an interrupted run is simply
+# redone next time (stale *.tmp.* dirs are removed). Delete a file to
+# rebuild it. Prints the paths of the cached files at the end.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+CACHE=${ARM64_VM_CACHE:-$REPO/target/arm64-vm}
+MIRROR=http://deb.debian.org/debian
+SECURITY=http://deb.debian.org/debian-security
+KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+
+log() { echo "arm64-vm: $*" >&2; }
+
+[ "$(id -u)" = 0 ] || { log "must run as root (apt-get, debootstrap)"; exit 1; }
+mkdir -p "$CACHE"
+CACHE=$(cd "$CACHE" && pwd)
+
+# Host tools. Only install what is missing, so warm runs never touch apt.
+need=()
+for p in debootstrap qemu-system-arm cpio zstd debian-archive-keyring; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || need+=("$p")
+done
+# --no-remove: never let this script remove host packages. On these hosts
+# qemu-utils may come from bookworm-backports (qemu 10), and bookworm's
+# qemu-system-common 7.2 Breaks it; then take the qemu-system-* packages
+# from bookworm-backports too (only those, via an extra sources list).
+apt_install() {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends --no-remove "$@" >&2
+}
+if [ ${#need[@]} -gt 0 ]; then
+    log "installing host packages: ${need[*]}"
+    apt-get update -q >&2
+    if ! apt_install "${need[@]}"; then
+        [[ " ${need[*]} " == *" qemu-system-arm "* ]] || exit 1
+        log "retrying with qemu-system-* from bookworm-backports"
+        bpo=$(mktemp -d)
+        echo "deb [signed-by=$KEYRING] $MIRROR bookworm-backports main" > "$bpo/bpo.list"
+        apt-get -o Dir::Etc::sourcelist="$bpo/bpo.list" update -q >&2
+        pkgs=()
+        for p in "${need[@]}"; do
+            case $p in qemu-system-arm) pkgs+=(qemu-system-arm/bookworm-backports
+                qemu-system-common/bookworm-backports qemu-system-data/bookworm-backports) ;;
+            *) pkgs+=("$p") ;; esac
+        done
+        apt_install -o Dir::Etc::sourcelist="$bpo/bpo.list" "${pkgs[@]}"
+        rm -rf "$bpo"
+    fi
+fi
+
+# One prepare at a time per cache (parallel boot.sh runs), then clear the
+# leftovers of an interrupted earlier run.
+exec 9>"$CACHE/.lock"
+flock 9
+rm -rf "$CACHE"/*.tmp.*
+
+# Subshell body: the exported APT_CONFIG must not leak into debootstrap.
+make_kernel() (
+    local tmp apt pkg ver deb img
+    tmp=$(mktemp -d "$CACHE/kernel.tmp.XXXXXX")
+    apt=$tmp/apt
+    # A private, throwaway APT setup: arm64-only trixie indexes that never
+    # mix with the host's bookworm state. Dir::Etc::parts/main/preferences
+    # point at private (empty) places so the host's apt.conf.d hooks and
+    # pins don't apply.
+    mkdir -p "$apt"/{state/lists/partial,cache/archives/partial,etc/apt.conf.d,etc/preferences.d}
+    touch "$apt/state/status"
+    cat > "$apt/etc/sources.list" <<SRC
+deb [arch=arm64 signed-by=$KEYRING] $MIRROR trixie main
+deb [arch=arm64 signed-by=$KEYRING] $SECURITY trixie-security main
+SRC
+    cat > "$apt/apt.conf" <<CONF
+APT::Architecture "arm64";
+APT::Architectures { "arm64"; };
+APT::Sandbox::User "root";
+Dir::State "$apt/state";
+Dir::State::status "$apt/state/status";
+Dir::Cache "$apt/cache";
+Dir::Etc::main "$apt/etc/apt.conf";
+Dir::Etc::parts "$apt/etc/apt.conf.d";
+Dir::Etc::sourcelist "$apt/etc/sources.list";
+Dir::Etc::sourceparts "-";
+Dir::Etc::preferences "$apt/etc/preferences";
+Dir::Etc::preferencesparts "$apt/etc/preferences.d";
+Acquire::Languages "none";
+CONF
+    export APT_CONFIG=$apt/apt.conf
+    log "fetching trixie arm64 package indexes"
+    apt-get update -q >&2
+    # Newest 6.12 ABI in trixie or trixie-security (sort -V on the names).
+    pkg=$(apt-cache pkgnames linux-image-6.12. |
+          grep -E '^linux-image-6\.12\.[0-9]+\+deb13-arm64-unsigned$' | sort -V | tail -n1)
+    [ -n "$pkg" ] || { log "no linux-image-6.12.*+deb13-arm64-unsigned in trixie"; return 1; }
+    ver=$(apt-cache policy "$pkg" | awk '/Candidate:/ {print $2}')
+    log "kernel package: $pkg $ver"
+    (cd "$tmp" && apt-get download -q "$pkg=$ver" >&2)
+    deb=$(ls "$tmp"/*.deb)
+    dpkg-deb -x "$deb" "$tmp/x"
+    img=$(ls "$tmp"/x/boot/vmlinuz-*)
+    # qemu -kernel wants the raw arm64 Image: check its "ARM\x64" magic at
+    # offset 56 rather than trusting the file name.
+    [ "$(od -An -tx1 -j56 -N4 "$img" | tr -d ' \n')" = 41524d64 ] ||
+        { log "$img is not an uncompressed arm64 Image"; return 1; }
+    grep -q '^CONFIG_RD_ZSTD=y' "$tmp"/x/boot/config-* ||
+        { log "kernel lacks CONFIG_RD_ZSTD=y; base.cpio.zst would not unpack"; return 1; }
+    cp "$tmp"/x/boot/config-* "$CACHE/kernel-config"
+    echo "$pkg $ver" > "$CACHE/kernel.txt"
+    mv "$img" "$CACHE/Image"   # last: Image present == kernel part done
+    rm -rf "$tmp"
+)
+
+make_base() {
+    local tmp root deb f
+    tmp=$(mktemp -d "$CACHE/base.tmp.XXXXXX")
+    root=$tmp/root
+    # --foreign only downloads and unpacks the essentials: no second stage,
+    # so no arm64 code ever runs on the host (no qemu-user-static needed).
+    log "debootstrap (first stage) trixie arm64"
+    debootstrap --arch=arm64 --foreign --variant=minbase \
+        --include=python3,bpftool,busybox-static trixie "$root" "$MIRROR" >&2
+    # The second stage would unpack the rest; doing it with tar is enough for
+    # an initramfs root (no maintainer scripts are needed to run python3 or
+    # bpftool). --keep-directory-symlink keeps the merged-/usr symlinks.
+    log "unpacking $(ls "$root"/var/cache/apt/archives/*.deb | wc -l) packages"
+    for deb in "$root"/var/cache/apt/archives/*.deb; do
+        dpkg-deb --fsys-tarfile "$deb" |
+            tar -x --keep-directory-symlink -C "$root" 2>>"$tmp/tar.log" || true
+    done
+    # Symlinks debootstrap already made are expected to clash; show the rest.
+    grep -v -e 'Cannot create symlink to .*: File exists' \
+            -e 'Exiting with failure status due to previous errors' "$tmp/tar.log" >&2 || true
+    rm -f "$root"/var/cache/apt/archives/*.deb
+    # Half the root is apt indexes, docs, man pages and translations: drop
+    # them, since the kernel unpacks the initramfs slowly under TCG.
+    rm -rf "$root"/var/lib/apt/lists/* "$root"/usr/share/{doc,man,info,locale}/*
+    rm -rf "$root/debootstrap"
+    # In a docker container debootstrap makes /proc a symlink to the host's
+    # /proc; the guest needs real (empty) mount points.
+    for f in proc sys; do
+        [ -L "$root/$f" ] && rm -f "$root/$f"
+        mkdir -p "$root/$f" && chmod 555 "$root/$f"
+    done
+    # base-passwd's postinst would make these; tools like id/whoami want them.
+    [ -e "$root/etc/passwd" ] || cp "$root/usr/share/base-passwd/passwd.master" "$root/etc/passwd"
+    [ -e "$root/etc/group" ] || cp "$root/usr/share/base-passwd/group.master" "$root/etc/group"
+    for f in bin/busybox bin/sh usr/bin/python3 usr/sbin/bpftool; do
+        [ -e "$root/$f" ] || [ -L "$root/$f" ] || { log "root lacks /$f"; return 1; }
+    done
+    log "packing base.cpio.zst"
+    (cd "$root" && find . -print0 | LC_ALL=C sort -z |
+        cpio --null -o -H newc --quiet | zstd -q -T0 -6) > "$tmp/base.cpio.zst"
+    mv "$tmp/base.cpio.zst" "$CACHE/base.cpio.zst"
+    rm -rf "$tmp"
+}
+
+[ -s "$CACHE/Image" ] || make_kernel
+[ -s "$CACHE/base.cpio.zst" ] || make_base
+
+echo "KERNEL=$CACHE/Image ($(cat "$CACHE/kernel.txt"))"
+echo "BASE=$CACHE/base.cpio.zst"
