@@ -1,7 +1,7 @@
 //! The aarch64 build (issue 33), run here under qemu-user: everything that
 //! needs no kernel (a recording replayed, its leak report) answers exactly
-//! as the x86_64 build does. Its eBPF programs on an arm64 kernel are for a
-//! test that boots one (not built yet: see the README's arm64 section).
+//! as the x86_64 build does. Its eBPF programs on a real arm64 kernel:
+//! `cargo xtask test-arm64` (a VM, not part of `cargo xtask test`).
 use gpumem_tests::*;
 use serde_json::Value;
 

@@ -1,0 +1,338 @@
+//! `cargo xtask test-arm64`: the aarch64 agent on a real arm64 kernel.
+//!
+//! Boots Debian trixie's arm64 kernel under qemu-system-aarch64 (TCG) with
+//! an initramfs root made from Debian arm64 packages
+//! (scripts/arm64-vm/boot.sh, cached under target/arm64-vm), runs the
+//! aarch64 agent with the synthetic driver and workload cross-built for
+//! aarch64 inside, and checks each scenario's events against the x86_64
+//! agent's run of the same scenario here: the same calls, sizes, results
+//! and per-process totals, byte for byte. One line per scenario; any
+//! mismatch fails the whole.
+use std::{
+    collections::BTreeMap,
+    os::unix::{fs::PermissionsExt as _, process::ExitStatusExt as _},
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _, Result};
+use gpumem_tests::{workspace, Trace};
+use serde_json::{json, Value};
+
+use crate::{cargo, run};
+
+/// One scenario: what the VM runs (a shell line, its stdout and stderr sent
+/// back; `every_event`: every line of stdout, else only its last, the
+/// trace's summary) and how the host judges it.
+struct Scenario {
+    name: &'static str,
+    check: Check,
+    every_event: bool,
+    line: &'static str,
+}
+
+enum Check {
+    /// The default gate attaches nothing of the synthetic driver (its -O2
+    /// entry points start with instructions the kernel steps out of line).
+    Refused,
+    /// The same events and per-process totals as the x86_64 agent's run of
+    /// this workload scenario with this environment.
+    AsOnX86(&'static str, &'static [(&'static str, &'static str)]),
+    /// Every call of eight threads traced, none lost.
+    Storm,
+    /// Each fresh copy of the driver attached between its dlopen and first
+    /// call (3 s apart: under TCG the agent is some 30 times slower).
+    Fresh,
+    /// Every allocation carries its Python frames to `<module>`.
+    Python,
+    /// The workload's own checks pass while agents attach and detach.
+    Stress,
+}
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "strict-gate",
+        check: Check::Refused,
+        every_event: true,
+        line: "/payload/gpumem trace --json --libcuda $L -c \"$W $L all_kinds\"",
+    },
+    Scenario {
+        name: "basic",
+        check: Check::AsOnX86("all_kinds", &[]),
+        every_event: true,
+        line: "$TRACE --libcuda $L -c \"$W $L all_kinds\"",
+    },
+    Scenario {
+        name: "vmm",
+        check: Check::AsOnX86("expandable", &[]),
+        every_event: true,
+        line: "$TRACE --libcuda $L -c \"$W $L expandable\"",
+    },
+    Scenario {
+        name: "storm",
+        check: Check::Storm,
+        every_event: false,
+        line: "env GPUMEM_THREADS=8 GPUMEM_PAIRS=1000 $TRACE --libcuda $L --stack-budget 0 -c \"$W $L storm\"",
+    },
+    Scenario {
+        name: "fresh-copies",
+        check: Check::Fresh,
+        every_event: true,
+        line: "fresh_copies && env GPUMEM_FRESH_GAP_MS=3000 GPUMEM_LIBS=/tmp/fresh/0/libcuda.so.1:/tmp/fresh/1/libcuda.so.1:/tmp/fresh/2/libcuda.so.1 $TRACE -c \"$W $L fresh\"",
+    },
+    Scenario {
+        name: "python",
+        check: Check::Python,
+        every_event: true,
+        line: "env GPUMEM_STEPS=5 GPUMEM_HOLD=1 GPUMEM_IMPORT_SECONDS=3 $TRACE -c \"python3 /payload/train.py $L\"",
+    },
+    Scenario { name: "stress", check: Check::Stress, every_event: false, line: "stress" },
+];
+
+pub fn test_arm64() -> Result<()> {
+    crate::require_root("the arm64 VM test")?;
+    crate::setup::setup()?;
+    let dir = gpumem_tests::target_dir().join("arm64-vm");
+    let payload = dir.join("payload");
+    make_payload(&payload)?;
+    let console = boot(&payload, &dir.join("console.log"))?;
+    let kernel = console.lines().find_map(|l| l.strip_prefix("GPUMEM-KERNEL ")).unwrap_or("?").to_string();
+    eprintln!("xtask: arm64 kernel {kernel}");
+    let runs = scenario_outputs(&console);
+    let mut failed = Vec::new();
+    for s in SCENARIOS {
+        let verdict = match runs.get(s.name) {
+            Some(out) => check(s, out),
+            None => Err(anyhow::anyhow!("no output came back (see {})", dir.join("console.log").display())),
+        };
+        match verdict {
+            Ok(what) => println!("arm64 {:<12} ok: {what}", s.name),
+            Err(e) => {
+                println!("arm64 {:<12} FAILED: {e:#}", s.name);
+                failed.push(s.name);
+            }
+        }
+    }
+    if !failed.is_empty() {
+        bail!("arm64 scenarios failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// The aarch64 agent (stripped), the synthetic driver and the workload
+/// cross-built for aarch64, and the script the VM runs.
+fn make_payload(payload: &Path) -> Result<()> {
+    run(cargo().args(["build", "--target", "aarch64-unknown-linux-gnu", "-p", "gpumem-agent"]))?;
+    let _ = std::fs::remove_dir_all(payload);
+    std::fs::create_dir_all(payload.join("lib"))?;
+    let agent = gpumem_tests::target_dir().join("aarch64-unknown-linux-gnu/debug/gpumem");
+    run(Command::new("aarch64-linux-gnu-strip").arg("-o").arg(payload.join("gpumem")).arg(agent))?;
+    let src = workspace().join("tests/fixtures");
+    let cc = |args: &[&str], out: PathBuf, file: &str| {
+        run(Command::new("aarch64-linux-gnu-gcc").args(args).arg("-o").arg(out).arg(src.join(file)).args(["-ldl", "-lpthread"]))
+    };
+    cc(&["-shared", "-fPIC", "-O2", "-Wall"], payload.join("lib/libcuda.so.1"), "fake_libcuda.c")?;
+    cc(&["-O2", "-g", "-fomit-frame-pointer", "-Wall"], payload.join("workload"), "workload.c")?;
+    std::fs::copy(src.join("train.py"), payload.join("train.py"))?;
+    let script = payload.join("run");
+    std::fs::write(&script, run_script())?;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+/// The VM's /payload/run: each scenario's stdout and stderr sent back line
+/// by line with markers the host reads.
+const RUN_PRELUDE: &str = r#"#!/bin/sh
+# Written by cargo xtask test-arm64.
+cd /payload
+echo "GPUMEM-KERNEL $(uname -r)"
+W=/payload/workload L=/payload/lib/libcuda.so.1
+TRACE="/payload/gpumem trace --json --arm64-uprobes allow-xol"
+scenario() {
+  name=$1; every=$2; shift 2
+  eval "$*" > /tmp/$name.out 2> /tmp/$name.err
+  rc=$?
+  if [ "$every" = 1 ]; then sed "s/^/GPUMEM-OUT $name /" /tmp/$name.out; else tail -n 1 /tmp/$name.out | sed "s/^/GPUMEM-OUT $name /"; fi
+  sed "s/^/GPUMEM-ERR $name /" /tmp/$name.err
+  echo "GPUMEM-RC $name $rc"
+}
+# Copies of the driver on new inodes: files no agent has seen.
+fresh_copies() { for i in 0 1 2; do mkdir -p /tmp/fresh/$i && cp $L /tmp/fresh/$i/; done; }
+# Eight threads allocating and freeing for 30 s, checking every result,
+# while agents attach and detach, one after another: each asked to stop
+# after 3 s, killed 2 s later if it has not (a crashed agent's links go too).
+stress() {
+  env GPUMEM_THREADS=8 GPUMEM_SECONDS=30 $W $L race 2> /tmp/stress.workload &
+  w=$!
+  end=$(( $(date +%s) + 30 )); cycles=0
+  while [ "$(date +%s)" -lt $end ]; do
+    timeout -s INT -k 2 3 $TRACE --libcuda $L > /dev/null 2>> /tmp/stress.agent
+    cycles=$((cycles + 1))
+  done
+  wait $w; rc=$?
+  cat /tmp/stress.workload >&2
+  echo "stress_cycles=$cycles stress_attaches=$(grep -c 'attached [0-9]* of' /tmp/stress.agent)" >&2
+  return $rc
+}
+"#;
+
+fn run_script() -> String {
+    let mut s = String::from(RUN_PRELUDE);
+    for sc in SCENARIOS {
+        s.push_str(&format!("scenario {} {} '{}'\n", sc.name, u8::from(sc.every_event), sc.line));
+    }
+    s.push_str("exit 0\n");
+    s
+}
+
+/// Boots the VM with the payload; its console, also kept in `log`.
+fn boot(payload: &Path, log: &Path) -> Result<String> {
+    let script = workspace().join("scripts/arm64-vm/boot.sh");
+    let out = Command::new("bash").arg(&script).arg(payload).output().with_context(|| format!("running {}", script.display()))?;
+    let console = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    std::fs::write(log, &console)?;
+    if !out.status.success() {
+        bail!("the arm64 VM failed ({}): {}\nconsole in {}", out.status, String::from_utf8_lossy(&out.stderr), log.display());
+    }
+    Ok(console)
+}
+
+/// What each scenario printed: (stdout, stderr, exit code).
+fn scenario_outputs(console: &str) -> BTreeMap<String, (String, String, i32)> {
+    let mut runs: BTreeMap<String, (String, String, Option<i32>)> = BTreeMap::new();
+    for line in console.lines() {
+        let Some((tag, rest)) = line.split_once(' ') else { continue };
+        let (name, text) = rest.split_once(' ').unwrap_or((rest, ""));
+        let entry = runs.entry(name.to_string());
+        match tag {
+            "GPUMEM-OUT" => entry.or_default().0.push_str(&format!("{text}\n")),
+            "GPUMEM-ERR" => entry.or_default().1.push_str(&format!("{text}\n")),
+            "GPUMEM-RC" => entry.or_default().2 = text.trim().parse().ok(),
+            _ => {}
+        }
+    }
+    runs.into_iter().filter_map(|(name, (out, err, rc))| Some((name, (out, err, rc?)))).collect()
+}
+
+/// One scenario's verdict: what was measured, or what differs.
+fn check(s: &Scenario, (stdout, stderr, rc): &(String, String, i32)) -> Result<String> {
+    // A trace exits with its command's code: the workloads check every result themselves.
+    if *rc != 0 {
+        bail!("exit code {rc}: {stderr}");
+    }
+    if let Check::Stress = s.check {
+        return stress(stderr);
+    }
+    let t = std::panic::catch_unwind(|| Trace::parse(stdout, stderr.clone(), std::process::ExitStatus::from_raw(0)))
+        .map_err(|_| anyhow::anyhow!("not a trace: {stdout}\n{stderr}"))?;
+    match s.check {
+        Check::Refused => refused(&t),
+        Check::AsOnX86(workload, env) => {
+            let libcuda = gpumem_tests::fixtures().libcuda.to_str().context("the fixtures' path is not UTF-8")?;
+            let x86 = gpumem_tests::trace(&["--libcuda", libcuda, "-c", &gpumem_tests::workload_cmd(workload)], env);
+            let (a, b) = (shape(&t), shape(&x86));
+            if a != b {
+                bail!("differs from x86_64:\narm64:  {a}\nx86_64: {b}");
+            }
+            Ok(format!("{} events and every process's totals as on x86_64", t.events.len()))
+        }
+        Check::Storm => storm(&t),
+        Check::Fresh => fresh(&t),
+        Check::Python => python(&t),
+        Check::Stress => unreachable!("judged above"),
+    }
+}
+
+fn refused(t: &Trace) -> Result<String> {
+    let allocs = t.of_type("alloc").len();
+    let Some(why) = t.stderr.lines().find(|l| l.contains("refused on arm64")) else {
+        bail!("the default gate refused nothing ({allocs} allocations traced): {}", t.stderr);
+    };
+    if allocs != 0 {
+        bail!("{allocs} allocations traced under the default gate: {}", t.stderr);
+    }
+    Ok(format!("nothing attached, the workload's calls all right; the first refused: {}", why.split("(the first: ").nth(1).unwrap_or(why)))
+}
+
+/// A number the workload printed as `key=N`.
+fn printed(stderr: &str, key: &str) -> Option<u64> {
+    stderr.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse::<f64>().ok()).map(|v| v as u64)
+}
+
+fn fresh(t: &Trace) -> Result<String> {
+    let attach_ms: Vec<&str> = t.stderr.split_whitespace().filter_map(|w| w.strip_prefix("fresh_attach_ms=")).collect();
+    let (inits, allocs) = (t.of_type("init").len(), t.of_type("alloc").len());
+    if inits != 3 || allocs != 3 || attach_ms.len() != 3 || attach_ms.iter().any(|ms| ms.starts_with('-')) {
+        bail!("{inits} cuInit and {allocs} allocations traced of 3 copies; attached {attach_ms:?} ms after dlopen: {}", t.stderr);
+    }
+    Ok(format!("3 copies, each attached {attach_ms:?} ms after its dlopen, before its first call"))
+}
+
+fn python(t: &Trace) -> Result<String> {
+    let allocs = t.of_type("alloc");
+    let names = |a: &Value| -> Vec<String> {
+        a["frames"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f["python"] == true)
+            .map(|f| f["function"].as_str().unwrap_or("?").to_string())
+            .collect()
+    };
+    let python = t.stderr.lines().find(|l| l.contains("Python")).unwrap_or_default().to_string();
+    for a in &allocs {
+        let n = names(a);
+        if n.last().map(String::as_str) != Some("<module>") || !n.iter().any(|f| f == "train_step" || f == "Model.load_weights") {
+            bail!("an allocation without its Python frames to <module>: {n:?} ({python})");
+        }
+    }
+    if allocs.len() != 11 {
+        bail!("{} allocations traced of 11: {}", allocs.len(), t.stderr);
+    }
+    Ok(format!("11 allocations, each with its Python frames, e.g. {:?}", allocs.last().map(|a| names(a)).unwrap_or_default()))
+}
+
+fn stress(stderr: &str) -> Result<String> {
+    let (calls, cycles, attaches) = (printed(stderr, "race_calls"), printed(stderr, "stress_cycles"), printed(stderr, "stress_attaches"));
+    match (calls, cycles, attaches) {
+        (Some(calls), Some(cycles), Some(attaches)) if attaches >= 3 && !stderr.contains("returned") => Ok(format!(
+            "{calls} calls from 8 threads in 30 s, every result right, while agents attached {attaches} times in {cycles} cycles"
+        )),
+        _ => bail!("calls {calls:?}, agent cycles {cycles:?}, attached {attaches:?}: {stderr}"),
+    }
+}
+
+/// Eight threads' allocations and frees, every one accounted for.
+fn storm(t: &Trace) -> Result<String> {
+    let calls = printed(&t.stderr, "storm_calls").context("the workload printed no storm_calls")?;
+    let p = &t.summary["processes"][0];
+    let api =
+        |name: &str| p["apis"].as_array().into_iter().flatten().find(|a| a["api"] == name).and_then(|a| a["calls"].as_u64()).unwrap_or(0);
+    let traced = api("cuMemAlloc_v2") + api("cuMemFree_v2");
+    if t.summary["lost_events"] != 0 || traced != calls || p["held_at_exit_bytes"].as_u64() != printed(&t.stderr, "storm_live_bytes") {
+        bail!("{calls} calls made, {traced} traced, lost {}: {p}", t.summary["lost_events"]);
+    }
+    Ok(format!("{calls} calls from 8 threads, 0 lost, held at exit {} bytes", p["held_at_exit_bytes"]))
+}
+
+/// What must be the same on both machines: each event's call, sizes and
+/// result, and each process's totals (not pids, addresses or times).
+fn shape(t: &Trace) -> Value {
+    let events: Vec<Value> =
+        t.events.iter().map(|e| json!([e["type"], e["api"], e["size"], e["device"], e["result"], e["pitch"], e["released"]])).collect();
+    let processes: Vec<Value> = t.summary["processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let mut p = p.clone();
+            if let Some(o) = p.as_object_mut() {
+                for k in ["pid", "ns_pid"] {
+                    o.remove(k);
+                }
+            }
+            p
+        })
+        .collect();
+    json!({"events": events, "processes": processes, "lost_events": t.summary["lost_events"]})
+}
