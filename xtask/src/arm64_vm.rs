@@ -19,7 +19,7 @@ use anyhow::{bail, Context as _, Result};
 use gpumem_tests::{workspace, Trace};
 use serde_json::{json, Value};
 
-use crate::{cargo, run};
+use crate::run;
 
 /// One scenario: what the VM runs (a shell line, its stdout and stderr sent
 /// back; `every_event`: every line of stdout, else only its last, the
@@ -122,7 +122,7 @@ pub fn test_arm64() -> Result<()> {
 /// The aarch64 agent (stripped), the synthetic driver and the workload
 /// cross-built for aarch64, and the script the VM runs.
 fn make_payload(payload: &Path) -> Result<()> {
-    run(cargo().args(["build", "--target", "aarch64-unknown-linux-gnu", "-p", "gpumem-agent"]))?;
+    run(&mut crate::aarch64_build())?;
     let _ = std::fs::remove_dir_all(payload);
     std::fs::create_dir_all(payload.join("lib"))?;
     let agent = gpumem_tests::target_dir().join("aarch64-unknown-linux-gnu/debug/gpumem");

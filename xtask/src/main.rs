@@ -273,6 +273,15 @@ pub fn build_agent() -> Result<std::path::PathBuf> {
     Ok(gpumem_tests::target_dir().join("debug/gpumem"))
 }
 
+/// The aarch64 build of the agent (debug), without debug info: nothing
+/// reads it (the arm64 VM strips it), and from scratch it builds in 170 s
+/// instead of 220 s here (CI builds the agent once per machine).
+pub fn aarch64_build() -> Command {
+    let mut cmd = cargo();
+    cmd.args(["build", "--target", "aarch64-unknown-linux-gnu", "-p", "gpumem-agent"]).env("CARGO_PROFILE_DEV_DEBUG", "false");
+    cmd
+}
+
 /// Builds the agent (debug) with the overhead benchmark's empty programs
 /// (`--probe-set empty`), and returns its path.
 pub fn build_agent_for_bench() -> Result<std::path::PathBuf> {
@@ -390,7 +399,7 @@ fn test(args: &[String]) -> Result<()> {
     run(linted(cargo().args(["build", "-p", "gpumem-agent"]))?)?;
     // The aarch64 build (its eBPF object reads arm64's registers), linted
     // too; the e2e tests run it under qemu-user.
-    run(linted(cargo().args(["build", "--target", "aarch64-unknown-linux-gnu", "-p", "gpumem-agent"]))?)?;
+    run(linted(&mut aarch64_build())?)?;
     run(linted(cargo().args(["test", "--workspace", "--exclude", "gpumem-ebpf", "--all-targets", "--no-run"]))?)?;
     // The image the image tests unpack and run.
     image::build()?;
