@@ -106,8 +106,7 @@ fn the_version_names_the_git_revision_and_the_glibc_floor_holds() {
     // The newest glibc symbol version each build needs: the floor the README
     // states (glibc 2.34 on x86_64 and on aarch64: Debian 12, Ubuntu 22.04,
     // RHEL 9 and later).
-    let aarch64 = target_dir().join("aarch64-unknown-linux-gnu/debug/gpumem");
-    for (objdump, bin) in [("objdump", gpumem_bin()), ("aarch64-linux-gnu-objdump", aarch64)] {
+    for (objdump, bin) in [("objdump", gpumem_bin()), ("aarch64-linux-gnu-objdump", aarch64_gpumem_bin())] {
         let dynamic = Command::new(objdump).arg("-T").arg(&bin).output().expect("objdump (binutils)");
         assert!(dynamic.status.success(), "{objdump} -T {}: {}", bin.display(), String::from_utf8_lossy(&dynamic.stderr));
         let needed = String::from_utf8_lossy(&dynamic.stdout)

@@ -9,15 +9,7 @@ const MIB: u64 = 1024 * KIB;
 
 /// A value `key=N` the race workload printed on stderr.
 fn printed(stderr: &str, key: &str) -> u64 {
-    stderr
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {key}= in the workload's output: {stderr}"))
-}
-
-fn api_calls(p: &Value, api: &str) -> u64 {
-    p["apis"].as_array().unwrap().iter().find(|a| a["api"] == api).map_or(0, |a| a["calls"].as_u64().unwrap())
+    printed_value(stderr, key).unwrap_or_else(|| panic!("no {key}= in the workload's output: {stderr}"))
 }
 
 /// `gpumem trace` of the race workload with no event lines (every event is

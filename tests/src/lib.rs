@@ -55,10 +55,15 @@ pub fn gpumem_bin() -> PathBuf {
     bin
 }
 
+/// Where `cargo build --target aarch64-unknown-linux-gnu -p gpumem-agent` puts the agent.
+pub fn aarch64_gpumem_bin() -> PathBuf {
+    target_dir().join("aarch64-unknown-linux-gnu/debug/gpumem")
+}
+
 /// The agent built for aarch64 (`cargo xtask test` builds it), and the
 /// command that runs it here under qemu-user with Debian's aarch64 libraries.
 pub fn aarch64_gpumem() -> std::process::Command {
-    let bin = target_dir().join("aarch64-unknown-linux-gnu/debug/gpumem");
+    let bin = aarch64_gpumem_bin();
     assert!(
         bin.exists(),
         "{} does not exist: `cargo build --target aarch64-unknown-linux-gnu -p gpumem-agent` (cargo xtask test does)",

@@ -51,6 +51,16 @@ impl Trace {
     }
 }
 
+/// Calls of one API in a summary's process (0 if it made none).
+pub fn api_calls(proc_summary: &Value, api: &str) -> u64 {
+    proc_summary["apis"].as_array().into_iter().flatten().find(|a| a["api"] == api).and_then(|a| a["calls"].as_u64()).unwrap_or(0)
+}
+
+/// A value `key=N` a workload printed (on stderr, under `gpumem trace -c`).
+pub fn printed_value(stderr: &str, key: &str) -> Option<u64> {
+    stderr.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+}
+
 /// A process's statistics for one API in a summary.
 pub fn api_stats<'a>(proc_summary: &'a Value, api: &str) -> &'a Value {
     proc_summary["apis"].as_array().unwrap().iter().find(|a| a["api"] == api).unwrap_or_else(|| panic!("{api} not in {proc_summary:#}"))

@@ -16,7 +16,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use gpumem_tests::{workspace, Trace};
+use gpumem_tests::{api_calls, printed_value as printed, workspace, Trace};
 use serde_json::{json, Value};
 
 use crate::run;
@@ -125,8 +125,7 @@ fn make_payload(payload: &Path) -> Result<()> {
     run(&mut crate::aarch64_build())?;
     let _ = std::fs::remove_dir_all(payload);
     std::fs::create_dir_all(payload.join("lib"))?;
-    let agent = gpumem_tests::target_dir().join("aarch64-unknown-linux-gnu/debug/gpumem");
-    run(Command::new("aarch64-linux-gnu-strip").arg("-o").arg(payload.join("gpumem")).arg(agent))?;
+    run(Command::new("aarch64-linux-gnu-strip").arg("-o").arg(payload.join("gpumem")).arg(gpumem_tests::aarch64_gpumem_bin()))?;
     let src = workspace().join("tests/fixtures");
     let cc = |args: &[&str], out: PathBuf, file: &str| {
         run(Command::new("aarch64-linux-gnu-gcc").args(args).arg("-o").arg(out).arg(src.join(file)).args(["-ldl", "-lpthread"]))
@@ -254,11 +253,6 @@ fn refused(t: &Trace) -> Result<String> {
     Ok(format!("nothing attached, the workload's calls all right; the first refused: {}", why.split("(the first: ").nth(1).unwrap_or(why)))
 }
 
-/// A number the workload printed as `key=N`.
-fn printed(stderr: &str, key: &str) -> Option<u64> {
-    stderr.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse::<f64>().ok()).map(|v| v as u64)
-}
-
 fn fresh(t: &Trace) -> Result<String> {
     let attach_ms: Vec<&str> = t.stderr.split_whitespace().filter_map(|w| w.strip_prefix("fresh_attach_ms=")).collect();
     let (inits, allocs) = (t.of_type("init").len(), t.of_type("alloc").len());
@@ -306,9 +300,7 @@ fn stress(stderr: &str) -> Result<String> {
 fn storm(t: &Trace) -> Result<String> {
     let calls = printed(&t.stderr, "storm_calls").context("the workload printed no storm_calls")?;
     let p = &t.summary["processes"][0];
-    let api =
-        |name: &str| p["apis"].as_array().into_iter().flatten().find(|a| a["api"] == name).and_then(|a| a["calls"].as_u64()).unwrap_or(0);
-    let traced = api("cuMemAlloc_v2") + api("cuMemFree_v2");
+    let traced = api_calls(p, "cuMemAlloc_v2") + api_calls(p, "cuMemFree_v2");
     if t.summary["lost_events"] != 0 || traced != calls || p["held_at_exit_bytes"].as_u64() != printed(&t.stderr, "storm_live_bytes") {
         bail!("{calls} calls made, {traced} traced, lost {}: {p}", t.summary["lost_events"]);
     }
