@@ -35,6 +35,9 @@ fn health_from_the_synthetic_nvml_with_rules_and_reasons() {
     assert_eq!(g0["processes"], serde_json::json!([[4242, MIB], [4343, 2 * MIB]]));
     assert_eq!((g0["health"]["score"].as_u64(), g0["health"]["level"].as_str()), (Some(100), Some("ok")));
     assert_eq!((g0["gpu_temp_c"].as_u64(), g0["memory_temp_c"].as_u64()), (Some(60), Some(70)));
+    // nvmlDeviceGetAddressingMode: none here, ATS on device 1 (a Grace Hopper's), unsupported on device 2.
+    assert_eq!((gpus[0]["addressing_mode"].as_str(), gpus[1]["addressing_mode"].as_str()), (Some("none"), Some("ats")));
+    assert!(gpus[2]["addressing_mode"].is_null());
 
     let g1 = &gpus[1];
     // The n-th reading of the volatile counter adds 100 n: 100, then 300.
@@ -63,10 +66,23 @@ fn health_from_the_synthetic_nvml_with_rules_and_reasons() {
 
     // An older card: unsupported readings are recorded, cost no points, and are asked once.
     let g2 = &gpus[2];
-    assert_eq!(g2["unsupported"], serde_json::json!(["ecc", "ecc_by_location", "memory_temperature", "remapped_rows", "retired_pages"]));
+    assert_eq!(
+        g2["unsupported"],
+        serde_json::json!(["addressing_mode", "ecc", "ecc_by_location", "memory_temperature", "remapped_rows", "retired_pages"])
+    );
     assert!(g2["ecc"].is_null() && g2["retired_pages"].is_null());
     assert_eq!(g2["health"]["score"].as_u64(), Some(100));
     assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1, "ECC of device 2 asked once over two readings");
+
+    // The human report says what ATS means for gpumem's figures.
+    let out = health(&["--interval", "0.1", "--nvml", f.nvml.to_str().unwrap()], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let gpu1 = text.split("GPU 1 ").nth(1).unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        gpu1.contains("  addressing: ATS: memory the GPU reaches from malloc or mmap is not in gpumem's per-process figures\n"),
+        "{text}"
+    );
+    assert!(text.contains("  addressing: none\n"), "{text}");
 
     // Thresholds are configurable: a strict HBM limit flags the healthy card too.
     let out = health(&["--json", "--interval", "0.1", "--hbm-temp-c", "65", "--nvml", f.nvml.to_str().unwrap()], &[]);

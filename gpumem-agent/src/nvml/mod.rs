@@ -81,12 +81,35 @@ impl Sampler {
                 })
             });
             s.gpu_temp_c = reading(u, index, "gpu_temperature", &mut s, || dev.temperature(TemperatureSensor::Gpu));
+            s.addressing_mode = reading(u, index, "addressing_mode", &mut s, || addressing_mode(&self.nvml, &dev));
             field_readings(u, index, &dev, &mut s);
             s.mig = mig_instances(&dev);
             out.push(s);
         }
         Ok(out)
     }
+}
+
+/// How the GPU reaches pageable host memory (nvmlDeviceGetAddressingMode,
+/// which nvml-wrapper binds but does not wrap; older drivers lack it).
+fn addressing_mode(nvml: &Nvml, dev: &nvml_wrapper::Device<'_>) -> Result<&'static str, NvmlError> {
+    let lib = nvml.lib();
+    if lib.nvmlDeviceGetAddressingMode.is_err() {
+        return Err(NvmlError::FunctionNotFound);
+    }
+    // NVML_STRUCT_VERSION(DeviceAddressingMode, 1): the struct's size and the version in the top byte.
+    let mut mode = nvml_wrapper_sys::bindings::nvmlDeviceAddressingMode_t {
+        version: std::mem::size_of::<nvml_wrapper_sys::bindings::nvmlDeviceAddressingMode_t>() as u32 | 1 << 24,
+        value: 0,
+    };
+    // SAFETY: the symbol is present (checked above), the handle is the live device's and `mode` outlives the call.
+    nvml_wrapper::error::nvml_try(unsafe { lib.nvmlDeviceGetAddressingMode(dev.handle(), &mut mode) })?;
+    Ok(match mode.value {
+        0 => "none",
+        1 => "hmm",
+        2 => "ats",
+        _ => "unknown",
+    })
 }
 
 /// A GPU's MIG instances where MIG mode is on (nothing where it is off, or

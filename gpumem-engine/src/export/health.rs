@@ -39,6 +39,15 @@ fn write_gpu(out: &mut impl Write, g: &GpuAssessment) -> io::Result<()> {
     if let Some(m) = &s.memory {
         writeln!(out, "  memory: {} used of {}, {} free, {} reserved", bytes(m.used), bytes(m.total), bytes(m.free), bytes(m.reserved))?;
     }
+    match s.addressing_mode {
+        Some(mode @ ("hmm" | "ats")) => writeln!(
+            out,
+            "  addressing: {}: memory the GPU reaches from malloc or mmap is not in gpumem's per-process figures",
+            mode.to_uppercase()
+        )?,
+        Some(mode) => writeln!(out, "  addressing: {mode}")?,
+        None => {}
+    }
     if let Some(ps) = &s.processes {
         for (pid, b) in ps {
             writeln!(out, "  process {pid}: {}", bytes(*b))?;

@@ -57,6 +57,12 @@ pub struct GpuSample {
     pub remapped_rows: Option<RemappedRows>,
     pub gpu_temp_c: Option<u32>,
     pub memory_temp_c: Option<u32>,
+    /// How the GPU reaches the host's pageable memory: "none", "hmm" or
+    /// "ats" (NVML 570 and later). With HMM or ATS, memory a process gets
+    /// from malloc or mmap can be used, and migrated into the GPU's memory,
+    /// without any driver-API allocation: gpumem's per-process figures do
+    /// not include it.
+    pub addressing_mode: Option<&'static str>,
     /// Readings this device does not support.
     pub unsupported: BTreeSet<&'static str>,
     /// Its MIG instances, where MIG mode is on (empty otherwise): a process
