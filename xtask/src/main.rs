@@ -385,7 +385,10 @@ fn screenshots() -> Result<()> {
 fn test(args: &[String]) -> Result<()> {
     require_root("the test suite")?;
     setup::setup()?;
-    setup::test_deps()?;
+    // The test dependencies are mostly downloads and debootstrap roots
+    // (network and disk): fetched while the builds below keep both CPUs
+    // busy, and awaited before any test runs.
+    let deps = std::thread::spawn(setup::test_deps);
     lint_source()?;
     run(linted(cargo().args(["build", "-p", "gpumem-agent"]))?)?;
     run(linted(cargo().args(["test", "--workspace", "--exclude", "gpumem-ebpf", "--all-targets", "--no-run"]))?)?;
@@ -393,6 +396,7 @@ fn test(args: &[String]) -> Result<()> {
     // aarch64 build (the eBPF object reads arm64's registers), linted too,
     // is the one the e2e tests run under qemu-user.
     image::build()?;
+    deps.join().map_err(|_| anyhow::anyhow!("fetching the test dependencies panicked"))??;
     let unit = run(linted(
         cargo().args(["test", "--workspace", "--exclude", "gpumem-ebpf", "--exclude", "gpumem-tests", "--no-fail-fast", "--"]).args(args),
     )?);
