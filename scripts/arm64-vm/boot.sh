@@ -11,7 +11,7 @@
 #   the "GPUMEM-ARM64-EXIT <rc>" line /init prints last; 125 (with a message
 #   on stderr) if that line never came: boot failure, panic or timeout.
 #
-# Runs prepare.sh first; kernel Image and base root cpio are cached in
+# Runs prepare.sh first; kernel Image and root cpios (base, python3.11) are cached in
 # $ARM64_VM_CACHE (default: <repo>/target/arm64-vm), see prepare.sh.
 # Per boot, only a small overlay cpio (/init + /payload) is made, in a temp
 # dir that is removed at exit. Env: ARM64_VM_TIMEOUT (seconds for the whole
@@ -90,7 +90,7 @@ chmod 755 "$work/ovl" "$work/ovl/init"
 # archives in order, later entries winning.
 (cd "$work/ovl" && find . -mindepth 1 | LC_ALL=C sort |
     cpio -o -H newc -R 0:0 --quiet | zstd -q) > "$work/overlay.cpio.zst"
-cat "$CACHE/base.cpio.zst" "$work/overlay.cpio.zst" > "$work/initrd"
+cat "$CACHE/base.cpio.zst" "$CACHE/py311.cpio.zst" "$work/overlay.cpio.zst" > "$work/initrd"
 
 # Backgrounded + wait so the INT/TERM traps run at once (and kill qemu via
 # its pidfile) instead of after qemu exits. sed strips the console's \r.

@@ -12,6 +12,9 @@
 #   kernel-config  its /boot/config-*, for reference
 #   base.cpio.zst  trixie minbase root (+ python3, bpftool, busybox-static)
 #                  as a zstd-compressed newc cpio, used as the whole root fs
+#   py311.cpio.zst Debian bookworm's arm64 CPython 3.11 (python3.11 and its
+#                  minimal and standard libraries) on top of it: a second
+#                  interpreter, linked into its executable as on x86_64
 # Only missing parts are made. Each part is built in a temp dir inside the
 # cache and renamed into place at the end, so an interrupted run is simply
 # redone next time (stale *.tmp.* dirs are removed). Delete a file to
@@ -68,20 +71,20 @@ exec 9>"$CACHE/.lock"
 flock 9
 rm -rf "$CACHE"/*.tmp.*
 
-# Subshell body: the exported APT_CONFIG must not leak into debootstrap.
-make_kernel() (
-    local tmp apt pkg ver deb img
-    tmp=$(mktemp -d "$CACHE/kernel.tmp.XXXXXX")
-    apt=$tmp/apt
-    # A private, throwaway APT setup: arm64-only trixie indexes that never
-    # mix with the host's bookworm state. Dir::Etc::parts/main/preferences
-    # point at private (empty) places so the host's apt.conf.d hooks and
-    # pins don't apply.
+# private_apt DIR SUITE: a private, throwaway APT setup under DIR for
+# Debian SUITE's arm64 packages (and its security updates), exported as
+# APT_CONFIG with its indexes fetched. Call it in a subshell: APT_CONFIG
+# must not leak into debootstrap.
+private_apt() {
+    local apt=$1/apt suite=$2
+    # arm64-only indexes that never mix with the host's bookworm state.
+    # Dir::Etc::parts/main/preferences point at private (empty) places so
+    # the host's apt.conf.d hooks and pins don't apply.
     mkdir -p "$apt"/{state/lists/partial,cache/archives/partial,etc/apt.conf.d,etc/preferences.d}
     touch "$apt/state/status"
     cat > "$apt/etc/sources.list" <<SRC
-deb [arch=arm64 signed-by=$KEYRING] $MIRROR trixie main
-deb [arch=arm64 signed-by=$KEYRING] $SECURITY trixie-security main
+deb [arch=arm64 signed-by=$KEYRING] $MIRROR $suite main
+deb [arch=arm64 signed-by=$KEYRING] $SECURITY $suite-security main
 SRC
     cat > "$apt/apt.conf" <<CONF
 APT::Architecture "arm64";
@@ -99,8 +102,15 @@ Dir::Etc::preferencesparts "$apt/etc/preferences.d";
 Acquire::Languages "none";
 CONF
     export APT_CONFIG=$apt/apt.conf
-    log "fetching trixie arm64 package indexes"
+    log "fetching $suite arm64 package indexes"
     apt-get update -q >&2
+}
+
+# Subshell body: the exported APT_CONFIG must not leak into debootstrap.
+make_kernel() (
+    local tmp pkg ver deb img
+    tmp=$(mktemp -d "$CACHE/kernel.tmp.XXXXXX")
+    private_apt "$tmp" trixie
     # Newest 6.12 ABI in trixie or trixie-security (sort -V on the names).
     pkg=$(apt-cache pkgnames linux-image-6.12. |
           grep -E '^linux-image-6\.12\.[0-9]+\+deb13-arm64-unsigned$' | sort -V | tail -n1)
@@ -167,8 +177,31 @@ make_base() {
     rm -rf "$tmp"
 }
 
+# Bookworm's CPython 3.11 for arm64, unpacked over the trixie root (its
+# libc is newer; the libraries the interpreter and ctypes need, zlib, expat
+# and libffi8, are the base's). Subshell body: APT_CONFIG stays here.
+make_py311() (
+    local tmp root deb
+    tmp=$(mktemp -d "$CACHE/py311.tmp.XXXXXX")
+    root=$tmp/root
+    private_apt "$tmp" bookworm
+    (cd "$tmp" && apt-get download -q python3.11-minimal libpython3.11-minimal libpython3.11-stdlib >&2)
+    mkdir -p "$root"
+    for deb in "$tmp"/*.deb; do
+        dpkg-deb --fsys-tarfile "$deb" | tar -x --keep-directory-symlink -C "$root"
+    done
+    rm -rf "$root"/usr/share/{doc,man}
+    [ -x "$root/usr/bin/python3.11" ] || { log "python3.11-minimal has no usr/bin/python3.11"; return 1; }
+    (cd "$root" && find . -mindepth 1 -print0 | LC_ALL=C sort -z |
+        cpio --null -o -H newc -R 0:0 --quiet | zstd -q -T0 -6) > "$tmp/py311.cpio.zst"
+    mv "$tmp/py311.cpio.zst" "$CACHE/py311.cpio.zst"
+    rm -rf "$tmp"
+)
+
 [ -s "$CACHE/Image" ] || make_kernel
 [ -s "$CACHE/base.cpio.zst" ] || make_base
+[ -s "$CACHE/py311.cpio.zst" ] || make_py311
 
 echo "KERNEL=$CACHE/Image ($(cat "$CACHE/kernel.txt"))"
 echo "BASE=$CACHE/base.cpio.zst"
+echo "PY311=$CACHE/py311.cpio.zst"

@@ -43,8 +43,9 @@ enum Check {
     /// Each fresh copy of the driver attached between its dlopen and first
     /// call (3 s apart: under TCG the agent is some 30 times slower).
     Fresh,
-    /// Every allocation carries its Python frames to `<module>`.
-    Python,
+    /// Every allocation carries its Python frames to `<module>`, under
+    /// this CPython (major.minor, as the interpreter says).
+    Python(&'static str),
     /// The PyTorch-shaped allocator's USDT probes, semaphores raised: its
     /// tensors and its own figures (allocated, reserved, the largest free
     /// block) exact while it holds them (the trace ends after 15 s, the loop
@@ -101,9 +102,15 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "python",
-        check: Check::Python,
+        check: Check::Python("3.13"),
         every_event: true,
-        line: "env GPUMEM_STEPS=5 GPUMEM_HOLD=1 GPUMEM_IMPORT_SECONDS=3 $TRACE -c \"python3 /payload/train.py $L\"",
+        line: "python_version python3 && env GPUMEM_STEPS=5 GPUMEM_HOLD=1 GPUMEM_IMPORT_SECONDS=3 $TRACE -c \"python3 /payload/train.py $L\"",
+    },
+    Scenario {
+        name: "python3.11",
+        check: Check::Python("3.11"),
+        every_event: true,
+        line: "python_version python3.11 && env GPUMEM_STEPS=5 GPUMEM_HOLD=1 GPUMEM_IMPORT_SECONDS=3 $TRACE -c \"python3.11 /payload/train.py $L\"",
     },
     Scenario { name: "stress", check: Check::Stress, every_event: false, line: "stress" },
 ];
@@ -193,6 +200,8 @@ scenario() {
   sed "s/^/GPUMEM-ERR $name /" /tmp/$name.err
   echo "GPUMEM-RC $name $rc"
 }
+# Which CPython a Python scenario runs (Debian trixie's 3.13, bookworm's 3.11).
+python_version() { $1 -c 'import sys; print("python_version=%d.%d" % sys.version_info[:2], file=sys.stderr)'; }
 # Copies of the driver on new inodes: files no agent has seen.
 fresh_copies() { for i in 0 1 2; do mkdir -p /tmp/fresh/$i && cp $L /tmp/fresh/$i/; done; }
 # Eight threads allocating and freeing for 30 s, checking every result,
@@ -276,7 +285,7 @@ fn check(s: &Scenario, (stdout, stderr, rc): &(String, String, i32)) -> Result<S
         }
         Check::Storm => storm(&t),
         Check::Fresh => fresh(&t),
-        Check::Python => python(&t),
+        Check::Python(version) => python(&t, version),
         Check::Usdt(operands) => usdt(&t, operands),
         Check::Stress => unreachable!("judged above"),
     }
@@ -302,7 +311,11 @@ fn fresh(t: &Trace) -> Result<String> {
     Ok(format!("3 copies, each attached {attach_ms:?} ms after its dlopen, before its first call"))
 }
 
-fn python(t: &Trace) -> Result<String> {
+fn python(t: &Trace, version: &str) -> Result<String> {
+    let ran = t.stderr.lines().find_map(|l| l.strip_prefix("python_version=")).unwrap_or("?");
+    if ran != version {
+        bail!("CPython {ran} ran where {version} was meant");
+    }
     let allocs = t.of_type("alloc");
     let names = |a: &Value| -> Vec<String> {
         a["frames"]
@@ -323,7 +336,10 @@ fn python(t: &Trace) -> Result<String> {
     if allocs.len() != 11 {
         bail!("{} allocations traced of 11: {}", allocs.len(), t.stderr);
     }
-    Ok(format!("11 allocations, each with its Python frames, e.g. {:?}", allocs.last().map(|a| names(a)).unwrap_or_default()))
+    Ok(format!(
+        "CPython {version}: 11 allocations, each with its Python frames, e.g. {:?}",
+        allocs.last().map(|a| names(a)).unwrap_or_default()
+    ))
 }
 
 /// The tensors of torch_train.py's `leak` loop: the weights (64 MiB) and
