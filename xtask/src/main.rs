@@ -341,7 +341,7 @@ fn main() -> Result<()> {
             baseline::side_by_side((!alone).then_some(against.as_str()), &["engine", "--events", &events.to_string()], 3)
         }
         Cmd::BenchExport { events } => run(&mut engine_bench(&["export", "--events", &events.to_string()])),
-        Cmd::Fuzz { seconds } => fuzz::fuzz(seconds),
+        Cmd::Fuzz { seconds } => fuzz::fuzz(seconds, fuzz::Build::Optimized),
         Cmd::TestArm64 => arm64_vm::test_arm64(),
         Cmd::BenchVerdicts => {
             let out = gpumem_tests::target_dir().join("verdict-corpus");
@@ -402,7 +402,7 @@ fn test(args: &[String]) -> Result<()> {
     )?);
     let e2e = run(linted(cargo().args(["test", "-p", "gpumem-tests", "--no-fail-fast", "--", "--test-threads=1"]).args(args))?);
     // Every parser of untrusted bytes, briefly (a longer run: `cargo xtask fuzz`).
-    let fuzzed = if args.is_empty() { fuzz::fuzz(fuzz::CI_SECONDS) } else { Ok(()) };
+    let fuzzed = if args.is_empty() { fuzz::fuzz(fuzz::CI_SECONDS, fuzz::Build::Unoptimized) } else { Ok(()) };
     unit.and(e2e).and(fuzzed)
 }
 
