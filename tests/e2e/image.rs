@@ -1,5 +1,8 @@
 //! The OCI image (`cargo xtask image`, target/image/gpumem-oci.tar): an OCI
-//! image layout that umoci unpacks into a runtime bundle, holding the
+//! image layout whose version tag is an image index of linux/amd64 and
+//! linux/arm64 (read with skopeo as a registry client would; the arm64
+//! image's binary run under qemu-aarch64 with only its own libraries).
+//! umoci unpacks the amd64 one into a runtime bundle, holding the
 //! binary, the libraries it links and /etc/passwd, nothing else; run with
 //! runc, `gpumem --version` names this build and `gpumem status` attaches
 //! its probes with exactly the DaemonSet's capabilities, host pid namespace
