@@ -286,7 +286,7 @@ fn check(s: &Scenario, (stdout, stderr, rc): &(String, String, i32)) -> Result<S
         Check::Storm => storm(&t),
         Check::Fresh => fresh(&t),
         Check::Python(version) => python(&t, version),
-        Check::Usdt(operands) => usdt(&t, operands),
+        Check::Usdt(level) => usdt(&t, level),
         Check::Stress => unreachable!("judged above"),
     }
 }

@@ -84,8 +84,8 @@ fn libraries(bin: &Path, arch: &str) -> Result<Vec<(PathBuf, PathBuf)>> {
         todo.extend(dynamic(&from)?.1);
         libs.push((from, Path::new(root.to).join(&name)));
     }
+    // Each name once (`seen`): sorted by where it goes, for a stable layer.
     libs.sort_by(|a, b| a.1.cmp(&b.1));
-    libs.dedup_by(|a, b| a.1 == b.1);
     Ok(libs)
 }
 
