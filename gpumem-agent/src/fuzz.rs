@@ -130,7 +130,7 @@ fn check_totals(state: &State) {
     use gpumem_engine::state::process::Memory;
     for p in state.processes.values() {
         let mut sums: BTreeMap<i32, (u64, u64)> = BTreeMap::new();
-        for a in p.held.allocs.values().filter(|a| a.memory == Memory::Device) {
+        for a in p.held.allocs.values().filter(|a| a.memory() == Memory::Device) {
             let s = sums.entry(a.device()).or_default();
             s.0 = s.0.wrapping_add(a.size);
             s.1 += 1;

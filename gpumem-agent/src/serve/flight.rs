@@ -269,13 +269,13 @@ fn made_before(p: &Process, since: u64) -> impl Iterator<Item = (Event, Option<S
     let mut comm = [0u8; COMM_LEN];
     let n = p.comm.len().min(COMM_LEN - 1);
     comm[..n].copy_from_slice(&p.comm.as_bytes()[..n]);
-    p.held.allocs.iter().filter(move |(_, a)| a.ts_ns < since).map(move |(&addr, a)| {
-        let sampling = match a.sampling {
+    p.held.allocs.iter().filter(move |(_, a)| a.ts_ns < since).map(move |(addr, a)| {
+        let sampling = match a.sampling() {
             Sampling::Every => 0,
             Sampling::Sampled => flags::STACK_SAMPLED,
             Sampling::NotSampled => flags::STACK_NOT_SAMPLED,
         };
-        let api = if a.memory == Memory::HostPinned { api::CU_MEM_HOST_ALLOC } else { api::CU_MEM_ALLOC_V2 };
+        let api = if a.memory() == Memory::HostPinned { api::CU_MEM_HOST_ALLOC } else { api::CU_MEM_ALLOC_V2 };
         let ev = Event {
             ts_ns: a.ts_ns,
             latency_ns: 0,

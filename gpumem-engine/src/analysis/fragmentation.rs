@@ -43,7 +43,7 @@ pub fn layout(p: &Process, device: i32) -> DeviceLayout {
         b.count += 1;
         b.bytes += size;
     };
-    for a in p.held.allocs.values().filter(|a| a.memory == Memory::Device && a.device() == device) {
+    for a in p.held.allocs.values().filter(|a| a.memory() == Memory::Device && a.device() == device) {
         add(a.size);
         l.largest_allocation = l.largest_allocation.max(a.size);
     }

@@ -124,14 +124,14 @@ fn group_items(items: impl Iterator<Item = Item>, now_ns: u64, older_than_ns: u6
 /// A process's device allocations and VMM handles (what it reserved from the driver).
 fn group_by_stack(p: &Process, now_ns: u64, older_than_ns: u64, sample_bytes: u64) -> BTreeMap<i32, DeviceGroups> {
     let allocs =
-        p.held.allocs.values().filter(|a| a.memory == Memory::Device).map(|a| (a.device(), a.stack(), a.size, a.ts_ns, a.sampling));
+        p.held.allocs.values().filter(|a| a.memory() == Memory::Device).map(|a| (a.device(), a.stack(), a.size, a.ts_ns, a.sampling()));
     let handles = p.held.vmm_handles.values().map(|h| (h.device, h.stack, h.size, h.ts_ns, h.sampling));
     group_items(allocs.chain(handles), now_ns, older_than_ns, sample_bytes)
 }
 
 /// A process's live tensors (PyTorch's allocator probes).
 fn group_tensors(p: &Process, now_ns: u64, older_than_ns: u64, sample_bytes: u64) -> BTreeMap<i32, DeviceGroups> {
-    let tensors = p.held.tensors.values().map(|t| (t.device(), t.stack(), t.size, t.ts_ns, t.sampling));
+    let tensors = p.held.tensors.values().map(|t| (t.device(), t.stack(), t.size, t.ts_ns, t.sampling()));
     group_items(tensors, now_ns, older_than_ns, sample_bytes)
 }
 
@@ -163,7 +163,7 @@ pub fn bytes_allocated_before(p: &Process, device: i32, before_ns: u64) -> u64 {
         return p.held.tensors.values().filter(|t| t.device() == device && t.ts_ns <= before_ns).map(|t| t.size).sum();
     }
     let allocs =
-        p.held.allocs.values().filter(|a| a.memory == Memory::Device && a.device() == device && a.ts_ns <= before_ns).map(|a| a.size);
+        p.held.allocs.values().filter(|a| a.memory() == Memory::Device && a.device() == device && a.ts_ns <= before_ns).map(|a| a.size);
     let handles = p.held.vmm_handles.values().filter(|h| h.device == device && h.ts_ns <= before_ns).map(|h| h.size);
     allocs.chain(handles).sum()
 }

@@ -70,7 +70,7 @@ pub fn owner(frames: &[Frame]) -> String {
 /// A process's live device memory (allocations and VMM handles) on each
 /// device, by owner, the largest first, bounded.
 pub fn by_owner(p: &Process, stacks: &mut Stacks) -> Vec<(i32, Vec<OwnerBytes>)> {
-    let allocs = p.held.allocs.values().filter(|a| a.memory == Memory::Device).map(|a| (a.device(), a.stack(), a.size, a.sampling));
+    let allocs = p.held.allocs.values().filter(|a| a.memory() == Memory::Device).map(|a| (a.device(), a.stack(), a.size, a.sampling()));
     let handles = p.held.vmm_handles.values().map(|h| (h.device, h.stack, h.size, h.sampling));
     let mut per_dev: HashMap<i32, HashMap<String, Totals>> = HashMap::new();
     for (dev, stack, size, sampling) in allocs.chain(handles) {

@@ -70,11 +70,11 @@ pub fn heap(state: &State, history: &History, stacks: &mut Stacks, layers: Layer
     let mut inuse: BTreeMap<TotalsKey, Totals> = BTreeMap::new();
     for p in state.processes.values().filter(|p| !p.exited) {
         let allocs = p.held.allocs.values().map(|a| {
-            let host = a.memory == Memory::HostPinned;
-            (a.device(), host, Layer::Driver, a.stack(), a.size, a.sampling)
+            let host = a.memory() == Memory::HostPinned;
+            (a.device(), host, Layer::Driver, a.stack(), a.size, a.sampling())
         });
         let handles = p.held.vmm_handles.values().map(|h| (h.device, false, Layer::Driver, h.stack, h.size, h.sampling));
-        let tensors = p.held.tensors.values().map(|t| (t.device(), false, Layer::Tensor, t.stack(), t.size, t.sampling));
+        let tensors = p.held.tensors.values().map(|t| (t.device(), false, Layer::Tensor, t.stack(), t.size, t.sampling()));
         for (device, host, layer, stack, size, sampling) in allocs.chain(handles).chain(tensors) {
             let device = if host { gpumem_common::DEVICE_UNKNOWN } else { device };
             let key = TotalsKey { pid: p.pid, device, stack, layer, host };

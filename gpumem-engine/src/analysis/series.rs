@@ -305,10 +305,10 @@ fn group_bytes(p: &Process) -> BTreeMap<i32, HashMap<GroupKey, u64>> {
         .held
         .allocs
         .values()
-        .filter(|a| a.memory == Memory::Device)
-        .map(|a| (a.device(), Layer::Driver, a.stack(), a.size, a.sampling))
+        .filter(|a| a.memory() == Memory::Device)
+        .map(|a| (a.device(), Layer::Driver, a.stack(), a.size, a.sampling()))
         .chain(p.held.vmm_handles.values().map(|h| (h.device, Layer::Driver, h.stack, h.size, h.sampling)));
-    let tensors = p.held.tensors.values().map(|t| (t.device(), Layer::Tensor, t.stack(), t.size, t.sampling));
+    let tensors = p.held.tensors.values().map(|t| (t.device(), Layer::Tensor, t.stack(), t.size, t.sampling()));
     for (dev, layer, stack, size, sampling) in driver.chain(tensors) {
         if sampling == Sampling::NotSampled {
             continue;

@@ -63,7 +63,7 @@ pub struct WoundDownGroup {
 /// A process about to exit (its state not yet released): its groups at wind-down, per device.
 pub fn wind_down(p: &Process, exit_ns: u64, stacks: &mut Stacks, growth: &mut GrowthTracker) -> Vec<WoundDown> {
     let mut held: BTreeMap<i32, BTreeMap<Option<StackId>, (u64, u64)>> = BTreeMap::new();
-    for a in p.held.allocs.values().filter(|a| a.memory == Memory::Device) {
+    for a in p.held.allocs.values().filter(|a| a.memory() == Memory::Device) {
         held.entry(a.device()).or_default().entry(a.stack()).or_default().0 += a.size;
     }
     for (&(dev, stack), &freed) in &p.wind_down.freed {

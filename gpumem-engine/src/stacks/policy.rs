@@ -111,7 +111,7 @@ impl CopyLengths {
 }
 
 /// How an allocation's stack was taken, from its event's flags.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Sampling {
     /// Under the budget: taken (or tried) for every allocation.

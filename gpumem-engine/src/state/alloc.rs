@@ -67,19 +67,19 @@ impl Process {
     /// (already credited when the new allocation replaced it).
     pub(super) fn apply_free(&mut self, class: ApiClass, ev: &Event, out: &mut Applied) {
         let started = ev.ts_ns.saturating_sub(ev.latency_ns);
-        if let Some(cur) = self.held.allocs.get(&ev.addr).filter(|cur| started < cur.ts_ns) {
+        if let Some(cur) = self.held.allocs.get(ev.addr).filter(|cur| started < cur.ts_ns) {
             out.device = cur.device();
             out.size = 0;
             self.reordered_frees += 1;
             self.take_displaced(ev.addr);
             return;
         }
-        match self.held.allocs.remove(&ev.addr) {
+        match self.held.allocs.remove(ev.addr) {
             Some(old) => {
                 out.device = old.device();
                 out.size = old.size;
                 out.lifetime_ns = Some(ev.ts_ns.saturating_sub(old.ts_ns));
-                if old.memory == Memory::Device {
+                if old.memory() == Memory::Device {
                     self.wind_down.freed(old.device(), old.stack(), old.size);
                     self.pool_free(ev.addr, old.size);
                 }
@@ -108,7 +108,7 @@ impl Process {
 
     /// Takes an allocation's bytes off the totals.
     pub(super) fn credit_free(&mut self, a: &Allocation) {
-        match a.memory {
+        match a.memory() {
             Memory::Device => {
                 let t = self.totals_mut(a.device());
                 t.live_bytes -= a.size;

@@ -152,10 +152,10 @@ impl Process {
     fn release_ctx(&mut self, ctx: u64) -> Vec<Release> {
         let Some(ctx) = self.held.contexts.ids.iter().position(|&c| c == ctx).map(|i| i as u32) else { return Vec::new() };
         let addrs: Vec<u64> =
-            self.held.allocs.iter().filter(|(_, a)| a.ctx == ctx && a.memory == Memory::Device).map(|(&k, _)| k).collect();
+            self.held.allocs.iter().filter(|(_, a)| a.ctx() == ctx && a.memory() == Memory::Device).map(|(k, _)| k).collect();
         let mut by_dev: BTreeMap<i32, Release> = BTreeMap::new();
         for addr in addrs {
-            let a = self.held.allocs.remove(&addr).expect("present");
+            let a = self.held.allocs.remove(addr).expect("present");
             self.pool_free(addr, a.size);
             let r = by_dev.entry(a.device()).or_insert(Release { device: a.device(), bytes: 0, allocs: 0 });
             r.bytes += a.size;

@@ -5,6 +5,7 @@
 //! Each concern is a file of methods on `Process`: alloc.rs, vmm.rs, ctx.rs,
 //! ioctl.rs; this file decides which applies.
 mod alloc;
+mod allocations;
 mod checkpoint;
 mod ctx;
 mod graph;
@@ -346,7 +347,7 @@ impl State {
         use gpumem_common::live::kind as k;
         let h = &self.processes.get(&pid)?.held;
         match kind {
-            k::ALLOC => h.allocs.get(&id).map(|a| a.ts_ns),
+            k::ALLOC => h.allocs.get(id).map(|a| a.ts_ns),
             k::TENSOR => h.tensors.get(&id).map(|a| a.ts_ns),
             k::VMM_HANDLE => h.vmm_handles.get(&id).map(|v| v.ts_ns),
             k::VMM_MAP => h.mappings.contains_key(&id).then_some(0),
@@ -366,9 +367,10 @@ impl State {
             h.stack = Some(stack);
             return Some(h.device);
         }
-        let held =
-            if ev.api == gpumem_common::api::TENSOR_ALLOC { p.held.tensors.get_mut(&ev.addr) } else { p.held.allocs.get_mut(&ev.addr) };
-        let a = held?;
+        if ev.api != gpumem_common::api::TENSOR_ALLOC {
+            return p.held.allocs.set_stack(ev.addr, stack);
+        }
+        let a = p.held.tensors.get_mut(&ev.addr)?;
         a.set_stack(stack);
         Some(a.device())
     }

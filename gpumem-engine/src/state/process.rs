@@ -1,9 +1,6 @@
 //! One traced process: what it holds (reset in one statement when it exits),
 //! its call statistics and who it is.
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    num::NonZeroU64,
-};
+use std::collections::{BTreeMap, BTreeSet};
 
 // Per-process tables are keyed by driver addresses, handles and tids the agent
 // chooses nothing about; FxHash is several times cheaper than SipHash there and
@@ -12,64 +9,12 @@ use std::{
 pub use rustc_hash::FxHashMap as HashMap;
 
 pub use super::{
+    allocations::{Allocation, Allocations, Memory},
     checkpoint::Suspension,
     graph::{GraphNode, Multicast},
     share::{Import, ImportedHandle, PoolKey, PoolUse, Via},
 };
 use crate::stacks::{Sampling, StackId};
-
-const _: () = assert!(std::mem::size_of::<Allocation>() == 32, "a million live allocations: keep it packed");
-
-/// Where an allocation lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Memory {
-    Device,
-    /// Page-locked host memory (cuMemHostAlloc/cuMemAllocHost): host RAM, not VRAM.
-    HostPinned,
-}
-
-/// One live allocation. Packed to 32 bytes (40 with its key): a host with
-/// a million live allocations is normal, and this is most of the agent's memory.
-#[derive(Clone, Debug)]
-pub struct Allocation {
-    pub size: u64,
-    pub ts_ns: u64,
-    /// The caller's stack id, when it was captured and unwound (ids are hashes; 0 is mapped to 1).
-    stack: Option<NonZeroU64>,
-    /// Context current when it was made (an index into `Contexts::ids`); destroyed with it.
-    pub ctx: u32,
-    /// CUdevice ordinal (DEVICE_UNKNOWN is -1); ordinals fit in 16 bits.
-    device: i16,
-    pub memory: Memory,
-    /// How its stack was taken (budget, sampled, not sampled): in the padding.
-    pub sampling: Sampling,
-}
-
-impl Allocation {
-    pub fn new(size: u64, device: i32, memory: Memory, ctx: u32, ts_ns: u64, stack: Option<StackId>, sampling: Sampling) -> Self {
-        let stack = stack.map(|s| NonZeroU64::new(s).unwrap_or(NonZeroU64::MIN));
-        Allocation { size, ts_ns, stack, ctx, device: pack_device(device), memory, sampling }
-    }
-    pub fn device(&self) -> i32 {
-        self.device as i32
-    }
-    pub fn set_device(&mut self, device: i32) {
-        self.device = pack_device(device);
-    }
-    pub fn stack(&self) -> Option<StackId> {
-        self.stack.map(NonZeroU64::get)
-    }
-    pub fn set_stack(&mut self, stack: StackId) {
-        self.stack = Some(NonZeroU64::new(stack).unwrap_or(NonZeroU64::MIN));
-    }
-}
-
-/// A device ordinal in 16 bits; one that does not fit is unknown (the state
-/// turns such ordinals into DEVICE_UNKNOWN before they get here).
-fn pack_device(device: i32) -> i16 {
-    i16::try_from(device).unwrap_or(gpumem_common::DEVICE_UNKNOWN as i16)
-}
 
 /// A cuMemCreate handle: physical memory, alive until released and unmapped.
 #[derive(Clone, Debug)]
@@ -165,7 +110,7 @@ pub struct Contexts {
     /// The last context created or retained: the device guess for threads
     /// whose current context predates the trace.
     pub last: Option<u64>,
-    /// Context handles allocations were made in, interned (Allocation::ctx is an index).
+    /// Context handles allocations were made in, interned (an allocation's ctx() is an index).
     pub ids: Vec<u64>,
 }
 
@@ -193,7 +138,7 @@ pub struct Pinned {
 /// as a whole (`std::mem::take`), so that no table is forgotten.
 #[derive(Clone, Debug, Default)]
 pub struct Held {
-    pub allocs: HashMap<u64, Allocation>,
+    pub allocs: Allocations,
     /// Addresses whose allocation was replaced by a newer one before its free
     /// was seen (address → frees still expected). Transient: a late free
     /// takes its entry; bounded by DISPLACED_MAX against missed frees.
@@ -380,7 +325,7 @@ impl Process {
         let h = &self.held;
         std::mem::size_of::<Process>() as u64
             + crate::heap::string(&self.comm)
-            + hash_table::<u64, Allocation>(h.allocs.capacity())
+            + h.allocs.heap_bytes()
             + hash_table::<u64, u32>(h.displaced.capacity())
             + hash_table::<u64, VmmHandle>(h.vmm_handles.capacity())
             + btree::<u64, Mapping>(h.mappings.len())
@@ -451,9 +396,7 @@ impl Process {
         let Some(unknown) = self.held.devices.remove(&DEVICE_UNKNOWN) else { return };
         self.totals_mut(device).absorb(&unknown);
         let held = &mut self.held;
-        for a in held.allocs.values_mut().filter(|a| a.memory == Memory::Device && a.device() == DEVICE_UNKNOWN) {
-            a.set_device(device);
-        }
+        held.allocs.assume_device(device);
         for h in held.vmm_handles.values_mut().filter(|h| h.device == DEVICE_UNKNOWN) {
             h.device = device;
         }

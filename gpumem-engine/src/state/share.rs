@@ -165,7 +165,7 @@ impl State {
             let held = if handle {
                 p.held.vmm_handles.get(&addr).map(|h| (h.device, h.size))
             } else {
-                p.held.allocs.get(&addr).map(|a| (a.device(), a.size))
+                p.held.allocs.get(addr).map(|a| (a.device(), a.size))
             };
             out.device = held.map_or(out.device, |h| h.0);
             out.size = held.map_or(0, |h| h.1);
@@ -196,7 +196,7 @@ impl State {
         let (size, device, made_ns) = if e.handle {
             p.held.vmm_handles.get(&e.addr).map(|h| (h.size, h.device, h.ts_ns))?
         } else {
-            p.held.allocs.get(&e.addr).map(|a| (a.size, a.device(), a.ts_ns))?
+            p.held.allocs.get(e.addr).map(|a| (a.size, a.device(), a.ts_ns))?
         };
         (made_ns <= e.ts_ns && e.ts_ns <= now_ns).then(|| Exporter { pid: e.pid, comm: p.comm.clone(), size, device })
     }

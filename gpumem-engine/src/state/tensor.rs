@@ -99,8 +99,8 @@ impl Process {
             .held
             .allocs
             .iter()
-            .filter(|(_, a)| a.memory == Memory::Device && a.device() == device)
-            .map(|(&addr, a)| Segment { address: addr, size: a.size, expandable: false, stack: a.stack(), blocks: Vec::new() })
+            .filter(|(_, a)| a.memory() == Memory::Device && a.device() == device)
+            .map(|(addr, a)| Segment { address: addr, size: a.size, expandable: false, stack: a.stack(), blocks: Vec::new() })
             .collect();
         let mut mapped: Vec<Segment> = Vec::new();
         for (&addr, m) in &self.held.mappings {
