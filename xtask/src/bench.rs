@@ -323,6 +323,10 @@ pub fn metrics(idle_s: u64, against: Option<&str>) -> Result<()> {
     for processes in ["180", "1250"] {
         crate::baseline::side_by_side(against, &["render", "--processes", processes, "--gpus", "8"], 1)?;
     }
+    // Fleet sizing with per-owner series: 50 processes x 8 GPUs, each row's
+    // memory from 12 libraries (8 owners, then "other"); this build only.
+    println!("with per-owner series (50 processes x 8 GPUs, 12 libraries each):");
+    crate::run(&mut crate::engine_bench(&["render", "--processes", "50", "--gpus", "8", "--owners", "12"]))?;
     // The daemon at rest: probes on the synthetic libcuda, the synthetic NVML
     // read every 10 s, discovery every 0.5 s, nothing traced.
     std::env::set_var("GPUMEM_BIN", &bin);

@@ -62,6 +62,9 @@ enum Mode {
         /// GPUs (each with NVML labels).
         #[arg(long, default_value_t = 8)]
         gpus: u32,
+        /// Libraries each process's memory on each GPU comes from (0: no stacks, one owner "unknown").
+        #[arg(long, default_value_t = 0)]
+        owners: u32,
         /// Renderings; the median is reported.
         #[arg(long, default_value_t = 21)]
         rounds: u32,
@@ -96,7 +99,7 @@ fn main() -> ExitCode {
         Mode::Engine { events, processes, rounds, live, live_processes } => {
             memory(live, live_processes).and_then(|()| throughput(events, processes, rounds))
         }
-        Mode::Render { processes, gpus, rounds } => render::run(processes, gpus, rounds),
+        Mode::Render { processes, gpus, owners, rounds } => render::run(processes, gpus, owners, rounds),
         Mode::Stacks { rounds } => stacks::run(rounds),
         Mode::Export { events, processes } => export::run(events, processes),
         Mode::Verdicts { out } => verdicts(out.as_deref()),

@@ -113,11 +113,17 @@ impl Metrics {
     }
 }
 
+/// The view a scrape renders: exited processes (at 0 until forgotten) and
+/// each row's owners (the render benchmark takes the same).
+pub fn scrape_view(leak_age_ns: u64) -> ViewOptions {
+    ViewOptions { now_ns: monotonic_ns(), leak_age_ns, exited: true, owners: true, ..Default::default() }
+}
+
 /// `f` of what /metrics shows now (the view with exited processes, the
 /// agent's status, the OTLP pushes and actions where there are).
 pub fn with_scrape<T>(ctx: &mut Ctx<'_>, leak_age_ns: u64, max_series: usize, extras: &Extras, f: impl FnOnce(&Scrape<'_>) -> T) -> T {
     let p = &mut *ctx.pipeline;
-    let view = p.view(&ViewOptions { now_ns: monotonic_ns(), leak_age_ns, exited: true, owners: true, ..Default::default() });
+    let view = p.view(&scrape_view(leak_age_ns));
     let mut scrape = Scrape::of(p, &view, ctx.agent, max_series);
     scrape.otlp_pushes = extras.otlp.as_ref().map(|p| p.counts());
     scrape.actions = extras.actions.as_ref().map(|a| a.snapshot());

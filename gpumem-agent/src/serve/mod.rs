@@ -18,6 +18,8 @@ mod otlp;
 mod page;
 mod peer;
 
+pub use metrics::scrape_view;
+
 use std::{cell::RefCell, process::ExitCode, rc::Rc, time::Duration};
 
 use anyhow::{Context as _, Result};

@@ -75,6 +75,15 @@ impl Totals {
         self.est_bytes += w * size as f64;
         self.estimated |= sampling == Sampling::Sampled;
     }
+
+    /// Adds what `other` counted.
+    pub fn merge(&mut self, other: &Totals) {
+        self.count += other.count;
+        self.bytes += other.bytes;
+        self.est_count += other.est_count;
+        self.est_bytes += other.est_bytes;
+        self.estimated |= other.estimated;
+    }
 }
 
 /// What happened to device memory, in PyTorch's trace vocabulary.

@@ -10,13 +10,12 @@
 //! then `other`; `unknown` where no stack was taken. Where stacks were
 //! sampled over the budget, figures are the sampling's unbiased estimates
 //! (`estimated`).
-use std::collections::HashMap;
-
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use super::history::Totals;
 use crate::{
-    stacks::{Frame, Sampling, Stacks},
+    stacks::{Frame, Sampling, StackId, Stacks},
     state::{Memory, Process},
 };
 
@@ -72,17 +71,23 @@ pub fn owner(frames: &[Frame]) -> String {
 pub fn by_owner(p: &Process, stacks: &mut Stacks) -> Vec<(i32, Vec<OwnerBytes>)> {
     let allocs = p.held.allocs.values().filter(|a| a.memory() == Memory::Device).map(|a| (a.device(), a.stack(), a.size, a.sampling()));
     let handles = p.held.vmm_handles.values().map(|h| (h.device, h.stack, h.size, h.sampling));
-    let mut per_dev: HashMap<i32, HashMap<String, Totals>> = HashMap::new();
+    // Summed by stack first, then each stack's owner found once: a process
+    // has far fewer stacks than allocations, and every scrape walks them.
+    let mut per_stack: FxHashMap<(i32, Option<StackId>), Totals> = FxHashMap::default();
     for (dev, stack, size, sampling) in allocs.chain(handles) {
         if sampling == Sampling::NotSampled {
             // Stood for by the sampled stacks' estimates.
             continue;
         }
+        per_stack.entry((dev, stack)).or_default().add(size, sampling, stacks.sample_bytes);
+    }
+    let mut per_dev: FxHashMap<i32, FxHashMap<String, Totals>> = FxHashMap::default();
+    for ((dev, stack), t) in per_stack {
         let name = match stack {
             Some(id) => stacks.owner(id, owner),
             None => "unknown".to_string(),
         };
-        per_dev.entry(dev).or_default().entry(name).or_default().add(size, sampling, stacks.sample_bytes);
+        per_dev.entry(dev).or_default().entry(name).or_default().merge(&t);
     }
     let mut out: Vec<(i32, Vec<OwnerBytes>)> = per_dev.into_iter().map(|(dev, owners)| (dev, bounded(owners))).collect();
     out.sort_by_key(|(dev, _)| *dev);
@@ -90,7 +95,7 @@ pub fn by_owner(p: &Process, stacks: &mut Stacks) -> Vec<(i32, Vec<OwnerBytes>)>
 }
 
 /// The largest owners, then `other` for the rest.
-fn bounded(owners: HashMap<String, Totals>) -> Vec<OwnerBytes> {
+fn bounded(owners: FxHashMap<String, Totals>) -> Vec<OwnerBytes> {
     let mut all: Vec<OwnerBytes> = owners
         .into_iter()
         .map(|(owner, t)| OwnerBytes {
@@ -145,7 +150,7 @@ mod tests {
 
     #[test]
     fn owners_beyond_the_largest_are_summed_as_other() {
-        let owners: HashMap<String, Totals> = (0..12u64)
+        let owners: FxHashMap<String, Totals> = (0..12u64)
             .map(|i| {
                 let mut t = Totals::default();
                 t.add((i + 1) << 20, Sampling::Every, 0);

@@ -446,7 +446,8 @@ impl Pipeline {
             for r in v.rows.iter_mut().filter(|r| !r.exited) {
                 let Some(p) = self.state.processes.get(&r.pid) else { continue };
                 let per_dev = walked.entry(r.pid).or_insert_with(|| owners::by_owner(p, &mut self.stacks));
-                let owners = per_dev.iter().find(|(d, _)| *d == r.device).map(|(_, o)| o.clone()).unwrap_or_default();
+                // Each (process, device) row is visited once: its owners are taken, not copied.
+                let owners = per_dev.iter_mut().find(|(d, _)| *d == r.device).map(|(_, o)| std::mem::take(o)).unwrap_or_default();
                 let mut b = crate::analysis::breakdown::of(p, r.device, owners);
                 b.overhead = crate::analysis::breakdown::Overhead::of(r.pid, &r.placement, r.totals.live_bytes, &self.gpus);
                 r.breakdown = Some(Box::new(b));

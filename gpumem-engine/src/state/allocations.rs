@@ -161,22 +161,22 @@ impl Allocations {
     /// Sets the stack of the allocation at `addr`; its device, if held.
     pub fn set_stack(&mut self, addr: u64, stack: StackId) -> Option<i32> {
         let slot = self.slots.get_mut(&Addr(addr))?;
-        let mut site = self.sites.whole(addr, slot).site;
-        site.stack = Some(NonZeroU64::new(stack).unwrap_or(NonZeroU64::MIN));
+        let mut a = self.sites.whole(addr, slot);
+        a.set_stack(stack);
         self.sites.let_go(addr, slot.site);
-        slot.site = self.sites.take(addr, site);
-        Some(site.device as i32)
+        slot.site = self.sites.take(addr, a.site);
+        Some(a.device())
     }
 
     /// Moves the device memory held on an unknown device to `device`.
     pub fn assume_device(&mut self, device: i32) {
-        let unknown = |s: &Site| s.memory == Memory::Device && s.device as i32 == gpumem_common::DEVICE_UNKNOWN;
+        use gpumem_common::DEVICE_UNKNOWN;
         for (addr, slot) in self.slots.iter_mut() {
-            let mut site = self.sites.whole(addr.0, slot).site;
-            if unknown(&site) {
-                site.device = pack_device(device);
+            let mut a = self.sites.whole(addr.0, slot);
+            if a.memory() == Memory::Device && a.device() == DEVICE_UNKNOWN {
+                a.set_device(device);
                 self.sites.let_go(addr.0, slot.site);
-                slot.site = self.sites.take(addr.0, site);
+                slot.site = self.sites.take(addr.0, a.site);
             }
         }
     }
