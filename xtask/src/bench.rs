@@ -319,7 +319,7 @@ pub fn metrics(idle_s: u64, against: Option<&str>) -> Result<()> {
     crate::run(crate::cargo().args(["build", "--release", "-p", "gpumem-agent"]))?;
     let bin = gpumem_tests::target_dir().join("release/gpumem");
     println!("/metrics rendering (release build, 8 GPUs with NVML labels, median of 21):");
-    println!("(builds before 7fc9be7 render without each row's owners: a lighter scrape than the daemon's)");
+    println!("(builds before d9a36b1 render without each row's owners: a lighter scrape than the daemon's)");
     // 180 processes x 8 GPUs: about 10 000 samples in all; 1250 x 8: 10 000 process series.
     for processes in ["180", "1250"] {
         crate::baseline::side_by_side(against, &["render", "--processes", processes, "--gpus", "8"], 1)?;
