@@ -229,11 +229,11 @@ fn histograms(fams: &mut Families, d: &Distributions) {
 }
 
 /// Where the memory of the processes shown went (by owner, by pool,
-/// imported): bounded per process and GPU. `labels` are the rows' own, in
-/// their order (made once per scrape).
-fn owner_families(fams: &mut Families, rows: &[&crate::analysis::view::Row], labels: &[Labels]) {
+/// imported): bounded per process and GPU. `series` begin with the rows'
+/// own, in their order: their labels are made once per scrape.
+fn owner_families(fams: &mut Families, rows: &[&crate::analysis::view::Row], series: &[Series]) {
     let (mut owners, mut pools, mut imported, mut graphs, mut checkpointed) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (labels, b) in labels.iter().zip(rows).filter_map(|(l, r)| Some((l, r.breakdown.as_deref()?))) {
+    for (labels, b) in series.iter().zip(rows).filter_map(|(x, r)| Some((&x.labels, r.breakdown.as_deref()?))) {
         let with = |name: &'static str, value: &str| {
             let mut l = labels.clone();
             l.push((name, value.to_string()));
@@ -259,12 +259,12 @@ fn owner_families(fams: &mut Families, rows: &[&crate::analysis::view::Row], lab
 }
 
 /// The leaking stack groups of the processes shown: bounded per process
-/// and GPU. `labels` are the rows' own, in their order.
-fn leak_group_families(fams: &mut Families, rows: &[&crate::analysis::view::Row], labels: &[Labels]) {
-    let groups: Vec<(Labels, &crate::analysis::series::LeakingGroup)> = labels
+/// and GPU. `series` begin with the rows' own, in their order.
+fn leak_group_families(fams: &mut Families, rows: &[&crate::analysis::view::Row], series: &[Series]) {
+    let groups: Vec<(Labels, &crate::analysis::series::LeakingGroup)> = series
         .iter()
         .zip(rows)
-        .flat_map(|(labels, r)| {
+        .flat_map(|(Series { labels, .. }, r)| {
             r.leaking_groups.iter().map(move |g| {
                 let mut l = labels.clone();
                 l.push(("stack_id", g.stack_id.clone().unwrap_or_default()));
@@ -325,10 +325,8 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
     each(m::PROCESS_GROWTH, &|x| Value::Float(x.growth_bytes_per_s));
     each(m::PROCESS_LEAK_SUSPECTED, &|x| Value::flag(x.leaking));
     each(m::PROCESS_CACHE_GROWTH, &|x| Value::flag(x.cache_growth));
-    // The first series are the rows', in order (the long tail's come after).
-    let row_labels: Vec<Labels> = series[..capped.rows.len()].iter().map(|x| x.labels.clone()).collect();
-    leak_group_families(fams, &capped.rows, &row_labels);
-    owner_families(fams, &capped.rows, &row_labels);
+    leak_group_families(fams, &capped.rows, &series);
+    owner_families(fams, &capped.rows, &series);
     // Tensor figures only where PyTorch's probes fired: no series is "unknown", not 0.
     let mut tensors = |metric, f: &dyn Fn((u64, u64, Option<u64>)) -> Option<u64>| {
         let known = series.iter().filter_map(|x| Some((x.labels.clone(), Value::int(f(x.tensors?)?))));
