@@ -14,8 +14,8 @@ pub struct Reader<R: Read> {
     input: BufReader<R>,
     /// A fresh hasher, cloned per frame (see Writer).
     crc: crc32fast::Hasher,
-    /// Reused for every frame's payload.
-    payload: Vec<u8>,
+    /// Reused for every frame's payload (its tests check what it reserves).
+    pub(super) payload: Vec<u8>,
     offset: u64,
     pub events: u64,
     done: bool,
@@ -115,11 +115,18 @@ impl<R: Read> Reader<R> {
         if len > MAX_PAYLOAD {
             return Some(Err(self.corrupt(FrameError::TooLarge(len))));
         }
+        // Grown as the bytes arrive, never sized by the length the frame
+        // claims: a damaged or hostile length (up to 64 MiB) costs only what
+        // the file holds, not 64 MiB zeroed first.
         let mut payload = std::mem::take(&mut self.payload);
-        payload.resize(len as usize + 4, 0);
-        match read_full(&mut self.input, &mut payload) {
-            Ok(got) if got == payload.len() => {}
-            Ok(_) => return Some(Err(truncated(self))),
+        payload.clear();
+        let want = u64::from(len) + 4;
+        match (&mut self.input).take(want).read_to_end(&mut payload) {
+            Ok(got) if got as u64 == want => {}
+            Ok(_) => {
+                self.payload = payload;
+                return Some(Err(truncated(self)));
+            }
             Err(e) => {
                 self.done = true;
                 return Some(Err(e.into()));
