@@ -87,17 +87,26 @@ pub fn run(processes: u32, gpus: u32, owners: u32, rounds: u32) -> Result<()> {
     let gz = gzip(body.as_bytes())?;
     let view = p.view(&scrape_view(LEAK_AGE_NS));
     let times_ns = gpumem_engine::export::otlp::Times { start_ns: 1, now_ns: 2 };
-    let otlp = gpumem_engine::export::otlp::request(&prometheus::families(&Scrape::of(&p, &view, &agent, usize::MAX)), "node", times_ns);
+    // A push (serve --otlp-endpoint): the same view's families, encoded.
+    let mut push_times = Vec::new();
+    let mut otlp = Vec::new();
+    for _ in 0..rounds.max(1) {
+        let t = Instant::now();
+        otlp = gpumem_engine::export::otlp::request(&prometheus::families(&Scrape::of(&p, &view, &agent, usize::MAX)), "node", times_ns);
+        push_times.push(t.elapsed().as_secs_f64());
+    }
+    push_times.sort_by(|a, b| a.total_cmp(b));
     let (otlp_gz, otlp) = (gzip(&otlp)?, otlp.len());
     let samples = body.lines().filter(|l| !l.starts_with('#')).count();
     let series = |family: &str| body.lines().filter(|l| l.starts_with(family) && l[family.len()..].starts_with('{')).count();
     let (process_series, owner_series) = (series("gpumem_process_memory_bytes"), series("gpumem_process_memory_by_owner_bytes"));
     println!(
-        "process_series={process_series} owner_series={owner_series} samples={samples} bytes={} gzip_bytes={gz} otlp_bytes={otlp} otlp_gzip_bytes={otlp_gz} text_bytes={} median_ms={:.2} min_ms={:.2}",
+        "process_series={process_series} owner_series={owner_series} samples={samples} bytes={} gzip_bytes={gz} otlp_bytes={otlp} otlp_gzip_bytes={otlp_gz} text_bytes={} median_ms={:.2} min_ms={:.2} otlp_median_ms={:.2}",
         body.len(),
         prometheus::to_text_format(&body).len(),
         times[times.len() / 2] * 1e3,
-        times[0] * 1e3
+        times[0] * 1e3,
+        push_times[push_times.len() / 2] * 1e3
     );
     Ok(())
 }

@@ -50,6 +50,17 @@ impl Labels {
         shared.chain(&self.own).map(|(k, v)| (*k, v.as_str()))
     }
 
+    /// The shared set, with a key that is the same for every clone of it
+    /// while it lives (encoders cache what they make of it by that key).
+    pub fn shared_set(&self) -> Option<(usize, &Pairs)> {
+        self.shared.as_ref().map(|s| (Arc::as_ptr(s) as usize, &s.pairs))
+    }
+
+    /// The series' own labels, after the shared set.
+    pub fn own(&self) -> &Pairs {
+        &self.own
+    }
+
     /// `{...}` (with `le` first where given, as prometheus-client places a
     /// bucket's bound), or nothing for no labels.
     fn write(&self, out: &mut String, le: Option<&str>) {

@@ -202,3 +202,24 @@ fn the_agents_heap_is_said_by_owner_and_the_rest_is_unattributed() {
     assert_eq!(parts + value("unattributed"), 64 * MIB, "the parts and the rest are the allocator's bytes in use");
     assert!(text.contains("gpumem_agent_heap_free_bytes 3145728\n"), "{text}");
 }
+
+/// The OTLP push of a full scrape (every family the fixture fills, shared row
+/// labels) decodes to the same request built of opentelemetry-proto's messages.
+#[test]
+fn the_otlp_push_is_the_scrapes_families() {
+    use prost::Message as _;
+    let mut f = Fixture::new(100);
+    for pid in 100..110 {
+        f.holder(pid, 3);
+    }
+    let t = crate::export::otlp::Times { start_ns: 5, now_ns: 9 };
+    let (bytes, want) = f.scrape(|s| {
+        let fams = families(s);
+        (crate::export::otlp::request(&fams, "node", t), crate::export::otlp::reference(&fams, "node", t))
+    });
+    let got = opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest::decode(bytes.as_slice()).unwrap();
+    let points: usize = want.resource_metrics[0].scope_metrics[0].metrics.len();
+    assert!(points > 40, "{points} families");
+    assert_eq!(got, want);
+    assert_eq!(bytes.len(), want.encoded_len(), "no field written that prost leaves out");
+}
