@@ -121,7 +121,7 @@ impl Encoder {
         if let Some((key, pairs)) = labels.shared_set() {
             let encoded = self.shared.entry(key).or_insert_with(|| {
                 let mut b = Vec::new();
-                pairs.iter().for_each(|(k, v)| attribute(k, v, &mut b));
+                pairs.for_each(|(k, v)| attribute(k, v, &mut b));
                 b
             });
             out.extend_from_slice(encoded);

@@ -22,21 +22,49 @@ pub struct Labels {
 #[derive(Debug)]
 struct Shared {
     pairs: Pairs,
-    /// `name="value",...` as the text format writes them.
+    /// A set shared more widely, after `pairs` (a GPU's labels after a
+    /// process's): kept once, not copied into each set that ends with it.
+    then: Option<Arc<Shared>>,
+    /// `name="value",...` as the text format writes them, `then`'s included.
     text: String,
+}
+
+impl Shared {
+    fn pairs(&self) -> impl Iterator<Item = &(&'static str, String)> {
+        self.pairs.iter().chain(self.then.iter().flat_map(|t| t.pairs.iter()))
+    }
 }
 
 impl Labels {
     /// Labels several series will carry (cloning them shares them).
     pub fn shared(pairs: Pairs) -> Labels {
-        let mut text = String::new();
+        Labels::shared_then(pairs, &Labels::default())
+    }
+
+    /// `pairs`, then the shared set of `then` (made once, for many: its text
+    /// is copied, not escaped again). `then`'s own labels are not taken.
+    pub fn shared_then(pairs: Pairs, then: &Labels) -> Labels {
+        // Sized once: `name="value",` each (more only where values need escaping).
+        let then_len = then.shared.as_ref().map_or(0, |t| t.text.len() + 1);
+        let mut text = String::with_capacity(pairs.iter().map(|(k, v)| k.len() + v.len() + 4).sum::<usize>() + then_len);
         for (i, (k, v)) in pairs.iter().enumerate() {
             if i > 0 {
                 text.push(',');
             }
             write_pair(&mut text, k, v);
         }
-        Labels { shared: Some(Arc::new(Shared { pairs, text })), own: Vec::new() }
+        // A set that already ends with another is taken whole, as pairs.
+        let then = then.shared.as_ref().map(|t| match &t.then {
+            None => t.clone(),
+            Some(_) => Labels::shared(t.pairs().cloned().collect()).shared.expect("shared"),
+        });
+        if let Some(t) = then.as_deref().filter(|t| !t.text.is_empty()) {
+            if !text.is_empty() {
+                text.push(',');
+            }
+            text.push_str(&t.text);
+        }
+        Labels { shared: Some(Arc::new(Shared { pairs, then, text })), own: Vec::new() }
     }
 
     /// One more label, after those there are.
@@ -46,14 +74,14 @@ impl Labels {
 
     /// Every label, in order.
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> + '_ {
-        let shared = self.shared.iter().flat_map(|s| s.pairs.iter());
+        let shared = self.shared.iter().flat_map(|s| s.pairs());
         shared.chain(&self.own).map(|(k, v)| (*k, v.as_str()))
     }
 
-    /// The shared set, with a key that is the same for every clone of it
-    /// while it lives (encoders cache what they make of it by that key).
-    pub fn shared_set(&self) -> Option<(usize, &Pairs)> {
-        self.shared.as_ref().map(|s| (Arc::as_ptr(s) as usize, &s.pairs))
+    /// The shared set's labels, with a key that is the same for every clone
+    /// of it while it lives (encoders cache what they make of it by that key).
+    pub fn shared_set(&self) -> Option<(usize, impl Iterator<Item = &(&'static str, String)>)> {
+        self.shared.as_ref().map(|s| (Arc::as_ptr(s) as usize, s.pairs()))
     }
 
     /// The series' own labels, after the shared set.
@@ -102,6 +130,12 @@ impl From<Pairs> for Labels {
 fn write_pair(out: &mut String, name: &str, value: &str) {
     out.push_str(name);
     out.push_str("=\"");
+    // Most values have nothing to escape: one vectorized search says so.
+    if memchr::memchr3(b'\\', b'"', b'\n', value.as_bytes()).is_none() {
+        out.push_str(value);
+        out.push('"');
+        return;
+    }
     let mut last = 0;
     for (i, b) in value.bytes().enumerate() {
         let escaped = match b {
@@ -302,6 +336,17 @@ pub(super) mod tests {
         let mut owned = row.clone();
         owned.push(("owner", "lib\"x".into()));
         f.add(m::PROCESS_BY_OWNER).push((owned, Value::int(u64::MAX)));
+        // A process's set ending with a GPU's (made once, for many rows), and
+        // the corners: nothing before it, nothing in it, a chain ending in a chain.
+        let gpu = Labels::shared(vec![("gpu", "0".into()), ("UUID", "GPU-\"1\"".into())]);
+        let mut chained = Labels::shared_then(vec![("pid", "8".into()), ("comm", "x\ny".into())], &gpu);
+        chained.push(("owner", "z".into()));
+        f.add(m::PROCESS_ALLOCATIONS).extend([
+            (chained.clone(), Value::Int(1)),
+            (Labels::shared_then(vec![], &gpu), Value::Int(2)),
+            (Labels::shared_then(vec![("pid", "9".into())], &Labels::shared(vec![])), Value::Int(3)),
+            (Labels::shared_then(vec![("pid", "10".into())], &chained), Value::Int(4)),
+        ]);
         f.add(m::PROCESS_GROWTH).extend([
             (row.clone(), Value::Float(1.5)),
             (row.clone(), Value::Float(f64::NAN)),
@@ -330,5 +375,14 @@ pub(super) mod tests {
         let mut l = Labels::shared(vec![("a", "1".into()), ("b", "2".into())]);
         l.push(("c", "3".into()));
         assert_eq!(l.iter().collect::<Vec<_>>(), [("a", "1"), ("b", "2"), ("c", "3")]);
+        let mut then = Labels::shared_then(vec![("p", "0".into())], &l);
+        then.push(("d", "4".into()));
+        assert_eq!(
+            then.iter().collect::<Vec<_>>(),
+            [("p", "0"), ("a", "1"), ("b", "2"), ("d", "4")],
+            "the other set's own labels are not taken"
+        );
+        let twice = Labels::shared_then(vec![("q", "9".into())], &then);
+        assert_eq!(twice.iter().collect::<Vec<_>>(), [("q", "9"), ("p", "0"), ("a", "1"), ("b", "2")]);
     }
 }

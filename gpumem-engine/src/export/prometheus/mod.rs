@@ -119,14 +119,43 @@ fn device_labels(device: i32, view: &View) -> Pairs {
 /// A process row's workload and device labels: its GPU as NVML numbers it
 /// (by the process's own device UUIDs) and, in a MIG instance,
 /// dcgm-exporter's GPU_I_ID and GPU_I_PROFILE.
-fn row_labels(r: &crate::analysis::view::Row, view: &View) -> Labels {
-    let mut labels = workload_labels(Some((r.pid, &r.comm, &r.workload)));
-    labels.extend(device_labels(r.placement.gpu.map_or(r.device, |g| g as i32), view));
-    if let Some(m) = &r.placement.mig {
-        labels.push(("GPU_I_ID", m.gpu_instance_id.to_string()));
-        labels.push(("GPU_I_PROFILE", m.profile.clone()));
+fn row_labels(r: &crate::analysis::view::Row, gpus: &mut GpuLabels<'_>) -> Labels {
+    let device = r.placement.gpu.map_or(r.device, |g| g as i32);
+    let mig = r.placement.mig.as_ref().map(|m| (m.gpu_instance_id, m.profile.as_str()));
+    Labels::shared_then(workload_labels(Some((r.pid, &r.comm, &r.workload))), gpus.of(device, mig))
+}
+
+/// Each GPU's (or MIG instance's) labels, made and escaped once per scrape:
+/// a node's hundreds of rows share a handful of GPUs.
+struct GpuLabels<'v> {
+    view: &'v View,
+    made: Vec<(GpuKey, Labels)>,
+}
+
+/// A device index, and the MIG instance (GPU instance id, profile) where there is one.
+type GpuKey = (i32, Option<(u32, String)>);
+
+impl<'v> GpuLabels<'v> {
+    fn new(view: &'v View) -> Self {
+        GpuLabels { view, made: Vec::new() }
     }
-    Labels::shared(labels)
+
+    fn of(&mut self, device: i32, mig: Option<(u32, &str)>) -> &Labels {
+        let same = |((d, m), _): &(GpuKey, Labels)| *d == device && m.as_ref().map(|(i, p)| (*i, p.as_str())) == mig;
+        let at = match self.made.iter().position(same) {
+            Some(at) => at,
+            None => {
+                let mut pairs = device_labels(device, self.view);
+                if let Some((id, profile)) = mig {
+                    pairs.push(("GPU_I_ID", id.to_string()));
+                    pairs.push(("GPU_I_PROFILE", profile.to_string()));
+                }
+                self.made.push(((device, mig.map(|(i, p)| (i, p.to_string()))), Labels::shared(pairs)));
+                self.made.len() - 1
+            }
+        };
+        &self.made[at].1
+    }
 }
 
 /// A MIG reconciliation row's GPU_I_ID and GPU_I_PROFILE (nothing for a whole GPU).
@@ -292,11 +321,12 @@ struct Series {
 fn process_families(fams: &mut Families, s: &Scrape<'_>) {
     let view = s.view;
     let capped = view.capped(s.max_process_series);
+    let mut gpus = GpuLabels::new(view);
     let mut series: Vec<Series> = capped
         .rows
         .iter()
         .map(|r| Series {
-            labels: row_labels(r, view),
+            labels: row_labels(r, &mut gpus),
             totals: r.totals.clone(),
             leak_suspect_bytes: r.leak_suspect_bytes,
             growth_bytes_per_s: r.growth_bytes_per_s(),
@@ -306,7 +336,7 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
         })
         .collect();
     series.extend(capped.other.iter().map(|o| Series {
-        labels: Labels::shared([workload_labels(None), device_labels(o.device, view)].concat()),
+        labels: Labels::shared_then(workload_labels(None), gpus.of(o.device, None)),
         totals: o.totals.clone(),
         leak_suspect_bytes: o.leak_suspect_bytes,
         growth_bytes_per_s: o.growth_bytes_per_s,
