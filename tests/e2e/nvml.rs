@@ -199,6 +199,28 @@ fn xid_events_are_attributed_to_the_processes_on_that_gpu() {
 /// against the real user-space libraries' (Debian's 535.261.03): the classic
 /// "driver/library version mismatch" named in status and health, and not
 /// when they agree.
+/// `status` says each GPU's addressing mode where the driver does, and why
+/// it matters under ATS: what the GPU reaches of host memory is not traced.
+#[test]
+fn status_says_each_gpus_addressing_mode() {
+    require_root();
+    let f = fixtures();
+    let out = run_gpumem(&["status", "--no-discover", "--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("NVML: ")).unwrap_or_else(|| panic!("no NVML line: {text}"));
+    assert_eq!(
+        line,
+        "NVML: available, 3 GPU(s); addressing: GPU 0 none, GPU 1 ats, GPU 2 not said (host memory the GPU reaches under hmm or ats is not in the per-process figures)"
+    );
+    let out = run_gpumem(
+        &["status", "--json", "--no-discover", "--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap()],
+        &[],
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["nvml"].as_str(), line.strip_prefix("NVML: "));
+}
+
 #[test]
 fn a_driver_library_version_mismatch_is_named_in_status_and_health() {
     require_root();

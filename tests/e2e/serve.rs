@@ -125,6 +125,10 @@ fn prometheus_scrapes_exact_bytes_histograms_ooms_alerts_and_nvml() {
     assert_eq!(count("gpumem_gpu_remapped_rows{gpu=\"1\",kind=\"uncorrectable\"}"), 1.0);
     assert_eq!(count("gpumem_gpu_row_remap_pending{gpu=\"1\"}"), 1.0);
     assert_eq!(count("gpumem_gpu_row_remap_failure{gpu=\"1\"}"), 0.0);
+    // Addressing: none on card 0, ATS on card 1 (a Grace Hopper's), unsaid by the old card 2.
+    assert_eq!(count("gpumem_gpu_addressing_mode{gpu=\"0\",mode=\"none\"}"), 1.0);
+    assert_eq!(count("gpumem_gpu_addressing_mode{gpu=\"1\",mode=\"ats\"}"), 1.0);
+    assert_eq!(count("count(gpumem_gpu_addressing_mode)"), 2.0, "one mode per card that says it, none for card 2");
     assert_eq!(count("gpumem_gpu_ecc_errors_total{gpu=\"0\",error_type=\"corrected\",counter=\"volatile\"}"), 0.0);
     // The failing card's corrected errors climb by 100 × the read number at every reading.
     let ecc = "gpumem_gpu_ecc_errors_total{gpu=\"1\",error_type=\"corrected\",counter=\"volatile\"}";

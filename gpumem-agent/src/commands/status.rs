@@ -29,7 +29,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
         None => "not used (--no-nvml)".to_string(),
         Some(lib) => match crate::nvml::Sampler::open(lib.path()) {
             Ok(mut s) => match s.sample(0.0) {
-                Ok(gpus) => format!("available, {} GPU(s)", gpus.len()),
+                Ok(gpus) => format!("available, {} GPU(s){}", gpus.len(), addressing(&gpus)),
                 Err(e) => format!("{e}"),
             },
             Err(e) => format!("{e}; `gpumem health` needs it, tracing does not"),
@@ -78,4 +78,17 @@ pub fn run(args: StatusArgs) -> Result<()> {
     out.flush()?;
     agent.detach_in_background();
     Ok(())
+}
+
+/// Each GPU's addressing mode, where the driver says it (NVML 570+): under
+/// HMM or ATS (Grace Hopper and Blackwell hosts) the GPU reaches host memory
+/// from malloc or mmap, which no driver call allocates.
+fn addressing(gpus: &[gpumem_engine::model::nvml::GpuSample]) -> String {
+    if gpus.iter().all(|g| g.addressing_mode.is_none()) {
+        return String::new();
+    }
+    let each: Vec<String> = gpus.iter().map(|g| format!("GPU {} {}", g.index, g.addressing_mode.unwrap_or("not said"))).collect();
+    let coherent = gpus.iter().any(|g| matches!(g.addressing_mode, Some("hmm" | "ats")));
+    let why = if coherent { " (host memory the GPU reaches under hmm or ats is not in the per-process figures)" } else { "" };
+    format!("; addressing: {}{why}", each.join(", "))
 }

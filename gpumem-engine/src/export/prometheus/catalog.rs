@@ -68,6 +68,7 @@ catalog! {
     GPU_REMAPPED_ROWS, Gauge, "gpumem_gpu_remapped_rows", "Rows remapped (NVML), by kind of error that caused it";
     GPU_ROW_REMAP_PENDING, Gauge, "gpumem_gpu_row_remap_pending", "1 when a row remap waits for the next GPU reset";
     GPU_ROW_REMAP_FAILURE, Gauge, "gpumem_gpu_row_remap_failure", "1 when a row remap failed (the GPU should be replaced)";
+    GPU_ADDRESSING_MODE, Gauge, "gpumem_gpu_addressing_mode", "1 for the GPU's addressing mode, by `mode` (NVML nvmlDeviceGetAddressingMode, driver 570 and later: none, hmm, ats); under hmm or ats the GPU also reaches host memory from malloc or mmap, which no driver call allocates and gpumem's per-process figures leave out. No series where the driver does not say";
     GPU_TEMPERATURE, Gauge, "gpumem_gpu_temperature_celsius", "GPU core temperature (NVML)";
     GPU_MEMORY_TEMPERATURE, Gauge, "gpumem_gpu_memory_temperature_celsius", "GPU memory (HBM) temperature (NVML field 82)";
     GPU_XID_ERRORS, Counter, "gpumem_gpu_xid_errors", "XID events received from NVML since the agent started, by XID code";

@@ -456,6 +456,9 @@ fn gpu_families(fams: &mut Families, s: &Scrape<'_>) {
     });
     per_gpu(m::GPU_ROW_REMAP_PENDING, &|g| one(g.remapped_rows.as_ref().map(|r| Value::flag(r.pending))));
     per_gpu(m::GPU_ROW_REMAP_FAILURE, &|g| one(g.remapped_rows.as_ref().map(|r| Value::flag(r.failure))));
+    per_gpu(m::GPU_ADDRESSING_MODE, &|g| {
+        g.addressing_mode.map(|mode| (vec![("mode", mode.to_string())], Value::Int(1))).into_iter().collect()
+    });
     per_gpu(m::GPU_TEMPERATURE, &|g| one(g.gpu_temp_c.map(|t| Value::Int(t as i64))));
     per_gpu(m::GPU_MEMORY_TEMPERATURE, &|g| one(g.memory_temp_c.map(|t| Value::Int(t as i64))));
     per_gpu(m::GPU_XID_ERRORS, &|g| {
