@@ -4,8 +4,6 @@
 //! sums (named with `_total`, as Prometheus exposes them, so that a store
 //! fed by OTLP holds the series a scrape would), histograms as cumulative
 //! explicit-bucket histograms.
-use std::collections::HashMap;
-
 #[cfg(test)]
 use opentelemetry_proto::tonic::{
     collector::metrics::v1::ExportMetricsServiceRequest,
@@ -20,6 +18,7 @@ use opentelemetry_proto::tonic::{
 };
 use prometheus_client::metrics::MetricType;
 use prost::encoding::{self, encode_key, encode_varint, encoded_len_varint, key_len, message, WireType};
+use rustc_hash::FxHashMap;
 
 use super::prometheus::{
     catalog::Metric,
@@ -110,7 +109,7 @@ fn attribute(key: &str, value: &str, out: &mut Vec<u8>) {
 struct Encoder {
     t: Times,
     /// A shared label set's attributes, encoded, by `Labels::shared_set`'s key.
-    shared: HashMap<usize, Vec<u8>>,
+    shared: FxHashMap<usize, Vec<u8>>,
     point: Vec<u8>,
     points: Vec<u8>,
     metric: Vec<u8>,
@@ -220,7 +219,7 @@ fn resource(host: &str) -> Resource {
 /// least one series, under one resource (`service.name` gpumem,
 /// `host.name` this node).
 pub fn request(fams: &Families, host: &str, t: Times) -> Vec<u8> {
-    let mut e = Encoder { t, shared: HashMap::new(), point: Vec::new(), points: Vec::new(), metric: Vec::new() };
+    let mut e = Encoder { t, shared: FxHashMap::default(), point: Vec::new(), points: Vec::new(), metric: Vec::new() };
     let mut scope_metrics = Vec::new();
     message::encode(field::SCOPE, &scope(), &mut scope_metrics);
     for (m, series) in fams.iter().filter(|(_, s)| !s.is_empty()) {
