@@ -86,16 +86,7 @@ pub fn run(processes: u32, gpus: u32, owners: u32, rounds: u32) -> Result<()> {
     let gzip = |b: &[u8]| gpumem_agent::http_post::gzip(b).map(|z| z.len());
     let gz = gzip(body.as_bytes())?;
     let view = p.view(&scrape_view(LEAK_AGE_NS));
-    let times_ns = gpumem_engine::export::otlp::Times { start_ns: 1, now_ns: 2 };
-    // A push (serve --otlp-endpoint): the same view's families, encoded.
-    let mut push_times = Vec::new();
-    let mut otlp = Vec::new();
-    for _ in 0..rounds.max(1) {
-        let t = Instant::now();
-        otlp = gpumem_engine::export::otlp::request(&prometheus::families(&Scrape::of(&p, &view, &agent, usize::MAX)), "node", times_ns);
-        push_times.push(t.elapsed().as_secs_f64());
-    }
-    push_times.sort_by(|a, b| a.total_cmp(b));
+    let (otlp, push_times) = pushes(&Scrape::of(&p, &view, &agent, usize::MAX), rounds);
     let (otlp_gz, otlp) = (gzip(&otlp)?, otlp.len());
     let samples = body.lines().filter(|l| !l.starts_with('#')).count();
     let series = |family: &str| body.lines().filter(|l| l.starts_with(family) && l[family.len()..].starts_with('{')).count();
@@ -109,4 +100,19 @@ pub fn run(processes: u32, gpus: u32, owners: u32, rounds: u32) -> Result<()> {
         push_times[push_times.len() / 2] * 1e3
     );
     Ok(())
+}
+
+/// An OTLP push (serve --otlp-endpoint) of the scrape's families, `rounds`
+/// times: its body, and the times sorted.
+fn pushes(scrape: &Scrape<'_>, rounds: u32) -> (Vec<u8>, Vec<f64>) {
+    let times_ns = gpumem_engine::export::otlp::Times { start_ns: 1, now_ns: 2 };
+    let mut times = Vec::new();
+    let mut body = Vec::new();
+    for _ in 0..rounds.max(1) {
+        let t = Instant::now();
+        body = gpumem_engine::export::otlp::request(&prometheus::families(scrape), "node", times_ns);
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    (body, times)
 }
