@@ -116,40 +116,24 @@ struct Encoder {
 }
 
 impl Encoder {
-    fn attributes(&mut self, labels: &Labels, out: &mut Vec<u8>) {
-        if let Some((key, pairs)) = labels.shared_set() {
-            let encoded = self.shared.entry(key).or_insert_with(|| {
-                let mut b = Vec::new();
-                pairs.for_each(|(k, v)| attribute(k, v, &mut b));
-                b
-            });
-            out.extend_from_slice(encoded);
-        }
-        labels.own().iter().for_each(|(k, v)| attribute(k, v, out));
-    }
-
     /// A NumberDataPoint into `self.points`; nothing for a histogram.
     fn number(&mut self, labels: &Labels, v: &Value, start: bool) {
-        let mut point = std::mem::take(&mut self.point);
+        let point = &mut self.point;
         point.clear();
-        self.attributes(labels, &mut point);
+        attributes_into(&mut self.shared, labels, point);
         if start && self.t.start_ns != 0 {
-            encoding::fixed64::encode(field::START_TIME, &self.t.start_ns, &mut point);
+            encoding::fixed64::encode(field::START_TIME, &self.t.start_ns, point);
         }
         if self.t.now_ns != 0 {
-            encoding::fixed64::encode(field::TIME, &self.t.now_ns, &mut point);
+            encoding::fixed64::encode(field::TIME, &self.t.now_ns, point);
         }
         match v {
-            Value::Int(x) => encoding::sfixed64::encode(field::AS_INT, x, &mut point),
-            Value::Count(x) => encoding::sfixed64::encode(field::AS_INT, &i64::try_from(*x).unwrap_or(i64::MAX), &mut point),
-            Value::Float(x) | Value::FloatCount(x) => encoding::double::encode(field::AS_DOUBLE, x, &mut point),
-            Value::Histogram(_) => {
-                self.point = point;
-                return;
-            }
+            Value::Int(x) => encoding::sfixed64::encode(field::AS_INT, x, point),
+            Value::Count(x) => encoding::sfixed64::encode(field::AS_INT, &i64::try_from(*x).unwrap_or(i64::MAX), point),
+            Value::Float(x) | Value::FloatCount(x) => encoding::double::encode(field::AS_DOUBLE, x, point),
+            Value::Histogram(_) => return,
         }
-        nested(field::DATA_POINTS, &point, &mut self.points);
-        self.point = point;
+        nested(field::DATA_POINTS, point, &mut self.points);
     }
 
     /// One family as a Metric, into `out`.
@@ -178,19 +162,32 @@ impl Encoder {
                 field::GAUGE
             }
         };
-        let mut metric = std::mem::take(&mut self.metric);
+        let metric = &mut self.metric;
         metric.clear();
         match m.kind {
-            MetricType::Counter => text(field::NAME, &format!("{}_total", m.name), &mut metric),
-            _ => text(field::NAME, m.name, &mut metric),
+            MetricType::Counter => text(field::NAME, &format!("{}_total", m.name), metric),
+            _ => text(field::NAME, m.name, metric),
         }
         if !m.help.is_empty() {
-            text(field::DESCRIPTION, m.help, &mut metric);
+            text(field::DESCRIPTION, m.help, metric);
         }
-        nested(data, &self.points, &mut metric);
-        nested(field::METRICS, &metric, out);
-        self.metric = metric;
+        nested(data, &self.points, metric);
+        nested(field::METRICS, metric, out);
     }
+}
+
+/// A series' attributes into `out`: its shared set's encoded once per
+/// request (kept in `encoded` by `Labels::shared_set`'s key), then its own.
+fn attributes_into(encoded: &mut FxHashMap<usize, Vec<u8>>, labels: &Labels, out: &mut Vec<u8>) {
+    if let Some((key, pairs)) = labels.shared_set() {
+        let shared = encoded.entry(key).or_insert_with(|| {
+            let mut b = Vec::new();
+            pairs.for_each(|(k, v)| attribute(k, v, &mut b));
+            b
+        });
+        out.extend_from_slice(shared);
+    }
+    labels.own().iter().for_each(|(k, v)| attribute(k, v, out));
 }
 
 fn histogram(labels: &Labels, b: &crate::analysis::distributions::Buckets, t: Times) -> HistogramDataPoint {
