@@ -88,7 +88,10 @@ fn addressing(gpus: &[gpumem_engine::model::nvml::GpuSample]) -> String {
         return String::new();
     }
     let each: Vec<String> = gpus.iter().map(|g| format!("GPU {} {}", g.index, g.addressing_mode.unwrap_or("not said"))).collect();
-    let coherent = gpus.iter().any(|g| matches!(g.addressing_mode, Some("hmm" | "ats")));
-    let why = if coherent { " (host memory the GPU reaches under hmm or ats is not in the per-process figures)" } else { "" };
+    let why = if gpus.iter().any(|g| g.reaches_host_memory()) {
+        " (host memory the GPU reaches under hmm or ats is not in the per-process figures)"
+    } else {
+        ""
+    };
     format!("; addressing: {}{why}", each.join(", "))
 }

@@ -40,7 +40,7 @@ fn write_gpu(out: &mut impl Write, g: &GpuAssessment) -> io::Result<()> {
         writeln!(out, "  memory: {} used of {}, {} free, {} reserved", bytes(m.used), bytes(m.total), bytes(m.free), bytes(m.reserved))?;
     }
     match s.addressing_mode {
-        Some(mode @ ("hmm" | "ats")) => writeln!(
+        Some(mode) if s.reaches_host_memory() => writeln!(
             out,
             "  addressing: {}: memory the GPU reaches from malloc or mmap is not in gpumem's per-process figures",
             mode.to_uppercase()

@@ -70,6 +70,14 @@ pub struct GpuSample {
     pub mig: Vec<MigInstance>,
 }
 
+impl GpuSample {
+    /// Whether the GPU reaches the host's pageable memory (HMM or ATS):
+    /// memory the per-process figures cannot include.
+    pub fn reaches_host_memory(&self) -> bool {
+        matches!(self.addressing_mode, Some("hmm" | "ats"))
+    }
+}
+
 /// One MIG instance (a MIG device of NVML) of a GPU.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct MigInstance {
