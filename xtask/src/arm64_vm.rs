@@ -28,7 +28,19 @@ struct Scenario {
     name: &'static str,
     check: Check,
     every_event: bool,
+    /// In the reduced set `cargo xtask test` runs (CI's 45 minutes leave
+    /// room for about a minute of the VM): the gate, exact bytes, VMM, the
+    /// storm, USDT at -O2 and both CPythons' frames; fresh copies, USDT at
+    /// -O0 and the 30 s stress only in the full run.
+    in_ci: bool,
     line: &'static str,
+}
+
+/// Which scenarios a boot runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Set {
+    Full,
+    Ci,
 }
 
 enum Check {
@@ -62,79 +74,97 @@ const SCENARIOS: &[Scenario] = &[
         name: "strict-gate",
         check: Check::Refused,
         every_event: true,
+        in_ci: true,
         line: "/payload/gpumem trace --json --libcuda $L -c \"$W $L all_kinds\"",
     },
     Scenario {
         name: "basic",
         check: Check::AsOnX86("all_kinds", &[]),
         every_event: true,
+        in_ci: true,
         line: "$TRACE --libcuda $L -c \"$W $L all_kinds\"",
     },
     Scenario {
         name: "vmm",
         check: Check::AsOnX86("expandable", &[]),
         every_event: true,
+        in_ci: true,
         line: "$TRACE --libcuda $L -c \"$W $L expandable\"",
     },
     Scenario {
         name: "storm",
         check: Check::Storm,
         every_event: false,
+        in_ci: true,
         line: "env GPUMEM_THREADS=8 GPUMEM_PAIRS=1000 $TRACE --libcuda $L --stack-budget 0 -c \"$W $L storm\"",
     },
     Scenario {
         name: "usdt",
         check: Check::Usdt("O2"),
         every_event: true,
+        in_ci: true,
         line: "env GPUMEM_TORCH=leak GPUMEM_HOLD=14 $TRACE --duration 15 -c \"python3 /payload/torch_train.py $L /payload/lib/O2/libc10_cuda.so await-probes\"",
     },
     Scenario {
         name: "fresh-copies",
         check: Check::Fresh,
         every_event: true,
+        in_ci: false,
         line: "fresh_copies && env GPUMEM_FRESH_GAP_MS=3000 GPUMEM_LIBS=/tmp/fresh/0/libcuda.so.1:/tmp/fresh/1/libcuda.so.1:/tmp/fresh/2/libcuda.so.1 $TRACE -c \"$W $L fresh\"",
     },
     Scenario {
         name: "usdt-stack",
         check: Check::Usdt("O0"),
         every_event: true,
+        in_ci: false,
         line: "env GPUMEM_TORCH=leak GPUMEM_HOLD=14 $TRACE --duration 15 -c \"python3 /payload/torch_train.py $L /payload/lib/O0/libc10_cuda.so await-probes\"",
     },
     Scenario {
         name: "python",
         check: Check::Python("3.13"),
         every_event: true,
+        in_ci: true,
         line: "python_version python3 && env GPUMEM_STEPS=5 GPUMEM_HOLD=1 GPUMEM_IMPORT_SECONDS=3 $TRACE -c \"python3 /payload/train.py $L\"",
     },
     Scenario {
         name: "python3.11",
         check: Check::Python("3.11"),
         every_event: true,
+        in_ci: true,
         line: "python_version python3.11 && env GPUMEM_STEPS=5 GPUMEM_HOLD=1 GPUMEM_IMPORT_SECONDS=3 $TRACE -c \"python3.11 /payload/train.py $L\"",
     },
-    Scenario { name: "stress", check: Check::Stress, every_event: false, line: "stress" },
+    Scenario { name: "stress", check: Check::Stress, every_event: false, in_ci: false, line: "stress" },
 ];
 
-pub fn test_arm64() -> Result<()> {
+pub fn test_arm64(set: Set) -> Result<()> {
     crate::require_root("the arm64 VM test")?;
     crate::setup::setup()?;
+    run_scenarios(set)
+}
+
+/// Boots the VM once with `set`'s scenarios and judges each: one line per
+/// scenario with the guest's time it took. The VM's root and the aarch64
+/// agent are made here when missing (`cargo xtask test` makes both first).
+pub fn run_scenarios(set: Set) -> Result<()> {
     let dir = gpumem_tests::target_dir().join("arm64-vm");
     let payload = dir.join("payload");
-    make_payload(&payload)?;
+    let scenarios: Vec<&Scenario> = SCENARIOS.iter().filter(|s| set == Set::Full || s.in_ci).collect();
+    make_payload(&payload, &scenarios)?;
     let console = boot(&payload, &dir.join("console.log"))?;
     let kernel = console.lines().find_map(|l| l.strip_prefix("GPUMEM-KERNEL ")).unwrap_or("?").to_string();
     eprintln!("xtask: arm64 kernel {kernel}");
     let runs = scenario_outputs(&console);
     let mut failed = Vec::new();
-    for s in SCENARIOS {
+    for s in scenarios {
         let verdict = match runs.get(s.name) {
             Some(out) => check(s, out),
             None => Err(anyhow::anyhow!("no output came back (see {})", dir.join("console.log").display())),
         };
+        let took = runs.get(s.name).and_then(|r| r.3).map(|t| format!(" ({t:.1} s)")).unwrap_or_default();
         match verdict {
-            Ok(what) => println!("arm64 {:<12} ok: {what}", s.name),
+            Ok(what) => println!("arm64 {:<12} ok{took}: {what}", s.name),
             Err(e) => {
-                println!("arm64 {:<12} FAILED: {e:#}", s.name);
+                println!("arm64 {:<12} FAILED{took}: {e:#}", s.name);
                 failed.push(s.name);
             }
         }
@@ -145,10 +175,16 @@ pub fn test_arm64() -> Result<()> {
     Ok(())
 }
 
+/// The VM's root (kernel, Debian arm64 packages), made once under
+/// target/arm64-vm: downloads and unpacking, fetched beside the builds.
+pub fn prepare() -> Result<()> {
+    run(Command::new("bash").arg(workspace().join("scripts/arm64-vm/prepare.sh")))
+}
+
 /// The aarch64 agent (the image's release build of HEAD, stripped), the
 /// synthetic driver, the workload and the PyTorch-shaped allocator
 /// cross-built for aarch64, and the script the VM runs.
-fn make_payload(payload: &Path) -> Result<()> {
+fn make_payload(payload: &Path, scenarios: &[&Scenario]) -> Result<()> {
     let agent = crate::image::aarch64_binary()?;
     let _ = std::fs::remove_dir_all(payload);
     std::fs::create_dir_all(payload.join("lib"))?;
@@ -179,7 +215,7 @@ fn make_payload(payload: &Path) -> Result<()> {
     std::fs::remove_dir_all(payload.join("include"))?;
     std::fs::copy(src.join("torch_train.py"), payload.join("torch_train.py"))?;
     let script = payload.join("run");
-    std::fs::write(&script, run_script())?;
+    std::fs::write(&script, run_script(scenarios))?;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
     Ok(())
 }
@@ -194,8 +230,10 @@ W=/payload/workload L=/payload/lib/libcuda.so.1
 TRACE="/payload/gpumem trace --json --arm64-uprobes allow-xol"
 scenario() {
   name=$1; every=$2; shift 2
+  start=$(cut -d' ' -f1 /proc/uptime)
   eval "$*" > /tmp/$name.out 2> /tmp/$name.err
   rc=$?
+  echo "GPUMEM-TIME $name $start $(cut -d' ' -f1 /proc/uptime)"
   if [ "$every" = 1 ]; then sed "s/^/GPUMEM-OUT $name /" /tmp/$name.out; else tail -n 1 /tmp/$name.out | sed "s/^/GPUMEM-OUT $name /"; fi
   sed "s/^/GPUMEM-ERR $name /" /tmp/$name.err
   echo "GPUMEM-RC $name $rc"
@@ -223,9 +261,9 @@ stress() {
 }
 "#;
 
-fn run_script() -> String {
+fn run_script(scenarios: &[&Scenario]) -> String {
     let mut s = String::from(RUN_PRELUDE);
-    for sc in SCENARIOS {
+    for sc in scenarios {
         s.push_str(&format!("scenario {} {} '{}'\n", sc.name, u8::from(sc.every_event), sc.line));
     }
     s.push_str("exit 0\n");
@@ -244,9 +282,12 @@ fn boot(payload: &Path, log: &Path) -> Result<String> {
     Ok(console)
 }
 
-/// What each scenario printed: (stdout, stderr, exit code).
-fn scenario_outputs(console: &str) -> BTreeMap<String, (String, String, i32)> {
-    let mut runs: BTreeMap<String, (String, String, Option<i32>)> = BTreeMap::new();
+/// What each scenario printed: (stdout, stderr, exit code, the guest's
+/// seconds it took).
+type Outputs = (String, String, i32, Option<f64>);
+
+fn scenario_outputs(console: &str) -> BTreeMap<String, Outputs> {
+    let mut runs: BTreeMap<String, (String, String, Option<i32>, Option<f64>)> = BTreeMap::new();
     for line in console.lines() {
         let Some((tag, rest)) = line.split_once(' ') else { continue };
         let (name, text) = rest.split_once(' ').unwrap_or((rest, ""));
@@ -255,14 +296,21 @@ fn scenario_outputs(console: &str) -> BTreeMap<String, (String, String, i32)> {
             "GPUMEM-OUT" => entry.or_default().0.push_str(&format!("{text}\n")),
             "GPUMEM-ERR" => entry.or_default().1.push_str(&format!("{text}\n")),
             "GPUMEM-RC" => entry.or_default().2 = text.trim().parse().ok(),
+            "GPUMEM-TIME" => entry.or_default().3 = uptime_span(text),
             _ => {}
         }
     }
-    runs.into_iter().filter_map(|(name, (out, err, rc))| Some((name, (out, err, rc?)))).collect()
+    runs.into_iter().filter_map(|(name, (out, err, rc, took))| Some((name, (out, err, rc?, took)))).collect()
+}
+
+/// "START END", both from the guest's /proc/uptime.
+fn uptime_span(text: &str) -> Option<f64> {
+    let (start, end) = text.trim().split_once(' ')?;
+    Some(end.parse::<f64>().ok()? - start.parse::<f64>().ok()?)
 }
 
 /// One scenario's verdict: what was measured, or what differs.
-fn check(s: &Scenario, (stdout, stderr, rc): &(String, String, i32)) -> Result<String> {
+fn check(s: &Scenario, (stdout, stderr, rc, _): &Outputs) -> Result<String> {
     // A trace exits with its command's code: the workloads check every result themselves.
     if *rc != 0 {
         bail!("exit code {rc}: {stderr}");

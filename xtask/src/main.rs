@@ -89,7 +89,12 @@ enum Cmd {
     /// Boot Debian's arm64 kernel under qemu-system-aarch64 (TCG) and run the
     /// aarch64 agent there on the synthetic driver and workload built for
     /// aarch64: each scenario's events checked against the x86_64 agent's. Needs root.
-    TestArm64,
+    TestArm64 {
+        /// only the reduced set `cargo xtask test` runs (the gate, basic,
+        /// VMM, storm, USDT at -O2, both CPythons), not all ten scenarios
+        #[arg(long)]
+        ci: bool,
+    },
     /// Build the OCI image (target/image/gpumem-oci.tar, an OCI image layout archive) with umoci.
     Image,
     /// Measure `gpumem export`'s time and file size per format on a synthetic recording.
@@ -342,7 +347,7 @@ fn main() -> Result<()> {
         }
         Cmd::BenchExport { events } => run(&mut engine_bench(&["export", "--events", &events.to_string()])),
         Cmd::Fuzz { seconds } => fuzz::fuzz(seconds, fuzz::Build::Optimized),
-        Cmd::TestArm64 => arm64_vm::test_arm64(),
+        Cmd::TestArm64 { ci } => arm64_vm::test_arm64(if ci { arm64_vm::Set::Ci } else { arm64_vm::Set::Full }),
         Cmd::BenchVerdicts => {
             let out = gpumem_tests::target_dir().join("verdict-corpus");
             run(&mut engine_bench(&["verdicts", "--out", out.to_str().context("target dir is not UTF-8")?]))
@@ -379,16 +384,16 @@ fn screenshots() -> Result<()> {
 
 /// Everything CI runs: set-up, the source rules, one build of every host
 /// crate linted as it compiles (the agent and every test target), the image,
-/// then the unit tests (in parallel) and the end-to-end ones (one at a time:
-/// they load eBPF and mount tracefs). Both test runs go to the end; either
-/// failing fails the whole.
+/// then the unit tests (in parallel), the end-to-end ones (one at a time:
+/// they load eBPF and mount tracefs), the arm64 VM's reduced set and a brief
+/// fuzz run. Each goes to the end; any failing fails the whole.
 fn test(args: &[String]) -> Result<()> {
     require_root("the test suite")?;
     setup::setup()?;
     // The test dependencies are mostly downloads and debootstrap roots
     // (network and disk): fetched while the builds below keep both CPUs
     // busy, and awaited before any test runs.
-    let deps = std::thread::spawn(setup::test_deps);
+    let deps = std::thread::spawn(|| setup::test_deps().and_then(|()| arm64_vm::prepare()));
     lint_source()?;
     run(linted(cargo().args(["build", "-p", "gpumem-agent"]))?)?;
     run(linted(cargo().args(["test", "--workspace", "--exclude", "gpumem-ebpf", "--all-targets", "--no-run"]))?)?;
@@ -401,9 +406,12 @@ fn test(args: &[String]) -> Result<()> {
         cargo().args(["test", "--workspace", "--exclude", "gpumem-ebpf", "--exclude", "gpumem-tests", "--no-fail-fast", "--"]).args(args),
     )?);
     let e2e = run(linted(cargo().args(["test", "-p", "gpumem-tests", "--no-fail-fast", "--", "--test-threads=1"]).args(args))?);
+    // The aarch64 agent on a real arm64 kernel, its reduced set (the whole:
+    // `cargo xtask test-arm64`).
+    let arm64 = if args.is_empty() { arm64_vm::run_scenarios(arm64_vm::Set::Ci) } else { Ok(()) };
     // Every parser of untrusted bytes, briefly (a longer run: `cargo xtask fuzz`).
     let fuzzed = if args.is_empty() { fuzz::fuzz(fuzz::CI_SECONDS, fuzz::Build::Unoptimized) } else { Ok(()) };
-    unit.and(e2e).and(fuzzed)
+    unit.and(e2e).and(arm64).and(fuzzed)
 }
 
 /// The benchmarks and the soak that run the agent: as root, set up first.
