@@ -68,8 +68,18 @@ fn health_from_the_synthetic_nvml_with_rules_and_reasons() {
     let g2 = &gpus[2];
     assert_eq!(
         g2["unsupported"],
-        serde_json::json!(["addressing_mode", "ecc", "ecc_by_location", "memory_temperature", "remapped_rows", "retired_pages"])
+        serde_json::json!([
+            "addressing_mode",
+            "ecc",
+            "ecc_by_location",
+            "memory_temperature",
+            "numa_node",
+            "remapped_rows",
+            "retired_pages"
+        ])
     );
+    // Only card 1 (a Grace Hopper's) has memory that is a NUMA node.
+    assert_eq!([&gpus[0]["numa_node"], &g1["numa_node"], &g2["numa_node"]], [&Value::Null, &serde_json::json!(0), &Value::Null]);
     assert!(g2["ecc"].is_null() && g2["retired_pages"].is_null());
     assert_eq!(g2["health"]["score"].as_u64(), Some(100));
     assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1, "ECC of device 2 asked once over two readings");
@@ -83,6 +93,8 @@ fn health_from_the_synthetic_nvml_with_rules_and_reasons() {
         "{text}"
     );
     assert!(text.contains("  addressing: none\n"), "{text}");
+    assert!(gpu1.contains("  NUMA node 0 is this GPU's memory: `gpumem serve` exports each process's pages there\n"), "{text}");
+    assert_eq!(text.matches("is this GPU's memory").count(), 1, "{text}");
 
     // Thresholds are configurable: a strict HBM limit flags the healthy card too.
     let out = health(&["--json", "--interval", "0.1", "--hbm-temp-c", "65", "--nvml", f.nvml.to_str().unwrap()], &[]);
@@ -211,7 +223,7 @@ fn status_says_each_gpus_addressing_mode() {
     let line = text.lines().find(|l| l.starts_with("NVML: ")).unwrap_or_else(|| panic!("no NVML line: {text}"));
     assert_eq!(
         line,
-        "NVML: available, 3 GPU(s); addressing: GPU 0 none, GPU 1 ats, GPU 2 not said (host memory the GPU reaches under hmm or ats is not in the per-process figures)"
+        "NVML: available, 3 GPU(s); addressing: GPU 0 none, GPU 1 ats (its memory is NUMA node 0), GPU 2 not said (host memory the GPU reaches under hmm or ats is not in the per-process figures; each process's pages on a GPU's node are in gpumem_process_gpu_node_resident_bytes)"
     );
     let out = run_gpumem(
         &["status", "--json", "--no-discover", "--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap()],
@@ -364,6 +376,53 @@ fn a_mig_instances_memory_carries_dcgm_exporters_instance_labels() {
     }
     let untracked = line(&text, "gpumem_process_untracked_bytes").unwrap();
     assert!(untracked.ends_with(&format!(" {}", 28 * MIB)), "40 MiB on the instance, 12 MiB traced: {untracked}");
+    let _ = child.kill();
+    let _ = child.wait();
+    serve.stop();
+}
+
+/// On a coherent platform a GPU's memory is a NUMA node, and a process's
+/// malloc'd memory can sit there with no driver call. The synthetic NVML
+/// names this machine's only node as GPU 1's memory, so the workload's own
+/// pages (48 MiB written, its libraries, its stack) are all there: the
+/// figure must be what the test sums from the same numa_maps, with GPU 1's
+/// labels, and no GPU without a node gets a series.
+#[test]
+fn a_processs_pages_on_a_gpus_numa_node_are_read_from_numa_maps() {
+    require_root();
+    let f = fixtures();
+    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--nvml", f.nvml.to_str().unwrap(), "--nvml-interval", "1"], &[]);
+    let (mut child, lines) = spawn_workload_watched("hold", &[("GPUMEM_WORKLOAD_TOUCH_MIB", "48"), ("GPUMEM_WORKLOAD_HOLD_MS", "60000")]);
+    let pid = child.id();
+    lines.wait_for("workload: holding", 30);
+    let series = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("gpumem_process_gpu_node_resident_bytes{{pid=\"{pid}\"")))
+            .map(str::to_string)
+            .collect()
+    };
+    // Read at once when the process is new, again every 30 s: an early
+    // read may come before its 48 MiB were written.
+    let value_of = |line: &str| -> u64 { line.rsplit(' ').next().unwrap().parse().unwrap() };
+    let at_least = |t: &String| series(t).iter().any(|l| value_of(l) >= 48 * MIB);
+    let text = poll(45, "the workload's 48 MiB on GPU 1's node", || Some(serve.metrics()).filter(at_least), || serve.metrics());
+    // What numastat -p sums: every N0= count at its line's page size.
+    let numa_maps = std::fs::read_to_string(format!("/proc/{pid}/numa_maps")).unwrap();
+    let expected: u64 = numa_maps
+        .lines()
+        .map(|l| {
+            let field = |key: &str| l.split(' ').find_map(|t| t.strip_prefix(key)?.parse::<u64>().ok()).unwrap_or(0);
+            field("N0=") * field("kernelpagesize_kB=") * 1024
+        })
+        .sum();
+    let lines_of = series(&text);
+    assert_eq!(lines_of.len(), 1, "one series, GPU 1's: {lines_of:?}");
+    let line = &lines_of[0];
+    for label in ["gpu=\"1\"", "node=\"0\"", "UUID=\"GPU-00000000-0000-0000-0000-000000000001\"", "comm=\"workload\""] {
+        assert!(line.contains(label), "{label} in {line}");
+    }
+    assert_eq!(value_of(line), expected, "the agent's sum against the test's own of /proc/{pid}/numa_maps:\n{numa_maps}");
+    assert!(text.lines().any(|l| l == "gpumem_gpu_node_reads_cut_total 0"), "no read cut");
     let _ = child.kill();
     let _ = child.wait();
     serve.stop();

@@ -84,14 +84,23 @@ pub fn run(args: StatusArgs) -> Result<()> {
 /// HMM or ATS (Grace Hopper and Blackwell hosts) the GPU reaches host memory
 /// from malloc or mmap, which no driver call allocates.
 fn addressing(gpus: &[gpumem_engine::model::nvml::GpuSample]) -> String {
-    if gpus.iter().all(|g| g.addressing_mode.is_none()) {
+    if gpus.iter().all(|g| g.addressing_mode.is_none() && g.numa_node.is_none()) {
         return String::new();
     }
-    let each: Vec<String> = gpus.iter().map(|g| format!("GPU {} {}", g.index, g.addressing_mode.unwrap_or("not said"))).collect();
-    let why = if gpus.iter().any(|g| g.reaches_host_memory()) {
-        " (host memory the GPU reaches under hmm or ats is not in the per-process figures)"
-    } else {
-        ""
-    };
+    let each: Vec<String> = gpus
+        .iter()
+        .map(|g| {
+            let node = g.numa_node.map(|n| format!(" (its memory is NUMA node {n})")).unwrap_or_default();
+            format!("GPU {} {}{node}", g.index, g.addressing_mode.unwrap_or("not said"))
+        })
+        .collect();
+    let mut why = Vec::new();
+    if gpus.iter().any(|g| g.reaches_host_memory()) {
+        why.push("host memory the GPU reaches under hmm or ats is not in the per-process figures");
+    }
+    if gpus.iter().any(|g| g.numa_node.is_some()) {
+        why.push("each process's pages on a GPU's node are in gpumem_process_gpu_node_resident_bytes");
+    }
+    let why = if why.is_empty() { String::new() } else { format!(" ({})", why.join("; ")) };
     format!("; addressing: {}{why}", each.join(", "))
 }

@@ -82,6 +82,9 @@ impl Sampler {
             });
             s.gpu_temp_c = reading(u, index, "gpu_temperature", &mut s, || dev.temperature(TemperatureSensor::Gpu));
             s.addressing_mode = reading(u, index, "addressing_mode", &mut s, || addressing_mode(&self.nvml, &dev));
+            // "Only applies to platforms where the GPUs are NUMA nodes"
+            // (nvml.h): elsewhere unsupported, never the CPU node near it.
+            s.numa_node = reading(u, index, "numa_node", &mut s, || dev.numa_node_id());
             field_readings(u, index, &dev, &mut s);
             s.mig = mig_instances(&dev);
             out.push(s);

@@ -48,6 +48,9 @@ fn write_gpu(out: &mut impl Write, g: &GpuAssessment) -> io::Result<()> {
         Some(mode) => writeln!(out, "  addressing: {mode}")?,
         None => {}
     }
+    if let Some(node) = s.numa_node {
+        writeln!(out, "  NUMA node {node} is this GPU's memory: `gpumem serve` exports each process's pages there")?;
+    }
     if let Some(ps) = &s.processes {
         for (pid, b) in ps {
             writeln!(out, "  process {pid}: {}", bytes(*b))?;

@@ -38,6 +38,17 @@ pub struct CgroupGpuMemory {
     pub pid: u32,
 }
 
+/// A process's pages on one GPU's NUMA node (the GPU's own memory on
+/// coherent platforms), bytes: memory it got from malloc or mmap that sits
+/// in the GPU's memory with no driver call, which its per-process GPU
+/// figures do not include.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GpuNodeBytes {
+    pub gpu: u32,
+    pub node: u32,
+    pub bytes: u64,
+}
+
 /// What one refresh read (a recording's host frame holds one).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HostMemory {
@@ -52,6 +63,18 @@ pub struct HostMemory {
     /// cgroup path, where the kernel has the controller.
     #[serde(default)]
     pub gpu_cgroups: BTreeMap<String, CgroupGpuMemory>,
+    /// Each live traced process's pages on the GPUs' NUMA nodes, by pid,
+    /// where NVML names such nodes (read at most every
+    /// `GPU_NODE_READ_EVERY`: the kernel walks the process's page tables).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpu_node_bytes: BTreeMap<u32, Vec<GpuNodeBytes>>,
+    /// Reads of numa_maps cut at their bound (a process with more mappings
+    /// than it holds): those processes' figures are lower bounds.
+    #[serde(default)]
+    pub gpu_node_reads_cut: u64,
+    /// When numa_maps were last read (live only).
+    #[serde(skip)]
+    pub gpu_nodes_read_at: Option<std::time::Instant>,
     /// Whether it was ever refreshed (what outputs show before is nothing, not zeros).
     #[serde(skip)]
     pub refreshed: bool,

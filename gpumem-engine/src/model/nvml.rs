@@ -63,6 +63,11 @@ pub struct GpuSample {
     /// without any driver-API allocation: gpumem's per-process figures do
     /// not include it.
     pub addressing_mode: Option<&'static str>,
+    /// The NUMA node that is this GPU's own memory, where the platform
+    /// makes it one (NVML's nvmlDeviceGetNumaNodeId, on coherent platforms
+    /// such as GH200 and GB200; unsupported elsewhere): the pages processes
+    /// hold there are read from /proc/PID/numa_maps.
+    pub numa_node: Option<u32>,
     /// Readings this device does not support.
     pub unsupported: BTreeSet<&'static str>,
     /// Its MIG instances, where MIG mode is on (empty otherwise): a process

@@ -399,7 +399,8 @@ impl Pipeline {
     /// Reads the host memory of the live traced processes again (live only).
     pub fn refresh_host(&mut self) {
         if self.lookups.is_live() {
-            self.host.refresh(&self.state);
+            let gpu_nodes: Vec<(u32, u32)> = self.gpus.latest.iter().filter_map(|g| Some((g.index, g.numa_node?))).collect();
+            self.host.refresh(&self.state, &gpu_nodes);
         }
     }
 

@@ -43,6 +43,8 @@ catalog! {
     PROCESS_CACHE_GROWTH, Gauge, "gpumem_process_cache_growth", "1 while reserved grows and allocated stays flat (the caching allocator's cache or fragmentation, not a leak)";
     PROCESS_HOST_RESIDENT, Gauge, "gpumem_process_host_resident_bytes", "Host memory the traced process has resident (VmRSS), read every few seconds";
     PROCESS_HOST_SWAP, Gauge, "gpumem_process_host_swap_bytes", "Host memory of the traced process swapped out (VmSwap)";
+    PROCESS_GPU_NODE_RESIDENT, Gauge, "gpumem_process_gpu_node_resident_bytes", "The traced process's pages on the NUMA node that is a GPU's own memory (coherent platforms such as GH200 and GB200, where NVML names the node), from /proc/PID/numa_maps every 30 s as numastat -p sums them: memory from malloc or mmap the GPU holds with no driver call, not in gpumem_process_memory_bytes";
+    GPU_NODE_READS_CUT, Counter, "gpumem_gpu_node_reads_cut", "numa_maps reads cut at their 16 MiB bound (a process with about 100 000 mappings or more): its gpumem_process_gpu_node_resident_bytes is a lower bound";
     HOST_SWAP_IN, Counter, "gpumem_host_swap_in_bytes", "Bytes the node swapped in since boot (/proc/vmstat pswpin times the page size)";
     HOST_SWAP_OUT, Counter, "gpumem_host_swap_out_bytes", "Bytes the node swapped out since boot (/proc/vmstat pswpout times the page size)";
     CONTAINER_MEMORY_USAGE, Gauge, "gpumem_container_memory_usage_bytes", "Host memory the memory cgroup of a traced process's container uses";

@@ -182,6 +182,13 @@ fn host_memory(fams: &mut Families, s: &Scrape<'_>) {
     let labels = |p: &crate::state::process::Process| workload_labels(Some((p.pid, &p.comm, &Workload::of(p.container.as_ref()))));
     fams.add(m::PROCESS_HOST_RESIDENT).extend(procs.iter().map(|(p, m)| (labels(p), Value::int(m.resident_bytes))));
     fams.add(m::PROCESS_HOST_SWAP).extend(procs.iter().map(|(p, m)| (labels(p), Value::int(m.swap_bytes))));
+    let on_gpu_nodes = procs.iter().flat_map(|(p, _)| h.gpu_node_bytes.get(&p.pid).into_iter().flatten().map(move |n| (*p, n)));
+    fams.add(m::PROCESS_GPU_NODE_RESIDENT).extend(on_gpu_nodes.map(|(p, n)| {
+        let gpu = s.gpus.latest.iter().find(|g| g.index == n.gpu).map_or_else(|| vec![("gpu", n.gpu.to_string())], gpu_labels);
+        ([labels(p), gpu, vec![("node", n.node.to_string())]].concat(), Value::int(n.bytes))
+    }));
+    let gpu_nodes = s.gpus.latest.iter().any(|g| g.numa_node.is_some());
+    fams.add(m::GPU_NODE_READS_CUT).extend(gpu_nodes.then(|| (vec![], Value::Count(h.gpu_node_reads_cut))));
     let swap = h.swap_in_bytes.zip(h.swap_out_bytes);
     fams.add(m::HOST_SWAP_IN).extend(swap.map(|(i, _)| (vec![], Value::Count(i))));
     fams.add(m::HOST_SWAP_OUT).extend(swap.map(|(_, o)| (vec![], Value::Count(o))));

@@ -42,12 +42,14 @@ impl Fixture {
         use crate::{
             analysis::triggers::TriggerKind,
             model::actions::{Outcome, Target},
-            model::host::{CgroupMemory, HostMemory, ProcessHost},
+            model::host::{CgroupMemory, GpuNodeBytes, HostMemory, ProcessHost},
         };
         let actions =
             [((Target::Command, TriggerKind::CudaOom, Outcome::Ok), 2), ((Target::Webhook, TriggerKind::CudaOom, Outcome::RateLimited), 3)];
         let mut host = HostMemory { swap_in_bytes: Some(8192), swap_out_bytes: Some(12288), refreshed: true, ..Default::default() };
         host.processes.insert(100, ProcessHost { resident_bytes: 5 * MIB, swap_bytes: 4096 });
+        // On a coherent platform: 3 MiB of it on GPU 1's node (a GPU NVML has not listed: its index alone).
+        host.gpu_node_bytes.insert(100, vec![GpuNodeBytes { gpu: 1, node: 9, bytes: 3 * MIB }]);
         host.cgroups.insert("/kubepods/pod1".into(), CgroupMemory { usage_bytes: 7 * MIB, limit_bytes: Some(64 * MIB), pid: 100 });
         host.cgroups.insert("/kubepods/pod2".into(), CgroupMemory { usage_bytes: 9 * MIB, limit_bytes: None, pid: 100 });
         let scrape = Scrape {
@@ -159,6 +161,10 @@ fn every_catalogued_metric_is_in_the_exposition() {
         ("gpumem_webhooks_total{event=\"cuda_oom\",outcome=\"rate_limited\"} ", "3"),
         ("gpumem_process_host_resident_bytes{pid=\"100\",comm=\"python\",container=\"\",pod=\"\",namespace=\"\"} ", "5242880"),
         ("gpumem_process_host_swap_bytes{pid=\"100\",comm=\"python\",container=\"\",pod=\"\",namespace=\"\"} ", "4096"),
+        (
+            "gpumem_process_gpu_node_resident_bytes{pid=\"100\",comm=\"python\",container=\"\",pod=\"\",namespace=\"\",gpu=\"1\",node=\"9\"} ",
+            "3145728",
+        ),
         ("gpumem_host_swap_in_bytes_total ", "8192"),
         ("gpumem_host_swap_out_bytes_total ", "12288"),
         ("gpumem_container_memory_limit_bytes{container=\"\",pod=\"\",namespace=\"\",cgroup=\"/kubepods/pod1\"} ", "67108864"),
