@@ -87,7 +87,7 @@ pub struct Stacks {
     /// replaced on disk (see `record`).
     symbolized: HashMap<StackId, Vec<Frame>>,
     /// Each stack's owner (analysis::owners), found once.
-    owners: HashMap<StackId, String>,
+    owners: rustc_hash::FxHashMap<StackId, String>,
     /// Owners and process unwinders let go to stay within their bounds.
     owners_evicted: u64,
     unwinders_evicted: u64,

@@ -21,7 +21,8 @@ pub struct Labels {
 
 #[derive(Debug)]
 struct Shared {
-    pairs: Pairs,
+    /// Shared in turn by the sets [`Labels::joined`] makes of this one.
+    pairs: Arc<Pairs>,
     /// A set shared more widely, after `pairs` (a GPU's labels after a
     /// process's): kept once, not copied into each set that ends with it.
     then: Option<Arc<Shared>>,
@@ -53,18 +54,44 @@ impl Labels {
             }
             write_pair(&mut text, k, v);
         }
-        // A set that already ends with another is taken whole, as pairs.
-        let then = then.shared.as_ref().map(|t| match &t.then {
-            None => t.clone(),
-            Some(_) => Labels::shared(t.pairs().cloned().collect()).shared.expect("shared"),
-        });
+        let then = then.tail();
         if let Some(t) = then.as_deref().filter(|t| !t.text.is_empty()) {
             if !text.is_empty() {
                 text.push(',');
             }
             text.push_str(&t.text);
         }
-        Labels { shared: Some(Arc::new(Shared { pairs, then, text })), own: Vec::new() }
+        Labels { shared: Some(Arc::new(Shared { pairs: Arc::new(pairs), then, text })), own: Vec::new() }
+    }
+
+    /// `head`'s shared set, then `then`'s, each made once for many (a
+    /// process's labels before each of its GPUs'): their names and values
+    /// are shared, not copied, and their texts joined as they are. A
+    /// `head` that itself ends with a set is taken as [`Labels::shared_then`]
+    /// would take its pairs.
+    pub fn joined(head: &Labels, then: &Labels) -> Labels {
+        let Some(h) = head.shared.as_ref().filter(|h| h.then.is_none()) else {
+            let pairs = head.shared.iter().flat_map(|h| h.pairs()).cloned().collect();
+            return Labels::shared_then(pairs, then);
+        };
+        let then = then.tail();
+        let tail = then.as_deref().map_or("", |t| t.text.as_str());
+        let mut text = String::with_capacity(h.text.len() + 1 + tail.len());
+        text.push_str(&h.text);
+        if !text.is_empty() && !tail.is_empty() {
+            text.push(',');
+        }
+        text.push_str(tail);
+        Labels { shared: Some(Arc::new(Shared { pairs: h.pairs.clone(), then, text })), own: Vec::new() }
+    }
+
+    /// The shared set as the end of another: a set that already ends with
+    /// another is taken whole, as pairs.
+    fn tail(&self) -> Option<Arc<Shared>> {
+        self.shared.as_ref().map(|t| match &t.then {
+            None => t.clone(),
+            Some(_) => Labels::shared(t.pairs().cloned().collect()).shared.expect("shared"),
+        })
     }
 
     /// One more label, after those there are.
@@ -211,8 +238,10 @@ impl Families {
 
     /// The whole exposition (OpenMetrics text), ending with `# EOF`.
     pub fn encode(self) -> String {
-        let series: usize = self.0.iter().map(|f| f.series.len()).sum();
-        let mut out = String::with_capacity(4096 + series * 160);
+        // Sized once, from what each sample will take: a scrape of thousands
+        // of rows is megabytes, which growing by doubling copies again and
+        // faults in twice.
+        let mut out = String::with_capacity(6 + self.0.iter().map(Family::len_hint).sum::<usize>());
         for f in &self.0 {
             f.write(&mut out);
         }
@@ -222,6 +251,24 @@ impl Families {
 }
 
 impl Family {
+    /// About the bytes [`Family::write`] writes (at least, but for
+    /// values to escape and numbers longer than 24 characters).
+    fn len_hint(&self) -> usize {
+        let head = 2 * self.metric.name.len() + self.metric.help.len() + 32;
+        let sample = self.metric.name.len() + 8 + 24;
+        let series = self.series.iter().map(|(labels, v)| {
+            let own: usize = labels.own.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+            let labels = labels.shared.as_ref().map_or(0, |s| s.text.len() + 1) + own + 2;
+            let samples = match v {
+                Value::Histogram(b) => 3 + b.bounds.len(),
+                _ => 1,
+            };
+            // A bucket's `le="..."` too.
+            samples * (sample + labels) + if samples > 1 { samples * 32 } else { 0 }
+        });
+        head + series.sum::<usize>()
+    }
+
     fn write(&self, out: &mut String) {
         let name = self.metric.name;
         // Infallible: writing to a String.
@@ -346,6 +393,14 @@ pub(super) mod tests {
             (Labels::shared_then(vec![], &gpu), Value::Int(2)),
             (Labels::shared_then(vec![("pid", "9".into())], &Labels::shared(vec![])), Value::Int(3)),
             (Labels::shared_then(vec![("pid", "10".into())], &chained), Value::Int(4)),
+            // A process's set made once and joined to each GPU's, and the corners:
+            // an empty head, an empty tail, a head or a tail that ends in a set.
+            (Labels::joined(&row, &gpu), Value::Int(5)),
+            (Labels::joined(&Labels::shared(vec![]), &gpu), Value::Int(6)),
+            (Labels::joined(&row, &Labels::shared(vec![])), Value::Int(7)),
+            (Labels::joined(&row, &Labels::default()), Value::Int(8)),
+            (Labels::joined(&chained, &gpu), Value::Int(9)),
+            (Labels::joined(&row, &chained), Value::Int(10)),
         ]);
         f.add(m::PROCESS_GROWTH).extend([
             (row.clone(), Value::Float(1.5)),
@@ -371,6 +426,14 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn the_text_is_sized_once() {
+        let f = families();
+        let hint = 6 + f.0.iter().map(Family::len_hint).sum::<usize>();
+        let text = f.encode();
+        assert!(text.len() <= hint && hint <= 2 * text.len(), "{} bytes written, {hint} reserved", text.len());
+    }
+
+    #[test]
     fn shared_labels_come_first_and_iterate_in_order() {
         let mut l = Labels::shared(vec![("a", "1".into()), ("b", "2".into())]);
         l.push(("c", "3".into()));
@@ -384,5 +447,11 @@ pub(super) mod tests {
         );
         let twice = Labels::shared_then(vec![("q", "9".into())], &then);
         assert_eq!(twice.iter().collect::<Vec<_>>(), [("q", "9"), ("p", "0"), ("a", "1"), ("b", "2")]);
+        let joined = Labels::joined(&Labels::shared(vec![("q", "9".into())]), &then);
+        assert_eq!(joined.iter().collect::<Vec<_>>(), twice.iter().collect::<Vec<_>>(), "joined as shared_then makes it");
+        let head = Labels::shared(vec![("q", "9".into())]);
+        let (a, b) = (Labels::joined(&head, &l), Labels::joined(&head, &then));
+        assert!(Arc::ptr_eq(&a.shared.as_ref().unwrap().pairs, &head.shared.as_ref().unwrap().pairs), "the head's pairs shared");
+        assert_ne!(a.shared_set().map(|s| s.0), b.shared_set().map(|s| s.0), "each joined set is a set of its own (encoders key by it)");
     }
 }

@@ -119,17 +119,22 @@ fn device_labels(device: i32, view: &View) -> Pairs {
 /// A process row's workload and device labels: its GPU as NVML numbers it
 /// (by the process's own device UUIDs) and, in a MIG instance,
 /// dcgm-exporter's GPU_I_ID and GPU_I_PROFILE.
-fn row_labels(r: &crate::analysis::view::Row, gpus: &mut GpuLabels<'_>) -> Labels {
+fn row_labels<'v>(r: &'v crate::analysis::view::Row, gpus: &mut GpuLabels<'v>) -> Labels {
     let device = r.placement.gpu.map_or(r.device, |g| g as i32);
     let mig = r.placement.mig.as_ref().map(|m| (m.gpu_instance_id, m.profile.as_str()));
-    Labels::shared_then(workload_labels(Some((r.pid, &r.comm, &r.workload))), gpus.of(device, mig))
+    let workload = gpus.workload(r);
+    Labels::joined(&workload, gpus.of(device, mig))
 }
 
 /// Each GPU's (or MIG instance's) labels, made and escaped once per scrape:
-/// a node's hundreds of rows share a handful of GPUs.
+/// a node's hundreds of rows share a handful of GPUs; and each process's,
+/// made once for its rows on every GPU.
 struct GpuLabels<'v> {
     view: &'v View,
     made: Vec<(GpuKey, Labels)>,
+    /// By pid, with the row that made them: an exited process and its
+    /// pid's next owner may both be in a view.
+    workloads: rustc_hash::FxHashMap<u32, (&'v crate::analysis::view::Row, Labels)>,
 }
 
 /// A device index, and the MIG instance (GPU instance id, profile) where there is one.
@@ -137,7 +142,17 @@ type GpuKey = (i32, Option<(u32, String)>);
 
 impl<'v> GpuLabels<'v> {
     fn new(view: &'v View) -> Self {
-        GpuLabels { view, made: Vec::new() }
+        GpuLabels { view, made: Vec::new(), workloads: Default::default() }
+    }
+
+    /// A row's workload labels: its process's, made once.
+    fn workload(&mut self, r: &'v crate::analysis::view::Row) -> Labels {
+        let make = || Labels::shared(workload_labels(Some((r.pid, &r.comm, &r.workload))));
+        match self.workloads.get(&r.pid) {
+            Some((made_by, labels)) if made_by.comm == r.comm && made_by.workload == r.workload => labels.clone(),
+            Some(_) => make(),
+            None => self.workloads.entry(r.pid).or_insert_with(|| (r, make())).1.clone(),
+        }
     }
 
     fn of(&mut self, device: i32, mig: Option<(u32, &str)>) -> &Labels {
