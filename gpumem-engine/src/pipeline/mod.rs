@@ -42,7 +42,8 @@ pub use lookups::Lookups;
 
 /// What `Pipeline::lookup` found.
 struct Looked {
-    container: Option<ContainerInfo>,
+    /// Boxed: found once per process, and the struct is moved per event.
+    container: Option<Box<ContainerInfo>>,
     memcg: Option<String>,
     host: Option<ProcessHost>,
 }
@@ -241,7 +242,7 @@ impl Pipeline {
             }
             _ => (None, None),
         };
-        Looked { container: if wants_container { self.lookups.container(ev.pid) } else { None }, memcg, host }
+        Looked { container: if wants_container { self.lookups.container(ev.pid).map(Box::new) } else { None }, memcg, host }
     }
 
     fn looked_up(&mut self, ev: &Event, looked: Looked, applied: &mut Applied) {
@@ -255,7 +256,7 @@ impl Pipeline {
                 self.degraded.add(ev.pid, Reason::ForgedCgroup, why.clone());
             }
             if p.container.is_none() {
-                p.container = Some(c);
+                p.container = Some(*c);
             }
         }
     }
