@@ -58,20 +58,9 @@ fn damaged_recordings_give_clear_errors_and_what_was_readable() {
         let out = run_gpumem(&["trace", "--json", "--from", path.to_str().unwrap()], &[]);
         (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
-    // The frame (kind, 4-byte length, payload, checksum) that holds the
-    // file's middle byte: cuts and flips land inside its payload (at a frame's
-    // end a cut reads, rightly, as a recording that ends without its footer;
-    // on its length a flip reads as a frame too large).
-    let (middle, middle_len) = {
-        let mut frame = 12; // after the magic and the version
-        loop {
-            let len = u32::from_le_bytes(full[frame + 1..frame + 5].try_into().unwrap()) as usize;
-            if frame + 9 + len > full.len() / 2 {
-                break (frame, len);
-            }
-            frame += 9 + len;
-        }
-    };
+    // The frame that holds the file's middle byte: cuts and flips land
+    // inside its payload (on its length a flip reads as a frame too large).
+    let (middle, middle_len) = recording_frame_at(&full, full.len() / 2);
     let inside = middle + 5 + middle_len / 2;
     // Cut in the middle of a frame: the events before it, a summary of them, and where it broke.
     let (code, stdout, stderr) = replay("cut.gpumemrec", &full[..inside]);

@@ -191,7 +191,9 @@ fn a_damaged_recording_gives_a_report_of_what_was_read_and_an_error() {
     let rec = record_session("report-damaged.gpumemrec");
     let bytes = std::fs::read(&rec).unwrap();
     let cut = target_dir().join("gpumem-fixtures/report-cut.gpumemrec");
-    std::fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    // Inside a frame: a cut at a frame's end would be an unfinished session, not damage.
+    let (frame, len) = recording_frame_at(&bytes, bytes.len() * 2 / 3);
+    std::fs::write(&cut, &bytes[..frame + 5 + len / 2]).unwrap();
     let html = target_dir().join("gpumem-fixtures/report-cut.html");
     let out = Command::new(gpumem_bin()).args(["report", cut.to_str().unwrap(), "-o", html.to_str().unwrap()]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));

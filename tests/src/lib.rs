@@ -414,3 +414,18 @@ pub fn python_frames(group: &Value) -> Vec<(String, String, u64)> {
         })
         .collect()
 }
+
+/// The frame of a recording (kind, 4-byte length, payload, checksum) that
+/// holds byte `at`: its offset and its payload's length. A cut or a flip
+/// aimed inside its payload damages it; a cut at a frame's end reads,
+/// rightly, as a recording that ends without its footer.
+pub fn recording_frame_at(recording: &[u8], at: usize) -> (usize, usize) {
+    let mut frame = 12; // after the magic and the version
+    loop {
+        let len = u32::from_le_bytes(recording[frame + 1..frame + 5].try_into().unwrap()) as usize;
+        if frame + 9 + len > at {
+            return (frame, len);
+        }
+        frame += 9 + len;
+    }
+}
