@@ -119,17 +119,17 @@ fn device_labels(device: i32, view: &View) -> Pairs {
 /// A process row's workload and device labels: its GPU as NVML numbers it
 /// (by the process's own device UUIDs) and, in a MIG instance,
 /// dcgm-exporter's GPU_I_ID and GPU_I_PROFILE.
-fn row_labels<'v>(r: &'v crate::analysis::view::Row, gpus: &mut GpuLabels<'v>) -> Labels {
+fn row_labels<'v>(r: &'v crate::analysis::view::Row, sets: &mut RowLabelSets<'v>) -> Labels {
     let device = r.placement.gpu.map_or(r.device, |g| g as i32);
     let mig = r.placement.mig.as_ref().map(|m| (m.gpu_instance_id, m.profile.as_str()));
-    let workload = gpus.workload(r);
-    Labels::joined(&workload, gpus.of(device, mig))
+    let workload = sets.workload(r);
+    Labels::joined(&workload, sets.of(device, mig))
 }
 
-/// Each GPU's (or MIG instance's) labels, made and escaped once per scrape:
-/// a node's hundreds of rows share a handful of GPUs; and each process's,
-/// made once for its rows on every GPU.
-struct GpuLabels<'v> {
+/// The label sets process rows are made of, each made and escaped once per
+/// scrape: each GPU's (or MIG instance's), which a node's hundreds of rows
+/// share, and each process's, which its rows on every GPU share.
+struct RowLabelSets<'v> {
     view: &'v View,
     made: Vec<(GpuKey, Labels)>,
     /// By pid, with the row that made them: an exited process and its
@@ -140,9 +140,9 @@ struct GpuLabels<'v> {
 /// A device index, and the MIG instance (GPU instance id, profile) where there is one.
 type GpuKey = (i32, Option<(u32, String)>);
 
-impl<'v> GpuLabels<'v> {
+impl<'v> RowLabelSets<'v> {
     fn new(view: &'v View) -> Self {
-        GpuLabels { view, made: Vec::new(), workloads: Default::default() }
+        RowLabelSets { view, made: Vec::new(), workloads: Default::default() }
     }
 
     /// A row's workload labels: its process's, made once.
@@ -343,12 +343,12 @@ struct Series {
 fn process_families(fams: &mut Families, s: &Scrape<'_>) {
     let view = s.view;
     let capped = view.capped(s.max_process_series);
-    let mut gpus = GpuLabels::new(view);
+    let mut sets = RowLabelSets::new(view);
     let mut series: Vec<Series> = capped
         .rows
         .iter()
         .map(|r| Series {
-            labels: row_labels(r, &mut gpus),
+            labels: row_labels(r, &mut sets),
             totals: r.totals.clone(),
             leak_suspect_bytes: r.leak_suspect_bytes,
             growth_bytes_per_s: r.growth_bytes_per_s(),
@@ -358,7 +358,7 @@ fn process_families(fams: &mut Families, s: &Scrape<'_>) {
         })
         .collect();
     series.extend(capped.other.iter().map(|o| Series {
-        labels: Labels::shared_then(workload_labels(None), gpus.of(o.device, None)),
+        labels: Labels::shared_then(workload_labels(None), sets.of(o.device, None)),
         totals: o.totals.clone(),
         leak_suspect_bytes: o.leak_suspect_bytes,
         growth_bytes_per_s: o.growth_bytes_per_s,
