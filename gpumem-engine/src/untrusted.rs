@@ -4,7 +4,7 @@
 //! whatever the bytes say: no panic, no hang, nothing allocated beyond
 //! what its input bounds.
 use crate::{
-    formats::{kmsg_xid, ld_cache, numa_maps, symbols, usdt},
+    formats::{kmsg_xid, ld_cache, symbols, usdt},
     model::container,
     procfs,
     python::{self, code, layout, memory::Image, threads},
@@ -184,7 +184,7 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "numa_maps",
         reads: "a process's pages per NUMA node (its mappings and file names)",
-        run: |d| drop(numa_maps::bytes_on_nodes(d, &[0, 1, 2, 9])),
+        run: |d| drop(procfs::numa_maps::bytes_on_nodes(d, &[0, 1, 2, 9])),
     },
     Target {
         name: "recording",

@@ -5,13 +5,9 @@
 //! VRAM on one time axis, this tells a GPU leak from a host-side one.
 //! Read from /proc and cgroupfs when refreshed (serve: every few seconds).
 
-use std::{
-    io::{BufRead as _, Read as _},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use crate::{
-    formats::numa_maps,
     model::host::{CgroupGpuMemory, CgroupMemory, GpuNodeBytes, HostMemory, ProcessHost},
     procfs,
     state::State,
@@ -21,11 +17,6 @@ use crate::{
 /// tables of every mapping for it, under the process's mmap lock, which a
 /// process of hundreds of GiB pays in tens of milliseconds.
 pub const GPU_NODE_READ_EVERY: Duration = Duration::from_secs(30);
-
-/// The most of one numa_maps read: about 100 000 mappings of ordinary
-/// names (the kernel's default map count limit is 65 530); a process with
-/// longer is counted as cut and its figure is a lower bound.
-const NUMA_MAPS_MAX_BYTES: u64 = 16 << 20;
 
 /// The usage file beside a memory cgroup's limit file (v1 and v2).
 fn usage_file(limit_file: &str) -> String {
@@ -100,7 +91,7 @@ impl HostMemory {
         let unread: Vec<u32> =
             state.processes.iter().map(|(&pid, _)| pid).filter(|pid| live(pid) && !self.gpu_node_bytes.contains_key(pid)).collect();
         for pid in unread {
-            let Some((bytes, cut)) = read_numa_maps(pid, &nodes) else { continue };
+            let Some((bytes, cut)) = procfs::numa_maps::read(pid, &nodes) else { continue };
             self.gpu_node_reads_cut += u64::from(cut);
             let per_gpu = gpu_nodes.iter().zip(bytes).map(|(&(gpu, node), bytes)| GpuNodeBytes { gpu, node, bytes });
             self.gpu_node_bytes.insert(pid, per_gpu.collect());
@@ -108,45 +99,9 @@ impl HostMemory {
     }
 }
 
-/// The bytes on each of `nodes` in /proc/PID/numa_maps, read a line at a
-/// time up to its bound, and whether it was cut there (its sums then leave
-/// out the rest).
-fn read_numa_maps(pid: u32, nodes: &[u32]) -> Option<(Vec<u64>, bool)> {
-    let file = std::fs::File::open(format!("/proc/{pid}/numa_maps")).ok()?;
-    let mut reader = std::io::BufReader::with_capacity(64 << 10, file.take(NUMA_MAPS_MAX_BYTES));
-    let mut sums = numa_maps::NodeSums::new(nodes);
-    let (mut line, mut read) = (Vec::new(), 0u64);
-    loop {
-        line.clear();
-        match reader.read_until(b'\n', &mut line) {
-            Ok(0) => break,
-            Ok(n) => read += n as u64,
-            Err(_) => return None,
-        }
-        // A line the bound cut may have lost its counts or page size.
-        if line.last() == Some(&b'\n') {
-            sums.line(&line[..line.len() - 1]);
-        }
-    }
-    Some((sums.bytes, read >= NUMA_MAPS_MAX_BYTES))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn this_processs_numa_maps_sums_as_its_lines_say() {
-        // All of a process's pages are on some node: node 0 on a one-node
-        // machine, and never more than the address space it maps.
-        let nodes: Vec<u32> = (0..64).collect();
-        let (bytes, cut) = read_numa_maps(std::process::id(), &nodes).expect("own numa_maps (a kernel without CONFIG_NUMA has none)");
-        let total: u64 = bytes.iter().sum();
-        let mapped: u64 = procfs::read_maps(std::process::id()).unwrap().iter().map(|m| m.range.end - m.range.start).sum();
-        assert!(!cut && total > 0 && total <= mapped, "{total} bytes on nodes of {mapped} mapped");
-        assert_eq!(read_numa_maps(std::process::id(), &[]), Some((vec![], false)));
-        assert_eq!(read_numa_maps(u32::MAX, &nodes), None, "no such process");
-    }
 
     #[test]
     fn usage_files_sit_beside_the_limit_files() {

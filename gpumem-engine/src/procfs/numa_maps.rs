@@ -6,6 +6,36 @@
 //! file name's spaces, tabs, newlines and `=` (`seq_file_path(m, file,
 //! "\n\t= ")`), so no name can forge a token.
 
+use std::io::{BufRead as _, Read as _};
+
+/// The most of one read: about 100 000 mappings of ordinary names (the
+/// kernel's default map count limit is 65 530); a process with longer is
+/// counted as cut and its figure is a lower bound.
+const MAX_BYTES: u64 = 16 << 20;
+
+/// The bytes on each of `nodes` in /proc/PID/numa_maps, read a line at a
+/// time up to its bound, and whether it was cut there (its sums then leave
+/// out the rest).
+pub fn read(pid: u32, nodes: &[u32]) -> Option<(Vec<u64>, bool)> {
+    let file = std::fs::File::open(format!("/proc/{pid}/numa_maps")).ok()?;
+    let mut reader = std::io::BufReader::with_capacity(64 << 10, file.take(MAX_BYTES));
+    let mut sums = NodeSums::new(nodes);
+    let (mut line, mut read) = (Vec::new(), 0u64);
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) => break,
+            Ok(n) => read += n as u64,
+            Err(_) => return None,
+        }
+        // A line the bound cut may have lost its counts or page size.
+        if line.last() == Some(&b'\n') {
+            sums.line(&line[..line.len() - 1]);
+        }
+    }
+    Some((sums.bytes, read >= MAX_BYTES))
+}
+
 /// Bytes on each node in `nodes` (the same order), summed over every
 /// mapping as `numastat -p` sums them: a file page mapped by several
 /// processes counts in each.
@@ -89,6 +119,19 @@ fffff0000000 default stack anon=3 dirty=3 N0=3 kernelpagesize_kB=64
         assert_eq!(bytes_on_nodes(GH200.as_bytes(), &[1, 0]), vec![node1, node0]);
         assert_eq!(bytes_on_nodes(GH200.as_bytes(), &[7]), vec![0], "a node no mapping names");
         assert_eq!(bytes_on_nodes(GH200.as_bytes(), &[]), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn this_processs_numa_maps_sums_as_its_lines_say() {
+        // All of a process's pages are on some node: node 0 on a one-node
+        // machine, and never more than the address space it maps.
+        let nodes: Vec<u32> = (0..64).collect();
+        let (bytes, cut) = read(std::process::id(), &nodes).expect("own numa_maps (a kernel without CONFIG_NUMA has none)");
+        let total: u64 = bytes.iter().sum();
+        let mapped: u64 = crate::procfs::read_maps(std::process::id()).unwrap().iter().map(|m| m.range.end - m.range.start).sum();
+        assert!(!cut && total > 0 && total <= mapped, "{total} bytes on nodes of {mapped} mapped");
+        assert_eq!(read(std::process::id(), &[]), Some((vec![], false)));
+        assert_eq!(read(u32::MAX, &nodes), None, "no such process");
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! on the details (a mapping's path may hold spaces and end in
 //! " (deleted)"; a status line's value is tab-separated; cgroup v1 and v2
 //! lines share one shape).
+pub mod numa_maps;
+
 use std::{
     io,
     ops::Range,
