@@ -55,12 +55,7 @@ impl Labels {
             write_pair(&mut text, k, v);
         }
         let then = then.tail();
-        if let Some(t) = then.as_deref().filter(|t| !t.text.is_empty()) {
-            if !text.is_empty() {
-                text.push(',');
-            }
-            text.push_str(&t.text);
-        }
+        append_set(&mut text, then.as_deref());
         Labels { shared: Some(Arc::new(Shared { pairs: Arc::new(pairs), then, text })), own: Vec::new() }
     }
 
@@ -75,13 +70,9 @@ impl Labels {
             return Labels::shared_then(pairs, then);
         };
         let then = then.tail();
-        let tail = then.as_deref().map_or("", |t| t.text.as_str());
-        let mut text = String::with_capacity(h.text.len() + 1 + tail.len());
+        let mut text = String::with_capacity(h.text.len() + 1 + then.as_ref().map_or(0, |t| t.text.len()));
         text.push_str(&h.text);
-        if !text.is_empty() && !tail.is_empty() {
-            text.push(',');
-        }
-        text.push_str(tail);
+        append_set(&mut text, then.as_deref());
         Labels { shared: Some(Arc::new(Shared { pairs: h.pairs.clone(), then, text })), own: Vec::new() }
     }
 
@@ -149,6 +140,17 @@ impl Labels {
 impl From<Pairs> for Labels {
     fn from(own: Pairs) -> Self {
         Labels { shared: None, own }
+    }
+}
+
+/// A set's text after the labels in `text`, comma-separated (nothing for
+/// no set or an empty one).
+fn append_set(text: &mut String, set: Option<&Shared>) {
+    if let Some(t) = set.filter(|t| !t.text.is_empty()) {
+        if !text.is_empty() {
+            text.push(',');
+        }
+        text.push_str(&t.text);
     }
 }
 
@@ -241,12 +243,17 @@ impl Families {
         // Sized once, from what each sample will take: a scrape of thousands
         // of rows is megabytes, which growing by doubling copies again and
         // faults in twice.
-        let mut out = String::with_capacity(6 + self.0.iter().map(Family::len_hint).sum::<usize>());
+        let mut out = String::with_capacity(self.len_hint());
         for f in &self.0 {
             f.write(&mut out);
         }
         out.push_str("# EOF\n");
         out
+    }
+
+    /// About the bytes [`Families::encode`] writes (see [`Family::len_hint`]).
+    fn len_hint(&self) -> usize {
+        "# EOF\n".len() + self.0.iter().map(Family::len_hint).sum::<usize>()
     }
 }
 
@@ -428,7 +435,7 @@ pub(super) mod tests {
     #[test]
     fn the_text_is_sized_once() {
         let f = families();
-        let hint = 6 + f.0.iter().map(Family::len_hint).sum::<usize>();
+        let hint = f.len_hint();
         let text = f.encode();
         assert!(text.len() <= hint && hint <= 2 * text.len(), "{} bytes written, {hint} reserved", text.len());
     }
