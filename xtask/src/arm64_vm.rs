@@ -156,11 +156,12 @@ pub fn run_scenarios(set: Set) -> Result<()> {
     let runs = scenario_outputs(&console);
     let mut failed = Vec::new();
     for s in scenarios {
-        let verdict = match runs.get(s.name) {
-            Some(out) => check(s, out),
+        let run = runs.get(s.name);
+        let verdict = match run {
+            Some(run) => check(s, run),
             None => Err(anyhow::anyhow!("no output came back (see {})", dir.join("console.log").display())),
         };
-        let took = runs.get(s.name).and_then(|r| r.3).map(|t| format!(" ({t:.1} s)")).unwrap_or_default();
+        let took = run.and_then(|r| r.seconds).map(|t| format!(" ({t:.1} s)")).unwrap_or_default();
         match verdict {
             Ok(what) => println!("arm64 {:<12} ok{took}: {what}", s.name),
             Err(e) => {
@@ -282,25 +283,33 @@ fn boot(payload: &Path, log: &Path) -> Result<String> {
     Ok(console)
 }
 
-/// What each scenario printed: (stdout, stderr, exit code, the guest's
-/// seconds it took).
-type Outputs = (String, String, i32, Option<f64>);
+/// What one scenario printed, and the guest's seconds it took.
+#[derive(Default)]
+struct Run {
+    stdout: String,
+    stderr: String,
+    /// None until its `GPUMEM-RC` line: a scenario without one did not finish.
+    rc: Option<i32>,
+    seconds: Option<f64>,
+}
 
-fn scenario_outputs(console: &str) -> BTreeMap<String, Outputs> {
-    let mut runs: BTreeMap<String, (String, String, Option<i32>, Option<f64>)> = BTreeMap::new();
+/// Each scenario that finished (its exit code said), by name.
+fn scenario_outputs(console: &str) -> BTreeMap<String, Run> {
+    let mut runs: BTreeMap<String, Run> = BTreeMap::new();
     for line in console.lines() {
         let Some((tag, rest)) = line.split_once(' ') else { continue };
         let (name, text) = rest.split_once(' ').unwrap_or((rest, ""));
-        let entry = runs.entry(name.to_string());
+        let run = runs.entry(name.to_string());
         match tag {
-            "GPUMEM-OUT" => entry.or_default().0.push_str(&format!("{text}\n")),
-            "GPUMEM-ERR" => entry.or_default().1.push_str(&format!("{text}\n")),
-            "GPUMEM-RC" => entry.or_default().2 = text.trim().parse().ok(),
-            "GPUMEM-TIME" => entry.or_default().3 = uptime_span(text),
+            "GPUMEM-OUT" => run.or_default().stdout.push_str(&format!("{text}\n")),
+            "GPUMEM-ERR" => run.or_default().stderr.push_str(&format!("{text}\n")),
+            "GPUMEM-RC" => run.or_default().rc = text.trim().parse().ok(),
+            "GPUMEM-TIME" => run.or_default().seconds = uptime_span(text),
             _ => {}
         }
     }
-    runs.into_iter().filter_map(|(name, (out, err, rc, took))| Some((name, (out, err, rc?, took)))).collect()
+    runs.retain(|_, r| r.rc.is_some());
+    runs
 }
 
 /// "START END", both from the guest's /proc/uptime.
@@ -310,9 +319,11 @@ fn uptime_span(text: &str) -> Option<f64> {
 }
 
 /// One scenario's verdict: what was measured, or what differs.
-fn check(s: &Scenario, (stdout, stderr, rc, _): &Outputs) -> Result<String> {
+fn check(s: &Scenario, run: &Run) -> Result<String> {
+    let (stdout, stderr) = (&run.stdout, &run.stderr);
+    let Some(rc) = run.rc else { bail!("no exit code came back: {stderr}") };
     // A trace exits with its command's code: the workloads check every result themselves.
-    if *rc != 0 {
+    if rc != 0 {
         bail!("exit code {rc}: {stderr}");
     }
     if let Check::Stress = s.check {
