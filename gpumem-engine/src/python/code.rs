@@ -44,12 +44,21 @@ pub const MAX_CODES: usize = 16384;
 pub const MAX_CACHED_BYTES: usize = 4 << 20;
 /// Lines kept per code object (by instruction).
 const MAX_LINES: usize = 1024;
+/// A code object that could not be read is read again after this long: the
+/// read may have raced the interpreter (an object being made or freed), and
+/// a stack resolved with it is not final until it reads.
+const RETRY_FAILED: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A code object as read, or when its read failed.
+enum Code {
+    Read(CodeInfo),
+    Failed(std::time::Instant),
+}
 
 /// A Python process's interpreter and its code objects read so far.
 struct ProcessCodes {
     interp: Interpreter,
-    /// None: unreadable.
-    codes: HashMap<u64, Option<CodeInfo>>,
+    codes: HashMap<u64, Code>,
     cached_bytes: usize,
     budget: ReadBudget,
     /// Changes whenever the code objects cached start over (see `Resolved`).
@@ -58,8 +67,9 @@ struct ProcessCodes {
 
 /// A stack's Python frames, resolved, and whether the same frame references
 /// would resolve the same way for as long as `generation` holds: not where
-/// the read budget refused a code object (it is read again once refilled)
-/// or the process's interpreter is not known yet.
+/// the read budget refused a code object (it is read again once refilled),
+/// a code object's read failed (read again after `RETRY_FAILED`), or the
+/// process's interpreter is not known yet.
 pub struct Resolved {
     pub frames: Vec<PyFrame>,
     pub generation: Option<u64>,
@@ -102,11 +112,7 @@ impl Resolver {
     pub fn heap_bytes(&self) -> u64 {
         let tables = crate::heap::hash_table::<u32, ProcessCodes>(self.processes.capacity());
         tables
-            + self
-                .processes
-                .values()
-                .map(|p| crate::heap::hash_table::<u64, Option<CodeInfo>>(p.codes.capacity()) + p.cached_bytes as u64)
-                .sum::<u64>()
+            + self.processes.values().map(|p| crate::heap::hash_table::<u64, Code>(p.codes.capacity()) + p.cached_bytes as u64).sum::<u64>()
     }
 
     /// Resolves a stack's Python frames (innermost first). A code object
@@ -126,6 +132,7 @@ impl Resolver {
         let l = &p.interp.layout.code;
         let now = std::time::Instant::now();
         let mut refused = false;
+        let mut failed = false;
         let resolved = frames
             .map(|f| {
                 if p.codes.len() >= MAX_CODES || p.cached_bytes >= MAX_CACHED_BYTES {
@@ -135,7 +142,12 @@ impl Resolver {
                     self.generations += 1;
                     p.generation = self.generations;
                 }
-                if !p.codes.contains_key(&f.code) {
+                let stale = match p.codes.get(&f.code) {
+                    None => true,
+                    Some(Code::Failed(at)) => now.duration_since(*at) >= RETRY_FAILED,
+                    Some(Code::Read(_)) => false,
+                };
+                if stale {
                     if !p.budget.allows(now) {
                         refused = true;
                         return PyFrame::unknown(f.instr & ENTRY != 0);
@@ -147,7 +159,7 @@ impl Resolver {
                         info
                     });
                     p.cached_bytes += read.as_ref().map_or(0, CodeInfo::size);
-                    p.codes.insert(f.code, read);
+                    p.codes.insert(f.code, read.map_or(Code::Failed(now), Code::Read));
                 }
                 let Some(info) = p.codes.get_mut(&f.code) else { return PyFrame::unknown(f.instr & ENTRY != 0) };
                 let instr = f.instr & !ENTRY;
@@ -158,7 +170,7 @@ impl Resolver {
                     Lines::Pep626 => u64::try_from(instr as u32 as i32).ok(),
                 };
                 match info {
-                    Some(c) => {
+                    Code::Read(c) => {
                         let line = match index {
                             Some(i) => {
                                 if c.lines.len() >= MAX_LINES {
@@ -173,7 +185,10 @@ impl Resolver {
                         };
                         PyFrame { function: c.qualname.clone(), file: c.filename.clone(), line, entry: f.instr & ENTRY != 0 }
                     }
-                    None => PyFrame::unknown(f.instr & ENTRY != 0),
+                    Code::Failed(_) => {
+                        failed = true;
+                        PyFrame::unknown(f.instr & ENTRY != 0)
+                    }
                 }
             })
             .collect::<Vec<_>>();
@@ -185,7 +200,7 @@ impl Resolver {
             );
             self.degraded.push((pid, Reason::PythonReads, why));
         }
-        Resolved { frames: resolved, generation: (!refused).then_some(p.generation) }
+        Resolved { frames: resolved, generation: (!refused && !failed).then_some(p.generation) }
     }
 
     pub fn forget(&mut self, pid: u32) {
@@ -400,6 +415,28 @@ mod tests {
         // A process whose interpreter is not known yet: nothing final.
         let unknown = r.resolve_in(9, std::iter::once(PyFrameRef { code: BASE, instr: 0 }), || None::<Image>);
         assert!(unknown.frames.is_empty() && unknown.generation.is_none());
+    }
+
+    #[test]
+    fn a_code_object_that_failed_to_read_is_read_again_later_and_its_stack_is_not_final() {
+        let (m, interp) = codes(1, 64);
+        let mut r = Resolver::default();
+        r.add(interp);
+        let frame = || std::iter::once(PyFrameRef { code: BASE, instr: 0 });
+        // Read while the object was not there yet (all zeros: its name pointer is null).
+        let blank = vec![0u8; m.len()];
+        let first = r.resolve_in(7, frame(), || Some(Image { base: BASE, bytes: &blank }));
+        assert_eq!((first.frames[0].function.as_str(), first.generation), ("?", None));
+        // Within the retry interval nothing is read again (the open is not even asked).
+        let soon = r.resolve_in(7, frame(), || -> Option<Image> { panic!("read again at once") });
+        assert_eq!((soon.frames[0].function.as_str(), soon.generation), ("?", None));
+        assert!(r.take_degraded().is_empty(), "a failed read is not the read budget's refusal");
+        // After it, the object is read again and the stack is final.
+        let Some(Code::Failed(at)) = r.processes.get_mut(&7).unwrap().codes.get_mut(&BASE) else { panic!("kept as failed") };
+        *at -= RETRY_FAILED;
+        let later = r.resolve_in(7, frame(), || Some(Image { base: BASE, bytes: &m }));
+        assert_eq!(later.frames[0].function, "run");
+        assert_eq!(later.generation, r.generation(7));
     }
 
     #[test]
