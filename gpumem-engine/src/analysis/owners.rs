@@ -10,12 +10,11 @@
 //! then `other`; `unknown` where no stack was taken. Where stacks were
 //! sampled over the budget, figures are the sampling's unbiased estimates
 //! (`estimated`).
-use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use super::history::Totals;
 use crate::{
-    stacks::{Frame, Sampling, StackId, Stacks},
+    stacks::{Frame, Sampling, Stacks},
     state::{Memory, Process},
 };
 
@@ -71,31 +70,48 @@ pub fn owner(frames: &[Frame]) -> String {
 pub fn by_owner(p: &Process, stacks: &mut Stacks) -> Vec<(i32, Vec<OwnerBytes>)> {
     let allocs = p.held.allocs.values().filter(|a| a.memory() == Memory::Device).map(|a| (a.device(), a.stack(), a.size, a.sampling()));
     let handles = p.held.vmm_handles.values().map(|h| (h.device, h.stack, h.size, h.sampling));
-    // Summed by stack first, then each stack's owner found once: a process
-    // has far fewer stacks than allocations, and every scrape walks them.
-    let mut per_stack: FxHashMap<(i32, Option<StackId>), Totals> = FxHashMap::default();
-    for (dev, stack, size, sampling) in allocs.chain(handles) {
-        if sampling == Sampling::NotSampled {
-            // Stood for by the sampled stacks' estimates.
-            continue;
+    // Not-sampled allocations are stood for by the sampled stacks' estimates.
+    let mut each: Vec<_> = allocs.chain(handles).filter(|&(.., sampling)| sampling != Sampling::NotSampled).collect();
+    // Summed by device and stack first, then each stack's owner found once:
+    // a process has far fewer stacks than allocations, and every scrape
+    // walks them. Sorted rather than hashed: most processes hold a few
+    // allocations, where hash tables' allocation and growth cost more than
+    // the walk itself.
+    each.sort_unstable_by_key(|&(dev, stack, ..)| (dev, stack));
+    let mut per_dev: Vec<(i32, Vec<(String, Totals)>)> = Vec::new();
+    for run in each.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
+        let (dev, stack) = (run[0].0, run[0].1);
+        let mut t = Totals::default();
+        for &(.., size, sampling) in run {
+            t.add(size, sampling, stacks.sample_bytes);
         }
-        per_stack.entry((dev, stack)).or_default().add(size, sampling, stacks.sample_bytes);
-    }
-    let mut per_dev: FxHashMap<i32, FxHashMap<String, Totals>> = FxHashMap::default();
-    for ((dev, stack), t) in per_stack {
         let name = match stack {
             Some(id) => stacks.owner(id, owner),
             None => "unknown".to_string(),
         };
-        per_dev.entry(dev).or_default().entry(name).or_default().merge(&t);
+        match per_dev.last_mut() {
+            Some((d, owners)) if *d == dev => owners.push((name, t)),
+            _ => per_dev.push((dev, vec![(name, t)])),
+        }
     }
-    let mut out: Vec<(i32, Vec<OwnerBytes>)> = per_dev.into_iter().map(|(dev, owners)| (dev, bounded(owners))).collect();
-    out.sort_by_key(|(dev, _)| *dev);
+    per_dev.into_iter().map(|(dev, owners)| (dev, bounded(merged(owners)))).collect()
+}
+
+/// Each owner once: the totals of its stacks summed.
+fn merged(mut owners: Vec<(String, Totals)>) -> Vec<(String, Totals)> {
+    owners.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out: Vec<(String, Totals)> = Vec::with_capacity(owners.len());
+    for (name, t) in owners {
+        match out.last_mut() {
+            Some((last, sum)) if *last == name => sum.merge(&t),
+            _ => out.push((name, t)),
+        }
+    }
     out
 }
 
 /// The largest owners, then `other` for the rest.
-fn bounded(owners: FxHashMap<String, Totals>) -> Vec<OwnerBytes> {
+fn bounded(owners: Vec<(String, Totals)>) -> Vec<OwnerBytes> {
     let mut all: Vec<OwnerBytes> = owners
         .into_iter()
         .map(|(owner, t)| OwnerBytes {
@@ -150,7 +166,7 @@ mod tests {
 
     #[test]
     fn owners_beyond_the_largest_are_summed_as_other() {
-        let owners: FxHashMap<String, Totals> = (0..12u64)
+        let owners: Vec<(String, Totals)> = (0..12u64)
             .map(|i| {
                 let mut t = Totals::default();
                 t.add((i + 1) << 20, Sampling::Every, 0);
@@ -162,5 +178,17 @@ mod tests {
         assert_eq!((b[0].owner.as_str(), b[0].bytes), ("lib11.so", 12 << 20));
         let other = b.last().unwrap();
         assert_eq!((other.owner.as_str(), other.bytes, other.allocations), ("other", (1 + 2 + 3 + 4) << 20, 4));
+    }
+
+    #[test]
+    fn stacks_of_one_owner_are_summed_once() {
+        let t = |mib: u64| {
+            let mut t = Totals::default();
+            t.add(mib << 20, Sampling::Every, 0);
+            t
+        };
+        let m = merged(vec![("b.so".into(), t(1)), ("a.so".into(), t(2)), ("b.so".into(), t(4)), ("unknown".into(), t(8))]);
+        let got: Vec<(&str, u64, u64)> = m.iter().map(|(o, t)| (o.as_str(), t.bytes >> 20, t.count)).collect();
+        assert_eq!(got, [("a.so", 2, 1), ("b.so", 5, 2), ("unknown", 8, 1)]);
     }
 }
