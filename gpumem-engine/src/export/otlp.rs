@@ -217,16 +217,28 @@ fn resource(host: &str) -> Resource {
 /// `host.name` this node).
 pub fn request(fams: &Families, host: &str, t: Times) -> Vec<u8> {
     let mut e = Encoder { t, shared: FxHashMap::default(), point: Vec::new(), points: Vec::new(), metric: Vec::new() };
-    let mut scope_metrics = Vec::new();
+    // Megabytes at thousands of rows: sized once from the text's size (the
+    // protobuf is about as long), not grown by doubling.
+    let hint = fams.len_hint();
+    let mut scope_metrics = Vec::with_capacity(hint + hint / 4);
     message::encode(field::SCOPE, &scope(), &mut scope_metrics);
     for (m, series) in fams.iter().filter(|(_, s)| !s.is_empty()) {
         e.metric(m, series, &mut scope_metrics);
     }
-    let mut resource_metrics = Vec::new();
-    message::encode(field::RESOURCE, &resource(host), &mut resource_metrics);
-    nested(field::SCOPE_METRICS, &scope_metrics, &mut resource_metrics);
-    let mut out = Vec::with_capacity(resource_metrics.len() + 8);
-    nested(field::REQUEST_RESOURCE_METRICS, &resource_metrics, &mut out);
+    // The two messages around it are written with their lengths, so that
+    // the scope's bytes are copied once, into a body of the exact size.
+    let mut resource_field = Vec::new();
+    message::encode(field::RESOURCE, &resource(host), &mut resource_field);
+    let scope_len = key_len(field::SCOPE_METRICS) + encoded_len_varint(scope_metrics.len() as u64) + scope_metrics.len();
+    let resource_metrics_len = resource_field.len() + scope_len;
+    let mut out = Vec::with_capacity(
+        key_len(field::REQUEST_RESOURCE_METRICS) + encoded_len_varint(resource_metrics_len as u64) + resource_metrics_len,
+    );
+    encode_key(field::REQUEST_RESOURCE_METRICS, WireType::LengthDelimited, &mut out);
+    encode_varint(resource_metrics_len as u64, &mut out);
+    out.extend_from_slice(&resource_field);
+    nested(field::SCOPE_METRICS, &scope_metrics, &mut out);
+    debug_assert_eq!(out.len(), out.capacity());
     out
 }
 

@@ -252,7 +252,7 @@ impl Families {
     }
 
     /// About the bytes [`Families::encode`] writes (see [`Family::len_hint`]).
-    fn len_hint(&self) -> usize {
+    pub(crate) fn len_hint(&self) -> usize {
         "# EOF\n".len() + self.0.iter().map(Family::len_hint).sum::<usize>()
     }
 }
