@@ -52,6 +52,10 @@ enum Check {
     AsOnX86(&'static str, &'static [(&'static str, &'static str)]),
     /// Every call of eight threads traced, none lost.
     Storm,
+    /// Native stacks unwound by framehop's aarch64 unwinder from DWARF CFI
+    /// (the workload is built without frame pointers): each leaked buffer
+    /// through its two callers, with file and line from DWARF.
+    Stacks,
     /// Each fresh copy of the driver attached between its dlopen and first
     /// call (3 s apart: under TCG the agent is some 30 times slower).
     Fresh,
@@ -90,6 +94,15 @@ const SCENARIOS: &[Scenario] = &[
         every_event: true,
         in_ci: true,
         line: "$TRACE --libcuda $L -c \"$W $L expandable\"",
+    },
+    Scenario {
+        name: "stacks",
+        check: Check::Stacks,
+        every_event: true,
+        in_ci: true,
+        // Held after its last call: under TCG the agent reads the
+        // process's mappings seconds after its first event.
+        line: "env GPUMEM_STEPS=5 GPUMEM_WORKLOAD_HOLD_MS=4000 $TRACE --libcuda $L -c \"$W $L deep_leak\"",
     },
     Scenario {
         name: "storm",
@@ -343,6 +356,7 @@ fn check(s: &Scenario, run: &Run) -> Result<String> {
             Ok(format!("{} events and every process's totals as on x86_64", t.events.len()))
         }
         Check::Storm => storm(&t),
+        Check::Stacks => native_stacks(&t),
         Check::Fresh => fresh(&t),
         Check::Python(version) => python(&t, version),
         Check::Usdt(level) => usdt(&t, level),
@@ -448,6 +462,30 @@ fn stress(stderr: &str) -> Result<String> {
         )),
         _ => bail!("calls {calls:?}, agent cycles {cycles:?}, attached {attaches:?}: {stderr}"),
     }
+}
+
+/// deep_leak's 4 MiB buffers: each from leak_buffer, called by train_step,
+/// called by run_model, as the x86_64 test of `gpumem leaks` finds them.
+fn native_stacks(t: &Trace) -> Result<String> {
+    let functions = |a: &Value| -> Vec<String> {
+        a["frames"].as_array().into_iter().flatten().map(|f| f["function"].as_str().unwrap_or("?").to_string()).collect()
+    };
+    let leaks: Vec<&Value> = t.of_type("alloc").into_iter().filter(|a| a["size"] == 4u64 << 20).collect();
+    if leaks.len() != 5 {
+        bail!("{} leaked buffers traced of 5: {}", leaks.len(), t.stderr);
+    }
+    for a in &leaks {
+        let f = functions(a);
+        if f.get(..3) != Some(&["leak_buffer".to_string(), "train_step".into(), "run_model".into()][..]) {
+            bail!("a leaked buffer's stack is {f:?} (unwinding: {}): {a}", t.summary["stacks"]);
+        }
+    }
+    let top = &leaks[0]["frames"][0];
+    let (file, line) = (top["file"].as_str().unwrap_or(""), top["line"].as_u64().unwrap_or(0));
+    if !file.ends_with("workload.c") || line == 0 {
+        bail!("leak_buffer's frame has no file and line from DWARF: {top}");
+    }
+    Ok(format!("5 leaked buffers, each unwound without frame pointers: {:?} (workload.c:{line})", functions(leaks[0])))
 }
 
 /// Eight threads' allocations and frees, every one accounted for.
