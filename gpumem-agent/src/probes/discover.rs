@@ -3,7 +3,7 @@
 //! and the ones named on the command line. Copies are told apart by inode.
 use std::{
     fs,
-    os::unix::fs::MetadataExt as _,
+    os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
     path::{Path, PathBuf},
 };
 
@@ -55,6 +55,29 @@ impl Library {
     pub fn key(&self) -> (u64, u64) {
         (self.dev, self.ino)
     }
+
+    /// The library opened for reading and attaching. A map_files link is
+    /// named by its mapping's address range, which the process can change
+    /// between discovery and the attach (the loader maps a library in
+    /// steps, and a split or a new mapping renames it): the file opened
+    /// once and named by its descriptor stays the same file.
+    pub fn open(&self) -> std::io::Result<Opened> {
+        let file = fs::File::open(&self.path)?;
+        let md = file.metadata()?;
+        if (md.dev(), md.ino()) != self.key() {
+            return Err(std::io::Error::other(format!("{} is another file since it was found", self.path.display())));
+        }
+        let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        Ok(Opened { _file: file, path })
+    }
+}
+
+/// A library held open while it is read and attached to (see [`Library::open`]).
+pub struct Opened {
+    _file: fs::File,
+    /// This process's link to the open file: what the kernel resolves for a
+    /// uprobe, and what the ELF readers open.
+    pub path: PathBuf,
 }
 
 pub fn stat_library(path: &Path, source: Source) -> std::io::Result<Library> {
@@ -205,5 +228,25 @@ mod tests {
         assert!(is_libcuda_name("libcuda.so"));
         assert!(!is_libcuda_name("libcudart.so.12"));
         assert!(!is_libcuda_name("libcuda.so1"));
+    }
+
+    #[test]
+    fn an_opened_library_stays_the_same_file_after_its_path_goes() {
+        let dir = std::env::temp_dir().join(format!("gpumem-open-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let (path, other) = (dir.join("libcuda.so.1"), dir.join("other"));
+        fs::write(&path, b"the library").unwrap();
+        fs::write(&other, b"another file").unwrap();
+        let lib = stat_library(&path, Source::CommandLine).unwrap();
+        let opened = lib.open().unwrap();
+        // What a map_files link does when its mapping changes: the name goes.
+        fs::remove_file(&path).unwrap();
+        assert_eq!(fs::read(&opened.path).unwrap(), b"the library");
+        // A name that now opens another file is refused, not read.
+        fs::rename(&other, &path).unwrap();
+        let err = lib.open().err().expect("another inode");
+        assert!(err.to_string().contains("another file since it was found"), "{err}");
+        drop(opened);
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -154,7 +154,16 @@ impl Agent {
             return self.libraries.last();
         }
         self.links_changed = true;
-        match symbols::function_offsets(&lib.path, |name| APIS.iter().any(|api| api.symbol == name)) {
+        let opened = match lib.open() {
+            Ok(o) => o,
+            Err(e) => {
+                report.error = Some(format!("opening it: {e}"));
+                self.libraries.push(report);
+                return self.libraries.last();
+            }
+        };
+        let path = &opened.path;
+        match symbols::function_offsets(path, |name| APIS.iter().any(|api| api.symbol == name)) {
             Err(e) => {
                 if let (true, Some(pid)) = (e.over_budget(), lib.pid) {
                     self.degraded.push((pid, Reason::LibraryTables, format!("{}: {e}", lib.name)));
@@ -168,11 +177,11 @@ impl Agent {
                 // goes on the same entry, so the entry's instruction decides both).
                 let mut decisions: HashMap<&str, Decision> = exported
                     .iter()
-                    .filter_map(|(api, off)| Some((api.symbol, self.gate.check(&lib.path, *off, Site::EntryAndReturn)?)))
+                    .filter_map(|(api, off)| Some((api.symbol, self.gate.check(path, *off, Site::EntryAndReturn)?)))
                     .collect();
                 arm64_probe::all_or_none(decisions.values_mut());
                 let allowed: Vec<_> = exported.into_iter().filter(|(api, _)| decisions.get(api.symbol).is_none_or(|d| d.attach)).collect();
-                let (mode, failed) = self.link(&allowed, &lib.path);
+                let (mode, failed) = self.link(&allowed, path);
                 for api in APIS {
                     let arm64 = decisions.get(api.symbol).cloned();
                     let status = match failed.iter().find(|(symbol, _)| *symbol == api.symbol) {

@@ -61,13 +61,14 @@ impl Agent {
         if self.options.refuse_loader_hooks {
             return Err(ProbeError::Injected("attaching the loader hook"));
         }
-        let offset = symbols::function_offsets(&lib.path, |name| name == HOOK)
+        let opened = lib.open().map_err(|e| ProbeError::Hook(format!("{}: opening it: {e}", lib.name)))?;
+        let offset = symbols::function_offsets(&opened.path, |name| name == HOOK)
             .map_err(|e| ProbeError::Hook(format!("{}: {e}", lib.name)))?
             .get(HOOK)
             .copied()
             .ok_or_else(|| ProbeError::Hook(format!("{} has no {HOOK}", lib.name)))?;
         // The hook reads no register: on arm64 it may sit after a landing pad.
-        *arm64 = self.gate.check(&lib.path, offset, Site::Signal);
+        *arm64 = self.gate.check(&opened.path, offset, Site::Signal);
         let offset = match arm64.as_ref() {
             Some(d) if !d.attach => {
                 return Err(ProbeError::Hook(format!("{HOOK} in {}: refused on arm64: {}: {}", lib.name, d.instruction, d.why)))
@@ -82,7 +83,7 @@ impl Agent {
         }
         let prog: &mut UProbe = self.program(PROGRAM)?;
         let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: None };
-        prog.attach([point], &lib.path, UProbeScope::AllProcesses).map_err(|source| ProbeError::Attach {
+        prog.attach([point], &opened.path, UProbeScope::AllProcesses).map_err(|source| ProbeError::Attach {
             program: PROGRAM.to_string(),
             target: format!("{HOOK} in {}", lib.name),
             source: Box::new(source),

@@ -18,6 +18,7 @@ use std::{
         fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd},
         unix::ffi::OsStrExt as _,
     },
+    path::Path,
 };
 
 use aya::programs::UProbe;
@@ -261,7 +262,15 @@ impl Agent {
             attached: false,
             links: None,
         };
-        match usdt::probes(&lib.path) {
+        let opened = match lib.open() {
+            Ok(o) => o,
+            Err(e) => {
+                report.error = Some(format!("opening it: {e}"));
+                self.torch.push(report);
+                return self.torch.last();
+            }
+        };
+        match usdt::probes(&opened.path) {
             Err(e) => {
                 if let (true, Some(pid)) = (e.over_budget(), lib.pid) {
                     self.degraded.push((pid, Reason::LibraryTables, format!("{}: {e}", lib.name)));
@@ -277,7 +286,7 @@ impl Agent {
                         offset: p.offset,
                         semaphore: p.semaphore,
                         args: p.args.iter().map(|a| describe_arg(p.arch, a)).collect(),
-                        arm64: self.gate.check(&lib.path, p.offset, Site::Usdt),
+                        arm64: self.gate.check(&opened.path, p.offset, Site::Usdt),
                     })
                     .collect();
                 let allowed: Vec<&UsdtProbe> =
@@ -285,7 +294,7 @@ impl Agent {
                 let refused = report.sites.iter().find_map(|r| r.arm64.as_ref().filter(|d| !d.attach));
                 let linked = match refused {
                     Some(d) if allowed.is_empty() => Err(format!("every probe site refused on arm64: {}: {}", d.instruction, d.why)),
-                    _ => self.link_torch(&allowed, lib),
+                    _ => self.link_torch(&allowed, &opened.path),
                 };
                 match linked {
                     Ok(()) => {
@@ -300,7 +309,7 @@ impl Agent {
         self.torch.last()
     }
 
-    fn link_torch(&mut self, sites: &[&UsdtProbe], lib: &Library) -> Result<(), String> {
+    fn link_torch(&mut self, sites: &[&UsdtProbe], lib_path: &Path) -> Result<(), String> {
         if sites.is_empty() {
             return Err("no pytorch:malloc or pytorch:free probes in its .note.stapsdt (a PyTorch built without USDT probes)".into());
         }
@@ -328,7 +337,7 @@ impl Agent {
             prog.load().map_err(|e| format!("eBPF program {program} failed to load: {e}"))?;
         }
         let prog_fd = prog.fd().map_err(|e| e.to_string())?.as_fd().as_raw_fd();
-        let path = CString::new(lib.path.as_os_str().as_bytes()).map_err(|_| "a path with a NUL byte".to_string())?;
+        let path = CString::new(lib_path.as_os_str().as_bytes()).map_err(|_| "a path with a NUL byte".to_string())?;
         let offsets: Vec<u64> = sites.iter().map(|p| p.offset).collect();
         let ref_ctr: Vec<u64> = sites.iter().map(|p| p.semaphore.unwrap_or(0)).collect();
         let cookies: Vec<u64> = (0..sites.len() as u64).map(|i| first as u64 + i).collect();
