@@ -35,8 +35,10 @@ fn a_cuda_oom_runs_the_hook_with_its_json_on_stdin_and_reaches_the_webhook() {
     let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml", "--action", &hook, "--webhook", &webhook], &[]);
     let mut w = spawn_workload("oom", &[("GPUMEM_FAKE_CAPACITY", "67108864"), ("GPUMEM_WORKLOAD_HOLD_MS", "3000")]);
     let pid = w.id();
-    let event = poll(20, "the hook's event.json", || read_json(&d.join("event.json")), || serve.metrics());
-    assert_eq!(std::fs::read_to_string(d.join("kind")).unwrap().trim(), "cuda_oom");
+    // The hook writes event.json, then kind: done once both are there.
+    let written = || Some((read_json(&d.join("event.json"))?, std::fs::read_to_string(d.join("kind")).ok().filter(|k| k.ends_with('\n'))?));
+    let (event, kind) = poll(20, "the hook's event.json and kind", written, || serve.metrics());
+    assert_eq!(kind.trim(), "cuda_oom");
     assert_eq!(event["event"], "cuda_oom");
     assert_eq!(event["pid"], pid);
     assert_eq!(event["comm"], "workload");
