@@ -131,6 +131,13 @@ impl Agent {
         if !self.seen.insert(lib.key()) {
             return None;
         }
+        let opened = lib.open();
+        if opened.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+            // Its mapping changed or its process exited since it was found
+            // (the loader maps a library in steps): tried again when found again.
+            self.seen.remove(&lib.key());
+            return None;
+        }
         let mut report = LibraryReport {
             path: lib.name.clone(),
             source: lib.source.to_string(),
@@ -154,7 +161,7 @@ impl Agent {
             return self.libraries.last();
         }
         self.links_changed = true;
-        let opened = match lib.open() {
+        let opened = match opened {
             Ok(o) => o,
             Err(e) => {
                 report.error = Some(format!("opening it: {e}"));
