@@ -97,17 +97,17 @@ pub fn by_owner(p: &Process, stacks: &mut Stacks) -> Vec<(i32, Vec<OwnerBytes>)>
     per_dev.into_iter().map(|(dev, owners)| (dev, bounded(merged(owners)))).collect()
 }
 
-/// Each owner once: the totals of its stacks summed.
+/// Each owner once: the totals of its stacks summed (in place).
 fn merged(mut owners: Vec<(String, Totals)>) -> Vec<(String, Totals)> {
     owners.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut out: Vec<(String, Totals)> = Vec::with_capacity(owners.len());
-    for (name, t) in owners {
-        match out.last_mut() {
-            Some((last, sum)) if *last == name => sum.merge(&t),
-            _ => out.push((name, t)),
+    owners.dedup_by(|later, kept| {
+        let same = later.0 == kept.0;
+        if same {
+            kept.1.merge(&later.1);
         }
-    }
-    out
+        same
+    });
+    owners
 }
 
 /// The largest owners, then `other` for the rest.
