@@ -398,7 +398,7 @@ mod tests {
     }
 
     fn outcome(event: Event, applied: Applied) -> Outcome {
-        Outcome { kind: Kind::of(&event), event, applied, stack: None, oom_stacks: vec![] }
+        Outcome { kind: Kind::of(&event), event, applied, stack: None, oom_stacks: Box::default() }
     }
 
     #[test]

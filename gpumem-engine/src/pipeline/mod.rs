@@ -109,7 +109,7 @@ pub struct Outcome {
     pub stack: Option<StackId>,
     /// For a CUDA out-of-memory: each holder's top stacks on the device
     /// (in `applied.cuda_oom.holders` order).
-    pub oom_stacks: Vec<Vec<LeakGroup>>,
+    pub oom_stacks: Box<[Vec<LeakGroup>]>,
 }
 
 pub struct Pipeline {
@@ -273,8 +273,8 @@ impl Pipeline {
     }
 
     /// Who held the device, and from where, when an allocation ran out of memory.
-    fn oom_stacks(&mut self, ev: &Event, applied: &Applied) -> Vec<Vec<LeakGroup>> {
-        let Some(oom) = &applied.cuda_oom else { return Vec::new() };
+    fn oom_stacks(&mut self, ev: &Event, applied: &Applied) -> Box<[Vec<LeakGroup>]> {
+        let Some(oom) = &applied.cuda_oom else { return Box::default() };
         oom.holders
             .iter()
             .map(|h| match self.state.processes.get(&h.pid) {
