@@ -128,16 +128,7 @@ impl Agent {
     /// Attaches every probe to one libcuda copy. Missing symbols are skipped
     /// and noted; the library is handled once per inode.
     pub fn attach_library(&mut self, lib: &Library) -> Option<&LibraryReport> {
-        if !self.seen.insert(lib.key()) {
-            return None;
-        }
-        let opened = lib.open();
-        if opened.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
-            // Its mapping changed or its process exited since it was found
-            // (the loader maps a library in steps): tried again when found again.
-            self.seen.remove(&lib.key());
-            return None;
-        }
+        let opened = self.claim(lib)?;
         let mut report = LibraryReport {
             path: lib.name.clone(),
             source: lib.source.to_string(),

@@ -313,14 +313,31 @@ impl Agent {
         Ok(())
     }
 
-    /// Whether this library (by inode) has been handled already.
     /// The arm64 uprobe gate, as `status` describes it (None on x86_64).
     pub fn arm64_gate(&self) -> Option<String> {
         self.gate.describe()
     }
 
+    /// Whether this library (by inode) has been handled already.
     pub fn knows(&self, lib: &Library) -> bool {
         self.seen.contains(&lib.key())
+    }
+
+    /// A library (libcuda or libc10_cuda) to handle now, opened; None if it
+    /// was handled already, or if its file is gone since it was found (its
+    /// mapping changed, as the loader maps a library in steps, or its
+    /// process exited): that one is not taken as handled, and is tried
+    /// again when found again.
+    fn claim(&mut self, lib: &Library) -> Option<std::io::Result<discover::Opened>> {
+        if !self.seen.insert(lib.key()) {
+            return None;
+        }
+        let opened = lib.open();
+        if opened.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+            self.seen.remove(&lib.key());
+            return None;
+        }
+        Some(opened)
     }
 
     /// The agent's status once loaded: its probes, its rings' sizes and

@@ -248,9 +248,7 @@ fn link_create(prog_fd: i32, path: &CString, offsets: &[u64], ref_ctr: &[u64], c
 impl Agent {
     /// Attaches PyTorch's allocator probes of one libc10_cuda.so (once per inode).
     pub fn attach_torch(&mut self, lib: &Library) -> Option<&TorchReport> {
-        if !self.seen.insert(lib.key()) {
-            return None;
-        }
+        let opened = self.claim(lib)?;
         self.links_changed = true;
         let mut report = TorchReport {
             path: lib.name.clone(),
@@ -262,7 +260,7 @@ impl Agent {
             attached: false,
             links: None,
         };
-        let opened = match lib.open() {
+        let opened = match opened {
             Ok(o) => o,
             Err(e) => {
                 report.error = Some(format!("opening it: {e}"));
