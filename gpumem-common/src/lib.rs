@@ -191,12 +191,43 @@ pub struct PendingKey {
 pub const NV_PREFIX_MAX: usize = 64;
 
 /// Sizes of the kernel-side tables (also used by the agent for reporting).
-/// The accounting ring: room for about 170,000 events in flight (records
-/// are 88 bytes plus the ring's 8-byte header; stacks go to their own ring).
+/// The accounting ring as the eBPF object declares it: room for about
+/// 170,000 events in flight (records are 88 bytes plus the ring's 8-byte
+/// header; stacks go to their own ring). The agent sizes it at load, by flag
+/// or by the host's class ([`ring_bytes_for_cpus`]).
 pub const RINGBUF_BYTES: u32 = 16 * 1024 * 1024;
-/// The stack ring: room for about 2,000 full 8 KiB stacks in flight. When it
-/// is full, events go without their stacks (counted as `stacks_dropped`).
+/// The stack ring as declared: room for about 2,000 full 8 KiB stacks in
+/// flight. When it is full, events go without their stacks (counted as
+/// `stacks_dropped`). Sized at load like the accounting ring.
 pub const STACK_RING_BYTES: u32 = 16 * 1024 * 1024;
+
+/// Ring bytes per online CPU when a ring is sized by the host's class: each
+/// CPU can run a traced thread that fills the ring while the agent waits for
+/// a core, so the room needed grows with them. A MiB holds about 11,000
+/// records, half a second of one CPU calling the driver flat out under this
+/// project's VM's trap costs (less on bare metal, where the agent also
+/// drains faster), or 128 full stacks.
+pub const RING_BYTES_PER_CPU: u32 = 1024 * 1024;
+/// The smallest and largest ring sized by the host's class: 4 MiB takes a
+/// small host's bursts (two processes' whole stack bursts at once), 64 MiB
+/// caps what a 144-CPU Grace pair maps twice (kernel memory, resident).
+pub const RING_BYTES_MIN: u32 = 4 * 1024 * 1024;
+pub const RING_BYTES_MAX: u32 = 64 * 1024 * 1024;
+
+/// A ring's size for a host with this many online CPUs: a MiB per CPU,
+/// rounded up to a power of two (the kernel's rule) within
+/// [`RING_BYTES_MIN`]..=[`RING_BYTES_MAX`].
+pub const fn ring_bytes_for_cpus(cpus: u32) -> u32 {
+    let want = if cpus > RING_BYTES_MAX / RING_BYTES_PER_CPU { RING_BYTES_MAX } else { cpus * RING_BYTES_PER_CPU };
+    let bytes = want.next_power_of_two();
+    if bytes < RING_BYTES_MIN {
+        RING_BYTES_MIN
+    } else if bytes > RING_BYTES_MAX {
+        RING_BYTES_MAX
+    } else {
+        bytes
+    }
+}
 /// How often the agent drains the ring buffer without being woken: records
 /// wake it only when the ring is an eighth full (see WAKEUP_BYTES in the
 /// eBPF maps), so an event reaches it at most this late.
@@ -285,6 +316,16 @@ impl Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rings_sized_by_host_class_grow_with_cpus_within_bounds() {
+        let sizes: [(u32, u32); 8] = [(0, 4), (1, 4), (2, 4), (5, 8), (16, 16), (17, 32), (72, 64), (u32::MAX, 64)];
+        for (cpus, mib) in sizes {
+            let bytes = ring_bytes_for_cpus(cpus);
+            assert_eq!(bytes, mib << 20, "{cpus} CPUs");
+            assert!(bytes.is_power_of_two());
+        }
+    }
 
     #[test]
     fn layout_is_fixed() {

@@ -464,7 +464,10 @@ fn a_failed_rendering_answers_500_and_failed_counter_reads_keep_the_daemon_servi
 fn the_daemon_says_what_its_memory_is_by_owner() {
     require_root();
     let f = fixtures();
-    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml"], &[]);
+    // The event ring sized by the host's class, the stack ring by its flag.
+    let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml", "--stack-ring-bytes", "8388608"], &[]);
+    let cpus = online_cpus();
+    let events_mib = (cpus as u64).next_power_of_two().clamp(4, 64);
     let mut child = spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", "30000")]);
     let of = |text: &str, part: &str| sample(text, &format!("gpumem_agent_heap_bytes{{part=\"{part}\"}}")).unwrap_or(f64::NAN);
     // Once the workload's events and stacks are read.
@@ -484,9 +487,10 @@ fn the_daemon_says_what_its_memory_is_by_owner() {
     assert!(cache("gpumem_agent_cache_entries", "stacks") >= 1.0, "{text}");
     assert!(cache("gpumem_agent_cache_entries", "known_stacks") >= 1.0, "{text}");
     assert_eq!(cache("gpumem_agent_cache_max_entries", "stacks"), 65536.0);
-    // Each BPF map's kernel memory: the two 16 MiB rings at least their size.
+    // Each BPF map's kernel memory: the two rings at least their size.
     let map = |name: &str| sample(&text, &format!("gpumem_agent_bpf_map_bytes{{map=\"{name}\"}}")).unwrap_or(f64::NAN);
-    assert!(map("EVENTS") >= 16.0 * 1048576.0 && map("STACKS") >= 16.0 * 1048576.0, "{text}");
+    assert!(map("EVENTS") >= (events_mib << 20) as f64 && map("STACKS") >= 8.0 * 1048576.0, "{text}");
+    assert!(map("EVENTS") < (events_mib << 21) as f64 && map("STACKS") < 16.0 * 1048576.0, "{text}");
     for name in ["stacks", "known_stacks", "symbolized_frames", "stack_owners", "process_unwinders", "unwind_tables", "python_code_objects"]
     {
         assert_eq!(cache("gpumem_agent_cache_evictions_total", name), 0.0, "{name}: nothing let go at this size");
@@ -505,9 +509,10 @@ fn the_daemon_says_what_its_memory_is_by_owner() {
     let caches = said.lines().find(|l| l.contains("caches (entries/most):")).unwrap_or_else(|| panic!("{said}"));
     assert!(caches.contains("/65536") && caches.contains("unwind_tables "), "{caches}");
     let maps = said.lines().find(|l| l.contains("kernel maps:")).unwrap_or_else(|| panic!("{said}"));
-    assert!(maps.contains("EVENTS 16.") || maps.contains("STACKS 16."), "{maps}");
+    assert!(maps.contains(&format!("EVENTS {events_mib}.")), "{maps}");
     let rings = said.lines().find(|l| l.contains("rings: events")).unwrap_or_else(|| panic!("{said}"));
-    assert!(rings.contains("events 16.0 MiB, stacks 16.0 MiB"), "{rings}");
+    let sizes = format!("events {events_mib}.0 MiB (for {cpus} online CPUs), stacks 8.0 MiB (by --stack-ring-bytes)");
+    assert!(rings.contains(&sizes), "{rings}");
     let _ = child.kill();
     let _ = child.wait();
     let (status, _) = serve.stop();

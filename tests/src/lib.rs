@@ -55,6 +55,18 @@ pub fn gpumem_bin() -> PathBuf {
     bin
 }
 
+/// The agent as shipped: the image's release build for this machine, built
+/// by `cargo xtask image` from the checkout's HEAD (`cargo xtask test` does),
+/// or `GPUMEM_RELEASE_BIN`. For what depends on how fast the agent drains
+/// (the debug build is about ten times slower).
+pub fn release_gpumem_bin() -> PathBuf {
+    let bin = std::env::var_os("GPUMEM_RELEASE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(IMAGE_BUILD_ROOT).join(format!("target/{}-unknown-linux-gnu/release/gpumem", std::env::consts::ARCH)));
+    assert!(bin.exists(), "{} does not exist: build it first (`cargo xtask image`) or run `cargo xtask test`", bin.display());
+    bin
+}
+
 /// The image's aarch64 agent (release), as `cargo xtask image` builds it
 /// from the checkout's HEAD (`cargo xtask test` does).
 pub fn aarch64_gpumem_bin() -> PathBuf {
@@ -245,8 +257,13 @@ pub fn command_output(cmd: &mut Command) -> (bool, String, String) {
 }
 
 pub fn run_gpumem(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    run_gpumem_bin(&gpumem_bin(), args, envs)
+}
+
+/// `run_gpumem` with another build of the agent.
+pub fn run_gpumem_bin(bin: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
     wait_for_detach();
-    let mut cmd = Command::new(gpumem_bin());
+    let mut cmd = Command::new(bin);
     cmd.args(args);
     for (k, v) in envs {
         cmd.env(k, v);
@@ -256,9 +273,14 @@ pub fn run_gpumem(args: &[&str], envs: &[(&str, &str)]) -> Output {
 
 /// Runs `gpumem trace --json ARGS` and parses every line.
 pub fn trace(args: &[&str], envs: &[(&str, &str)]) -> Trace {
+    trace_bin(&gpumem_bin(), args, envs)
+}
+
+/// `trace` with another build of the agent.
+pub fn trace_bin(bin: &Path, args: &[&str], envs: &[(&str, &str)]) -> Trace {
     let mut full = vec!["trace", "--json"];
     full.extend_from_slice(args);
-    let out = run_gpumem(&full, envs);
+    let out = run_gpumem_bin(bin, &full, envs);
     Trace::parse(&String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr).into_owned(), out.status)
 }
 
@@ -428,4 +450,17 @@ pub fn recording_frame_at(recording: &[u8], at: usize) -> (usize, usize) {
         }
         frame += 9 + len;
     }
+}
+
+/// The host's online CPUs, as `/sys/devices/system/cpu/online` lists them
+/// (ranges such as `0-3,8-11`).
+pub fn online_cpus() -> u32 {
+    let list = std::fs::read_to_string("/sys/devices/system/cpu/online").expect("reading the online CPUs");
+    list.trim()
+        .split(',')
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => b.parse::<u32>().unwrap() - a.parse::<u32>().unwrap() + 1,
+            None => 1,
+        })
+        .sum()
 }

@@ -129,9 +129,11 @@ pub struct ProbeArgs {
     pub stacks: Switch,
     /// Size of the kernel's stack ring in bytes (a power of two, at least
     /// 4096): allocations beyond what it holds arrive without their stack
-    /// (counted as dropped stacks); accounting has its own ring.
-    #[arg(long, value_name = "BYTES", value_parser = parse_ringbuf, default_value_t = gpumem_common::STACK_RING_BYTES)]
-    pub stack_ring_bytes: u32,
+    /// (counted as dropped stacks); accounting has its own ring. Default:
+    /// by the host's class, 1 MiB per online CPU within 4-64 MiB (`status`
+    /// says what was chosen).
+    #[arg(long, value_name = "BYTES", value_parser = parse_ringbuf)]
+    pub stack_ring_bytes: Option<u32>,
     /// Stacks per second each process may have copied in full (0: no budget,
     /// every stack); beyond it, stacks are sampled by bytes (see
     /// --stack-sample-bytes) and per-stack figures are shown as estimates.
@@ -210,9 +212,11 @@ pub struct TraceArgs {
     /// beyond it events are counted as dropped.
     #[arg(long, value_name = "N", default_value_t = 1 << 20)]
     pub max_allocations: usize,
-    /// Size of the kernel ring buffer in bytes (a power of two, at least 4096).
-    #[arg(long, value_name = "BYTES", value_parser = parse_ringbuf, default_value_t = gpumem_common::RINGBUF_BYTES)]
-    pub ringbuf_bytes: u32,
+    /// Size of the kernel's accounting ring in bytes (a power of two, at
+    /// least 4096). Default: by the host's class, 1 MiB per online CPU
+    /// within 4-64 MiB (`status` says what was chosen).
+    #[arg(long, value_name = "BYTES", value_parser = parse_ringbuf)]
+    pub ringbuf_bytes: Option<u32>,
     /// Also write a recording of the session to this file (see `gpumem record`).
     #[arg(long, value_name = "FILE", conflicts_with = "from")]
     pub record: Option<PathBuf>,
@@ -401,9 +405,11 @@ pub struct ServeArgs {
     /// beyond it they are counted in gpumem_table_overflow_total.
     #[arg(long, value_name = "N", default_value_t = 1 << 20)]
     pub max_allocations: usize,
-    /// Size of the kernel ring buffer in bytes (a power of two, at least 4096).
-    #[arg(long, value_name = "BYTES", value_parser = parse_ringbuf, default_value_t = gpumem_common::RINGBUF_BYTES)]
-    pub ringbuf_bytes: u32,
+    /// Size of the kernel's accounting ring in bytes (a power of two, at
+    /// least 4096). Default: by the host's class, 1 MiB per online CPU
+    /// within 4-64 MiB (`status` says what was chosen).
+    #[arg(long, value_name = "BYTES", value_parser = parse_ringbuf)]
+    pub ringbuf_bytes: Option<u32>,
     #[command(flatten)]
     pub continuity: continuity::ContinuityArgs,
     /// Also push the metrics over OTLP/HTTP protobuf (cumulative) to this

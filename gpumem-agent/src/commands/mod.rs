@@ -28,6 +28,7 @@ use gpumem_engine::{record::Reader, state::Limits};
 impl ProbeArgs {
     /// What the runtime attaches, from the command line.
     pub fn probing(&self) -> Probing {
+        let stack_ring = crate::runtime::rings::sized(self.stack_ring_bytes);
         Probing {
             libcuda: self.libcuda.clone(),
             discover: !self.no_discover,
@@ -40,7 +41,8 @@ impl ProbeArgs {
             },
             stacks: gpumem_engine::stacks::StackPolicy {
                 capture: self.stacks == Switch::On,
-                ring_bytes: self.stack_ring_bytes,
+                ring_bytes: stack_ring.bytes,
+                ring_sizing: stack_ring.sizing,
                 budget_per_s: self.stack_budget,
                 sample_bytes: self.stack_sample_bytes,
                 burst: self.stack_burst,

@@ -17,7 +17,9 @@ pub fn run(args: StatusArgs) -> Result<()> {
     let pinned = pin::inspect(&args.daemon.pin_dir);
     let probing = args.probes.probing();
     let mut notes = Vec::new();
-    let mut agent = runtime::load(&probing, false, ProbeSet::Full, gpumem_common::RINGBUF_BYTES)?;
+    // It attaches to say what attaches and reads no event: a page of ring.
+    let ring = gpumem_engine::model::agent::RingSize { bytes: 4096, sizing: gpumem_engine::model::agent::RingSizing::Flag };
+    let mut agent = runtime::load(&probing, false, ProbeSet::Full, ring)?;
     // Features after load: loading mounts tracefs when it can.
     let features = features::detect();
     runtime::attach_given(&mut agent, &probing, |m| notes.push(m))?;

@@ -1,5 +1,6 @@
 //! `gpumem status` for people: kernel features, tracepoints, the ioctl
 //! path, NVML, every libcuda found and every probe attached or skipped.
+use gpumem_engine::model::agent::{RingSizing, Rings};
 use std::io::Write;
 
 use crate::{
@@ -246,13 +247,44 @@ fn write_memory(out: &mut impl Write, m: &serde_json::Map<String, serde_json::Va
         let largest: Vec<String> = maps.iter().take(4).map(|(n, b)| format!("{n} {}", gpumem_engine::names::bytes(*b))).collect();
         writeln!(out, "  kernel maps: {} in {} maps (largest: {})", gpumem_engine::names::bytes(total), maps.len(), largest.join(", "))?;
     }
-    if let Some(r) = m.get("rings").filter(|r| r["events_bytes"].as_u64().unwrap_or(0) > 0) {
-        writeln!(
-            out,
-            "  rings: events {}, stacks {} (kernel memory; --ringbuf-bytes, --stack-ring-bytes)",
-            b(&r["events_bytes"]),
-            b(&r["stacks_bytes"])
-        )?;
+    let rings: Option<Rings> = m.get("rings").and_then(|r| serde_json::from_value(r.clone()).ok());
+    if let Some(r) = rings.filter(|r| r.events_bytes > 0) {
+        writeln!(out, "  {}", rings_line(&r))?;
     }
     Ok(())
+}
+
+/// The rings' sizes, how each was chosen and what they keep resident.
+fn rings_line(r: &Rings) -> String {
+    let sized = |s: RingSizing, flag: &str| match s {
+        RingSizing::Flag => format!("by {flag}"),
+        RingSizing::OnlineCpus(n) => format!("for {n} online CPUs"),
+    };
+    format!(
+        "rings: events {} ({}), stacks {} ({}): kernel memory, mapped twice ({} resident); by default 1 MiB per online CPU within 4-64 MiB",
+        gpumem_engine::names::bytes(r.events_bytes),
+        sized(r.events_sizing, "--ringbuf-bytes"),
+        gpumem_engine::names::bytes(r.stacks_bytes),
+        sized(r.stacks_sizing, "--stack-ring-bytes"),
+        gpumem_engine::names::bytes(2 * (r.events_bytes + r.stacks_bytes)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rings_line_says_each_rings_size_and_how_it_was_chosen() {
+        let r = Rings {
+            events_bytes: 4 << 20,
+            stacks_bytes: 8 << 20,
+            events_sizing: RingSizing::OnlineCpus(2),
+            stacks_sizing: RingSizing::Flag,
+        };
+        assert_eq!(
+            rings_line(&r),
+            "rings: events 4.0 MiB (for 2 online CPUs), stacks 8.0 MiB (by --stack-ring-bytes): kernel memory, mapped twice (24.0 MiB resident); by default 1 MiB per online CPU within 4-64 MiB"
+        );
+    }
 }

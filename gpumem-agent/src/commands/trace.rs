@@ -173,7 +173,7 @@ pub fn run(a: TraceArgs) -> Result<ExitCode> {
         return runtime::replay(&mut super::open_recording(path)?, super::replay_options(a.max_allocations), &mut trace);
     }
     let mut s = super::session(&a.probes, &a.target, a.max_allocations);
-    s.ringbuf_bytes = a.ringbuf_bytes;
+    s.events_ring = runtime::rings::sized(a.ringbuf_bytes);
     s.stall_reader_ms = a.stall_reader_ms;
     s.reconcile_at_end = true;
     super::record::run_recorded(s, trace, a.record.as_deref(), "trace")

@@ -72,7 +72,8 @@ pub struct Options {
     /// Trace only the processes added with `Agent::add_pid`.
     pub filter_pids: bool,
     pub probe_set: ProbeSet,
-    pub ringbuf_bytes: u32,
+    /// The accounting ring.
+    pub events_ring: gpumem_engine::model::agent::RingSize,
     /// Which allocation stacks the kernel copies.
     pub stacks: gpumem_engine::stacks::StackPolicy,
     /// NVIDIA device-node prefix for the ioctl path.
@@ -167,10 +168,10 @@ impl Agent {
             .override_global(global::STACK_SAMPLE_BYTES, &options.stacks.sample_bytes, true)
             .override_global(global::STACK_BURST, &(options.stacks.burst as u64), true)
             // Wake the reader at an eighth of the ring; below, it polls (POLL_MS).
-            .override_global(global::WAKEUP_BYTES, &(options.ringbuf_bytes as u64 / 8), true)
+            .override_global(global::WAKEUP_BYTES, &(options.events_ring.bytes as u64 / 8), true)
             .override_global(global::FORK_CHILD_PID_OFFSET, &fork_offset, true)
             .override_global(global::OOM_OFFSETS, &oom_offsets, true)
-            .map_max_entries(map::EVENTS, options.ringbuf_bytes)
+            .map_max_entries(map::EVENTS, options.events_ring.bytes)
             // A page when stacks are off: the ring must exist, nothing goes to it.
             .map_max_entries(map::STACKS, options.stacks.kernel_ring_bytes())
             .load(EBPF_OBJECT)
@@ -345,8 +346,10 @@ impl Agent {
     /// the session goes).
     pub fn status_at_load(&self) -> gpumem_engine::model::agent::AgentStatus {
         let rings = gpumem_engine::model::agent::Rings {
-            events_bytes: self.options.ringbuf_bytes as u64,
+            events_bytes: self.options.events_ring.bytes as u64,
             stacks_bytes: self.options.stacks.kernel_ring_bytes() as u64,
+            events_sizing: self.options.events_ring.sizing,
+            stacks_sizing: self.options.stacks.ring_sizing,
         };
         gpumem_engine::model::agent::AgentStatus {
             probes_attached: self.attached_probe_count(),

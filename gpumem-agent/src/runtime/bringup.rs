@@ -4,6 +4,7 @@ use anyhow::{bail, Context as _, Result};
 
 use super::Probing;
 use crate::probes::{discover, Agent, LibraryReport, ProbeSet, ProbeStatus, Source};
+use gpumem_engine::model::agent::RingSize;
 
 /// Fails, naming what is missing for `role` and the command to run
 /// instead; warns about the ones whose absence narrows what is seen.
@@ -21,21 +22,21 @@ pub fn require_privileges(role: crate::privileges::Role) -> Result<()> {
 
 /// Loads the eBPF programs for the probes asked for; with `continuity`,
 /// the kernel keeps its table of live entries and the state is pinned.
-pub fn load(p: &Probing, filter_pids: bool, probe_set: ProbeSet, ringbuf_bytes: u32) -> Result<Agent> {
-    load_with(p, filter_pids, probe_set, ringbuf_bytes, None).map_err(anyhow::Error::from).context("loading eBPF programs")
+pub fn load(p: &Probing, filter_pids: bool, probe_set: ProbeSet, events_ring: RingSize) -> Result<Agent> {
+    load_with(p, filter_pids, probe_set, events_ring, None).map_err(anyhow::Error::from).context("loading eBPF programs")
 }
 
 pub fn load_with(
     p: &Probing,
     filter_pids: bool,
     probe_set: ProbeSet,
-    ringbuf_bytes: u32,
+    events_ring: RingSize,
     continuity: Option<&super::continuity::Continuity>,
 ) -> Result<Agent, crate::probes::ProbeError> {
     Agent::load(crate::probes::Options {
         filter_pids,
         probe_set,
-        ringbuf_bytes,
+        events_ring,
         nvidia_prefix: p.nvidia_prefix.clone(),
         ioctl_mode: p.ioctl,
         stacks: p.stacks,

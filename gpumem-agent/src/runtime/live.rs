@@ -441,7 +441,7 @@ impl<'o, O: Output> Live<'o, O> {
 fn attach(s: &Session) -> Result<(Agent, EventReader, Option<Continuity>)> {
     let filter_pids = !s.pids.is_empty() || s.command.is_some();
     let mut continuity = s.continuity.clone().map(Continuity::prepare);
-    let load = |c: Option<&Continuity>| bringup::load_with(&s.probing, filter_pids, s.probe_set, s.ringbuf_bytes, c);
+    let load = |c: Option<&Continuity>| bringup::load_with(&s.probing, filter_pids, s.probe_set, s.events_ring, c);
     let mut agent = match (load(continuity.as_ref()), continuity.as_mut()) {
         (Err(e), Some(c)) if bringup::is_incompatible_pin(&e) => {
             c.replace_incompatible(&e.to_string());

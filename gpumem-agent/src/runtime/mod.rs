@@ -14,6 +14,7 @@ pub mod discovery;
 mod live;
 mod maintenance;
 mod replay;
+pub mod rings;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
@@ -83,7 +84,8 @@ pub struct Session {
     pub command: Option<String>,
     pub duration: Option<Duration>,
     pub probe_set: ProbeSet,
-    pub ringbuf_bytes: u32,
+    /// The accounting ring.
+    pub events_ring: gpumem_engine::model::agent::RingSize,
     pub pipeline: pipeline::Options,
     /// Keep the lookups made, for a recording.
     pub record_lookups: bool,
@@ -124,7 +126,7 @@ impl Session {
             command: None,
             duration: None,
             probe_set: ProbeSet::Full,
-            ringbuf_bytes: gpumem_common::RINGBUF_BYTES,
+            events_ring: rings::sized(None),
             pipeline: pipeline::Options::default(),
             record_lookups: false,
             forget_after: None,

@@ -97,7 +97,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
 /// memory kept, exited processes forgotten after their grace, probes gone at the end.
 fn session(args: &ServeArgs, probing: runtime::Probing) -> Session {
     let mut s = Session::new(probing);
-    s.ringbuf_bytes = args.ringbuf_bytes;
+    s.events_ring = runtime::rings::sized(args.ringbuf_bytes);
     s.pipeline.limits.max_entries = args.max_allocations;
     s.pipeline.history = Some(HISTORY_ENTRIES);
     s.growth_every = Some(Duration::from_secs_f64(args.growth_interval));

@@ -55,12 +55,46 @@ pub struct AgentStatus {
 /// The kernel's rings the agent reads, by size: kernel memory, which the
 /// agent maps twice (so that records can wrap) and which counts in its
 /// resident memory from the start. Sized by `--ringbuf-bytes` and
-/// `--stack-ring-bytes`.
+/// `--stack-ring-bytes`, or by the host's class where those are not given.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Rings {
     pub events_bytes: u64,
     /// 4 KiB where no stacks are captured.
     pub stacks_bytes: u64,
+    #[serde(default)]
+    pub events_sizing: RingSizing,
+    #[serde(default)]
+    pub stacks_sizing: RingSizing,
+}
+
+/// How a ring's size was chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RingSizing {
+    /// Given on the command line.
+    #[default]
+    Flag,
+    /// By the host's class: this many online CPUs
+    /// (`gpumem_common::ring_bytes_for_cpus`).
+    OnlineCpus(u32),
+}
+
+/// A ring's size and how it was chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RingSize {
+    pub bytes: u32,
+    pub sizing: RingSizing,
+}
+
+impl RingSize {
+    /// The size given on the command line, or else the one for a host
+    /// with this many online CPUs.
+    pub fn chosen(flag: Option<u32>, online_cpus: u32) -> RingSize {
+        match flag {
+            Some(bytes) => RingSize { bytes, sizing: RingSizing::Flag },
+            None => RingSize { bytes: gpumem_common::ring_bytes_for_cpus(online_cpus), sizing: RingSizing::OnlineCpus(online_cpus) },
+        }
+    }
 }
 
 /// What finding libraries cost, for the summary: full scans of /proc (at

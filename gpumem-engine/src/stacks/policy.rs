@@ -27,6 +27,9 @@ pub struct StackPolicy {
     pub capture: bool,
     /// Size of the stack ring.
     pub ring_bytes: u32,
+    /// How that size was chosen.
+    #[serde(default)]
+    pub ring_sizing: crate::model::agent::RingSizing,
     /// Stacks per second per process copied in full; 0: no budget.
     pub budget_per_s: u32,
     /// Mean bytes between samples beyond the budget.
@@ -57,6 +60,7 @@ impl Default for StackPolicy {
         StackPolicy {
             capture: true,
             ring_bytes: gpumem_common::STACK_RING_BYTES,
+            ring_sizing: crate::model::agent::RingSizing::Flag,
             budget_per_s: DEFAULT_BUDGET_PER_S,
             sample_bytes: DEFAULT_SAMPLE_BYTES,
             burst: DEFAULT_BURST,
