@@ -76,6 +76,10 @@ fn a_process_calling_while_gpumem_attaches_sees_all_or_none_of_the_probes() {
     let threads = 2u64;
     let untracked_frees = |extra: &[&str]| -> u64 {
         let f = fixtures();
+        // The last agent's probes gone first: waiting for them after the
+        // workload started would spend its five seconds (a detach takes up
+        // to ten seconds here), and the agent would see none of its calls.
+        wait_for_detach();
         let (mut w, said) = spawn_workload_watched("race", &[("GPUMEM_THREADS", "2"), ("GPUMEM_SECONDS", "5")]);
         let pid = w.id();
         // Its threads are in their loop before the agent attaches.

@@ -68,7 +68,7 @@ impl Library {
             return Err(std::io::Error::other(format!("{} is another file since it was found", self.path.display())));
         }
         let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        Ok(Opened { _file: file, path })
+        Ok(Opened { _file: file, path, name: self.name.clone() })
     }
 }
 
@@ -78,6 +78,16 @@ pub struct Opened {
     /// This process's link to the open file: what the kernel resolves for a
     /// uprobe, and what the ELF readers open.
     pub path: PathBuf,
+    /// The library's name, for what is said about it.
+    pub name: String,
+}
+
+impl Opened {
+    /// A message about the open file as users read it: naming the library,
+    /// not this process's descriptor link, which means nothing to them.
+    pub fn said(&self, message: impl std::fmt::Display) -> String {
+        message.to_string().replace(&*self.path.to_string_lossy(), &self.name)
+    }
 }
 
 pub fn stat_library(path: &Path, source: Source) -> std::io::Result<Library> {
@@ -242,6 +252,10 @@ mod tests {
         // What a map_files link does when its mapping changes: the name goes.
         fs::remove_file(&path).unwrap();
         assert_eq!(fs::read(&opened.path).unwrap(), b"the library");
+        // What is said about it names the library, not the descriptor link.
+        let err = gpumem_engine::formats::symbols::function_offsets(&opened.path, |_| true).unwrap_err();
+        let said = opened.said(&err);
+        assert!(said.contains(&path.display().to_string()) && !said.contains("/proc/self/fd/"), "{said}");
         // A name that now opens another file is refused, not read.
         fs::rename(&other, &path).unwrap();
         let err = lib.open().err().expect("another inode");

@@ -164,9 +164,9 @@ impl Agent {
         match symbols::function_offsets(path, |name| APIS.iter().any(|api| api.symbol == name)) {
             Err(e) => {
                 if let (true, Some(pid)) = (e.over_budget(), lib.pid) {
-                    self.degraded.push((pid, Reason::LibraryTables, format!("{}: {e}", lib.name)));
+                    self.degraded.push((pid, Reason::LibraryTables, format!("{}: {}", lib.name, opened.said(&e))));
                 }
-                report.error = Some(e.to_string());
+                report.error = Some(opened.said(e));
             }
             Ok(offsets) => {
                 let exported: Vec<(&'static ApiInfo, u64)> =
@@ -175,7 +175,10 @@ impl Agent {
                 // goes on the same entry, so the entry's instruction decides both).
                 let mut decisions: HashMap<&str, Decision> = exported
                     .iter()
-                    .filter_map(|(api, off)| Some((api.symbol, self.gate.check(path, *off, Site::EntryAndReturn)?)))
+                    .filter_map(|(api, off)| {
+                        let d = self.gate.check(path, *off, Site::EntryAndReturn)?;
+                        Some((api.symbol, Decision { why: opened.said(&d.why), ..d }))
+                    })
                     .collect();
                 arm64_probe::all_or_none(decisions.values_mut());
                 let allowed: Vec<_> = exported.into_iter().filter(|(api, _)| decisions.get(api.symbol).is_none_or(|d| d.attach)).collect();
@@ -185,7 +188,7 @@ impl Agent {
                     let status = match failed.iter().find(|(symbol, _)| *symbol == api.symbol) {
                         _ if !offsets.contains_key(api.symbol) => ProbeStatus::NotExported { required: api.required },
                         _ if arm64.as_ref().is_some_and(|d| !d.attach) => ProbeStatus::Refused,
-                        Some((_, error)) => ProbeStatus::Failed { error: error.clone() },
+                        Some((_, error)) => ProbeStatus::Failed { error: opened.said(error) },
                         None => ProbeStatus::Attached,
                     };
                     report.probes.push(SymbolReport { symbol: api.symbol, status, arm64 });

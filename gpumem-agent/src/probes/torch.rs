@@ -271,9 +271,9 @@ impl Agent {
         match usdt::probes(&opened.path) {
             Err(e) => {
                 if let (true, Some(pid)) = (e.over_budget(), lib.pid) {
-                    self.degraded.push((pid, Reason::LibraryTables, format!("{}: {e}", lib.name)));
+                    self.degraded.push((pid, Reason::LibraryTables, format!("{}: {}", lib.name, opened.said(&e))));
                 }
-                report.error = Some(e.to_string());
+                report.error = Some(opened.said(e));
             }
             Ok(probes) => {
                 let sites: Vec<&UsdtProbe> = probes.iter().filter(|p| probe_id(p).is_some()).collect();
@@ -284,7 +284,7 @@ impl Agent {
                         offset: p.offset,
                         semaphore: p.semaphore,
                         args: p.args.iter().map(|a| describe_arg(p.arch, a)).collect(),
-                        arm64: self.gate.check(&opened.path, p.offset, Site::Usdt),
+                        arm64: self.gate.check(&opened.path, p.offset, Site::Usdt).map(|d| Decision { why: opened.said(&d.why), ..d }),
                     })
                     .collect();
                 let allowed: Vec<&UsdtProbe> =
@@ -299,7 +299,7 @@ impl Agent {
                         report.attached = true;
                         report.links = Some(self.uprobe_links.mode);
                     }
-                    Err(e) => report.error = Some(e),
+                    Err(e) => report.error = Some(opened.said(e)),
                 }
             }
         }
