@@ -30,6 +30,7 @@ impl Lookups {
         matches!(self, Lookups::Live { .. })
     }
 
+    #[inline]
     pub fn container(&mut self, pid: u32) -> Option<ContainerInfo> {
         match self {
             Lookups::Live { log } => {

@@ -273,8 +273,16 @@ impl Pipeline {
     }
 
     /// Who held the device, and from where, when an allocation ran out of memory.
+    #[inline]
     fn oom_stacks(&mut self, ev: &Event, applied: &Applied) -> Box<[Vec<LeakGroup>]> {
-        let Some(oom) = &applied.cuda_oom else { return Box::default() };
+        match &applied.cuda_oom {
+            None => Box::default(),
+            Some(oom) => self.holder_stacks(ev, oom),
+        }
+    }
+
+    #[cold]
+    fn holder_stacks(&mut self, ev: &Event, oom: &crate::state::CudaOom) -> Box<[Vec<LeakGroup>]> {
         oom.holders
             .iter()
             .map(|h| match self.state.processes.get(&h.pid) {
@@ -284,11 +292,17 @@ impl Pipeline {
             .collect()
     }
 
-    /// Whatever else is kept per process goes when the state forgets one.
+    /// Whatever else is kept per process goes when the state forgets one
+    /// (inlined for the check every event makes).
+    #[inline]
     fn forget_forgotten(&mut self) {
-        if !self.state.has_forgotten() {
-            return;
+        if self.state.has_forgotten() {
+            self.forget_now();
         }
+    }
+
+    #[cold]
+    fn forget_now(&mut self) {
         for pid in self.state.take_forgotten() {
             self.growth.forget(pid);
             self.stacks.forget_process(pid);

@@ -450,8 +450,12 @@ impl State {
 /// The main thread's comm is the process's name; compare bytes first so
 /// that the common case (unchanged) allocates nothing.
 fn note_comm(p: &mut Process, ev: &Event) {
+    if !(p.comm.is_empty() || ev.tid == ev.pid) || p.seen_comm == ev.comm {
+        return;
+    }
+    p.seen_comm = ev.comm;
     let comm = ev.comm_bytes();
-    if (p.comm.is_empty() || ev.tid == ev.pid) && !comm.is_empty() && p.comm.as_bytes() != comm {
+    if !comm.is_empty() && p.comm.as_bytes() != comm {
         p.comm = String::from_utf8_lossy(comm).into_owned();
     }
 }

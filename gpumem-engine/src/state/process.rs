@@ -218,6 +218,9 @@ impl Held {
 pub struct Process {
     pub pid: u32,
     pub comm: String,
+    /// The event's comm `comm` was last checked against, as the kernel gave
+    /// it: most events carry the same, and two words compare cheaper than text.
+    pub seen_comm: [u8; gpumem_common::COMM_LEN],
     pub exited: bool,
     /// CLOCK_MONOTONIC time of the exit event, when exited.
     pub exited_ns: u64,
