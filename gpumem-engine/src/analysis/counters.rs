@@ -54,7 +54,22 @@ pub struct EventCounts {
 impl EventCounts {
     /// Counts one event after the state applied it (and the OOM kill's
     /// memory cgroup was looked up).
+    /// Inlined for the common case, a successful call of an API already
+    /// counted once; the rest out of line.
+    #[inline]
     pub fn observe(&mut self, ev: &Event, kind: &Kind, applied: &Applied) {
+        let call = matches!(kind, Kind::Cuda(_) | Kind::Rm(_) | Kind::Uvm(_) | Kind::TensorAlloc | Kind::TensorFree);
+        if call && ev.result == 0 && applied.cuda_oom.is_none() {
+            if let Some(n) = self.succeeded.get_mut(ev.api as usize) {
+                *n += 1;
+                return;
+            }
+        }
+        self.observe_rest(ev, kind, applied);
+    }
+
+    #[inline(never)]
+    fn observe_rest(&mut self, ev: &Event, kind: &Kind, applied: &Applied) {
         match kind {
             Kind::Cuda(_) | Kind::Rm(_) | Kind::Uvm(_) | Kind::TensorAlloc | Kind::TensorFree => {
                 if ev.result == 0 {

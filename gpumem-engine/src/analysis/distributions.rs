@@ -174,7 +174,10 @@ impl Distribution {
     fn record(&mut self, v: u64) {
         // Value 0 (a zero-byte allocation) is recorded as 1: the bound's floor.
         self.hdr.saturating_record(v.max(1));
-        let i = self.raw_bounds.partition_point(|&r| r < v);
+        // The bounds are sorted and few (12 to 15), and most values fall in
+        // the first few (latencies of microseconds): a scan from the start
+        // finds the same bucket as a binary search, in fewer steps.
+        let i = self.raw_bounds.iter().position(|&r| r >= v).unwrap_or(self.raw_bounds.len());
         self.buckets.add(i, v as f64 * self.scale);
     }
 

@@ -184,8 +184,10 @@ impl Pipeline {
             Stack::Captured(s) => self.stacks.record(s),
             Stack::Recorded(id) => Some(id),
         };
-        for (pid, reason, why) in self.stacks.take_degraded() {
-            self.degraded.add(pid, reason, why);
+        if self.stacks.has_degraded() {
+            for (pid, reason, why) in self.stacks.take_degraded() {
+                self.degraded.add(pid, reason, why);
+            }
         }
         self.last_event_ns = self.last_event_ns.max(ev.ts_ns);
         if matches!(kind, Kind::Exit) {

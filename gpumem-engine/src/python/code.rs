@@ -211,6 +211,10 @@ impl Resolver {
     pub fn take_degraded(&mut self) -> Vec<(u32, Reason, String)> {
         std::mem::take(&mut self.degraded)
     }
+
+    pub fn has_degraded(&self) -> bool {
+        !self.degraded.is_empty()
+    }
 }
 
 impl PyFrame {

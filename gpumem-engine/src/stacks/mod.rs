@@ -133,6 +133,11 @@ impl Stacks {
 
     /// The processes degraded since the last call (libraries over budget,
     /// interpreters' memory read past budget), and why.
+    /// Whether `take_degraded` has anything (asked for every event).
+    pub fn has_degraded(&self) -> bool {
+        !self.degraded.is_empty() || self.python.has_degraded()
+    }
+
     pub fn take_degraded(&mut self) -> Vec<(u32, Reason, String)> {
         let mut out = std::mem::take(&mut self.degraded);
         out.extend(self.python.take_degraded());
