@@ -466,8 +466,9 @@ fn the_daemon_says_what_its_memory_is_by_owner() {
     let f = fixtures();
     // The event ring sized by the host's class, the stack ring by its flag.
     let serve = Serve::start(&["--libcuda", f.libcuda.to_str().unwrap(), "--no-nvml", "--stack-ring-bytes", "8388608"], &[]);
+    // The tests' agent is a debug build: eight times a release build's room.
     let cpus = online_cpus();
-    let events_mib = (cpus as u64).next_power_of_two().clamp(4, 64);
+    let events_mib = (cpus as u64 * 8).next_power_of_two().clamp(4, 64);
     let mut child = spawn_workload("hold", &[("GPUMEM_WORKLOAD_HOLD_MS", "30000")]);
     let of = |text: &str, part: &str| sample(text, &format!("gpumem_agent_heap_bytes{{part=\"{part}\"}}")).unwrap_or(f64::NAN);
     // Once the workload's events and stacks are read.
@@ -511,7 +512,7 @@ fn the_daemon_says_what_its_memory_is_by_owner() {
     let maps = said.lines().find(|l| l.contains("kernel maps:")).unwrap_or_else(|| panic!("{said}"));
     assert!(maps.contains(&format!("EVENTS {events_mib}.")), "{maps}");
     let rings = said.lines().find(|l| l.contains("rings: events")).unwrap_or_else(|| panic!("{said}"));
-    let sizes = format!("events {events_mib}.0 MiB (for {cpus} online CPUs), stacks 8.0 MiB (by --stack-ring-bytes)");
+    let sizes = format!("events {events_mib}.0 MiB (for {cpus} online CPUs, ×8 for a debug build), stacks 8.0 MiB (by --stack-ring-bytes)");
     assert!(rings.contains(&sizes), "{rings}");
     let _ = child.kill();
     let _ = child.wait();

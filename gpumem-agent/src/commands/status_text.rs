@@ -1,6 +1,6 @@
 //! `gpumem status` for people: kernel features, tracepoints, the ioctl
 //! path, NVML, every libcuda found and every probe attached or skipped.
-use gpumem_engine::model::agent::{RingSizing, Rings};
+use gpumem_engine::model::agent::{RingSizing, Rings, DEBUG_BUILD_ROOM};
 use std::io::Write;
 
 use crate::{
@@ -259,6 +259,7 @@ fn rings_line(r: &Rings) -> String {
     let sized = |s: RingSizing, flag: &str| match s {
         RingSizing::Flag => format!("by {flag}"),
         RingSizing::OnlineCpus(n) => format!("for {n} online CPUs"),
+        RingSizing::OnlineCpusDebugBuild(n) => format!("for {n} online CPUs, ×{DEBUG_BUILD_ROOM} for a debug build"),
     };
     format!(
         "rings: events {} ({}), stacks {} ({}): kernel memory, mapped twice ({} resident); by default 1 MiB per online CPU within 4-64 MiB",

@@ -11,9 +11,10 @@ pub fn online_cpus() -> u32 {
     }
 }
 
-/// The size given on the command line, or else the host class's.
+/// The size given on the command line, or else the host class's (more for
+/// a debug build, which drains about ten times slower).
 pub fn sized(flag: Option<u32>) -> RingSize {
-    RingSize::chosen(flag, online_cpus())
+    RingSize::chosen(flag, online_cpus(), cfg!(debug_assertions))
 }
 
 #[cfg(test)]
@@ -27,8 +28,13 @@ mod tests {
         let cpus = online_cpus();
         assert!(cpus >= 1);
         let auto = sized(None);
-        assert_eq!(auto.sizing, RingSizing::OnlineCpus(cpus));
-        assert_eq!(auto.bytes, gpumem_common::ring_bytes_for_cpus(cpus));
+        if cfg!(debug_assertions) {
+            assert_eq!(auto.sizing, RingSizing::OnlineCpusDebugBuild(cpus));
+            assert_eq!(auto.bytes, gpumem_common::ring_bytes_for_cpus(cpus * gpumem_engine::model::agent::DEBUG_BUILD_ROOM));
+        } else {
+            assert_eq!(auto.sizing, RingSizing::OnlineCpus(cpus));
+            assert_eq!(auto.bytes, gpumem_common::ring_bytes_for_cpus(cpus));
+        }
         assert_eq!(sized(Some(1 << 20)), RingSize { bytes: 1 << 20, sizing: RingSizing::Flag });
     }
 }

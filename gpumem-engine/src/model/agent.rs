@@ -77,7 +77,14 @@ pub enum RingSizing {
     /// By the host's class: this many online CPUs
     /// (`gpumem_common::ring_bytes_for_cpus`).
     OnlineCpus(u32),
+    /// As `OnlineCpus`, with [`DEBUG_BUILD_ROOM`] times the room: a debug
+    /// build drains about ten times slower than the release build the rule
+    /// is measured for.
+    OnlineCpusDebugBuild(u32),
 }
+
+/// How many times a release build's room a debug build's rings get.
+pub const DEBUG_BUILD_ROOM: u32 = 8;
 
 /// A ring's size and how it was chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -88,11 +95,17 @@ pub struct RingSize {
 
 impl RingSize {
     /// The size given on the command line, or else the one for a host
-    /// with this many online CPUs.
-    pub fn chosen(flag: Option<u32>, online_cpus: u32) -> RingSize {
-        match flag {
-            Some(bytes) => RingSize { bytes, sizing: RingSizing::Flag },
-            None => RingSize { bytes: gpumem_common::ring_bytes_for_cpus(online_cpus), sizing: RingSizing::OnlineCpus(online_cpus) },
+    /// with this many online CPUs (and for a debug build, more).
+    pub fn chosen(flag: Option<u32>, online_cpus: u32, debug_build: bool) -> RingSize {
+        match (flag, debug_build) {
+            (Some(bytes), _) => RingSize { bytes, sizing: RingSizing::Flag },
+            (None, false) => {
+                RingSize { bytes: gpumem_common::ring_bytes_for_cpus(online_cpus), sizing: RingSizing::OnlineCpus(online_cpus) }
+            }
+            (None, true) => RingSize {
+                bytes: gpumem_common::ring_bytes_for_cpus(online_cpus.saturating_mul(DEBUG_BUILD_ROOM)),
+                sizing: RingSizing::OnlineCpusDebugBuild(online_cpus),
+            },
         }
     }
 }
