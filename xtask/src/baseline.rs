@@ -23,7 +23,30 @@ fn source(rev: &str) -> Result<PathBuf> {
         let archive = format!("git archive {sha} | tar -x -C '{}'", dir.display());
         crate::run(Command::new("sh").args(["-c", &archive]).current_dir(&root))?;
     }
+    same_recording(&dir)?;
     Ok(dir)
+}
+
+/// Before the fix of its synthetic recording, the engine benchmark spaced a
+/// process's calls 1 µs apart though each lasted 20 µs: every free started
+/// before its allocation returned, so the state took it for a reordered
+/// free and kept every allocation. An older revision's benchmark gets the
+/// same spacing as this one's, so that both builds replay the same
+/// recording.
+fn same_recording(dir: &std::path::Path) -> Result<()> {
+    const BEFORE: &str = "ts += 1_000;";
+    const AFTER: &str = "ts += 25_000;";
+    let bench = dir.join("gpumem-agent/benches/engine/main.rs");
+    let text = std::fs::read_to_string(&bench).with_context(|| format!("reading {}", bench.display()))?;
+    if text.contains(BEFORE) {
+        std::fs::write(&bench, text.replacen(BEFORE, AFTER, 1))?;
+    } else if !text.contains(AFTER) {
+        bail!(
+            "{}: its synthetic recording's spacing ({AFTER}) not found; check that both builds replay the same recording",
+            bench.display()
+        );
+    }
+    Ok(())
 }
 
 /// The engine benchmark of `rev` with `args` (as `crate::engine_bench`), built in

@@ -61,7 +61,7 @@ fn stacks() -> Vec<(u64, Vec<Frame>)> {
 }
 
 pub fn run(events: u64, processes: u32) -> Result<()> {
-    let bytes = super::synthetic_recording_with(events, processes, &stacks())?;
+    let bytes = super::synthetic_recording_with(events, processes, &stacks())?.bytes;
     println!(
         "export: {events} events, {processes} processes, {STACKS} stacks of {DEPTH} frames ({:.1} MiB recording), one core:",
         bytes.len() as f64 / 1048576.0

@@ -14,7 +14,7 @@ mod stacks;
 
 use std::{convert::Infallible, process::ExitCode, time::Instant};
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::{Parser, Subcommand};
 use gpumem_agent::runtime::{self, Ctx, End, Output};
 use gpumem_common::{api, Event};
@@ -132,12 +132,18 @@ fn verdicts(out: Option<&std::path::Path>) -> Result<()> {
 /// A synthetic session: `processes` processes, each with a primary context,
 /// doing allocate/free pairs (sizes from 4 KiB to 64 MiB) with a tenth of
 /// allocations kept live, until `events` events.
-fn synthetic_recording(events: u64, processes: u32) -> Result<Vec<u8>> {
+struct Synthetic {
+    bytes: Vec<u8>,
+    /// Allocations never freed: what the state holds at the end.
+    kept: u64,
+}
+
+fn synthetic_recording(events: u64, processes: u32) -> Result<Synthetic> {
     synthetic_recording_with(events, processes, &[])
 }
 
 /// The same, allocation i with stack `stacks[i % len]` (symbolized, in the recording).
-pub fn synthetic_recording_with(events: u64, processes: u32, stacks: &[(u64, Vec<gpumem_engine::stacks::Frame>)]) -> Result<Vec<u8>> {
+fn synthetic_recording_with(events: u64, processes: u32, stacks: &[(u64, Vec<gpumem_engine::stacks::Frame>)]) -> Result<Synthetic> {
     let mut w = record::Writer::new(Vec::with_capacity((events as usize) * 100))?;
     w.header(&Header {
         gpumem_version: env!("CARGO_PKG_VERSION").into(),
@@ -152,9 +158,14 @@ pub fn synthetic_recording_with(events: u64, processes: u32, stacks: &[(u64, Vec
     for (id, frames) in stacks {
         w.stack(*id, frames.clone())?;
     }
+    // Each process is one thread, so each call starts after its previous
+    // call returned (calls 25 µs apart, 20 µs long). With calls closer than
+    // they last, a free would start before the allocation it frees had
+    // returned: the state takes that for a reordered free (of an earlier
+    // allocation at the address), and the table would keep every allocation.
     let mut ts = 1u64;
     let mut ev = |pid: u32, e: Event, stack: Option<u64>, w: &mut record::Writer<Vec<u8>>| -> Result<()> {
-        ts += 1_000;
+        ts += 25_000;
         w.event(&Event { pid, tid: pid, comm: COMM, ts_ns: ts, latency_ns: 20_000, ..e }, stack)?;
         Ok(())
     };
@@ -164,7 +175,7 @@ pub fn synthetic_recording_with(events: u64, processes: u32, stacks: &[(u64, Vec
         ev(pid, Event { handle: 0xc0, ..Event::empty(api::CU_CTX_SET_CURRENT) }, None, &mut w)?;
         n += 2;
     }
-    let mut i = 0u64;
+    let (mut i, mut kept) = (0u64, 0u64);
     while n < events {
         let pid = 1 + (i % processes as u64) as u32;
         let addr = 0x7f00_0000_0000 + i * 0x1000;
@@ -172,13 +183,15 @@ pub fn synthetic_recording_with(events: u64, processes: u32, stacks: &[(u64, Vec
         let stack = (!stacks.is_empty()).then(|| stacks[(i % stacks.len() as u64) as usize].0);
         ev(pid, Event { addr, size, ..Event::empty(api::CU_MEM_ALLOC_V2) }, stack, &mut w)?;
         n += 1;
-        if !i.is_multiple_of(10) {
+        if i.is_multiple_of(10) {
+            kept += 1;
+        } else {
             ev(pid, Event { addr, ..Event::empty(api::CU_MEM_FREE_V2) }, None, &mut w)?;
             n += 1;
         }
         i += 1;
     }
-    Ok(w.finish(&Footer::default())?)
+    Ok(Synthetic { bytes: w.finish(&Footer::default())?, kept })
 }
 
 /// Memory per live allocation, in a fresh heap: `live` allocations across `processes`.
@@ -209,29 +222,48 @@ fn memory(live: u64, processes: u32) -> Result<()> {
     Ok(())
 }
 
-/// Replays count events and nothing else: the pipeline is what is measured.
-struct Count;
+/// Replays do nothing per event: the pipeline is what is measured. At the
+/// end, what the state holds, so that the benchmark checks it measured the
+/// path it means to (frees that free).
+#[derive(Default)]
+struct Count {
+    live: u64,
+    frees_not_matched: u64,
+}
 
 impl Output for Count {
     type Input = Infallible;
 
-    fn finish(&mut self, _: &mut Ctx<'_>, _: &End) -> Result<ExitCode> {
+    fn finish(&mut self, ctx: &mut Ctx<'_>, _: &End) -> Result<ExitCode> {
+        let processes = ctx.pipeline.state.processes.values();
+        for p in processes {
+            self.live += p.held.allocs.len() as u64;
+            self.frees_not_matched += p.reordered_frees + p.untracked_frees;
+        }
         Ok(ExitCode::SUCCESS)
     }
 }
 
 /// Events per second through the pipeline, as every command applies them.
 fn throughput(events: u64, processes: u32, rounds: u32) -> Result<()> {
-    let bytes = synthetic_recording(events, processes)?;
+    let Synthetic { bytes, kept } = synthetic_recording(events, processes)?;
     let mut rates = Vec::new();
     let mut read = 0;
     for _ in 0..rounds.max(1) {
         let mut reader = record::Reader::new(bytes.as_slice()).map_err(|e| anyhow!("{e}"))?;
         let options = pipeline::Options { limits: Limits { max_entries: 1 << 24, max_processes: 1 << 20 }, ..Default::default() };
+        let mut count = Count::default();
         let t = Instant::now();
-        runtime::replay(&mut reader, options, &mut Count)?;
+        runtime::replay(&mut reader, options, &mut count)?;
         let dt = t.elapsed().as_secs_f64();
         read = reader.events;
+        if count.frees_not_matched != 0 || count.live != kept {
+            bail!(
+                "the replay measured another path than meant: {} live allocations (expected {kept}), {} frees not matched to their allocation",
+                count.live,
+                count.frees_not_matched
+            );
+        }
         rates.push(read as f64 / dt);
     }
     rates.sort_by(|x, y| x.total_cmp(y));
