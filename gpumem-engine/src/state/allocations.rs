@@ -191,7 +191,9 @@ impl Allocations {
 
     /// Distinct sites the allocations point to by index.
     pub fn sites(&self) -> usize {
-        self.sites.sites.len() - self.sites.free.len()
+        let s = &self.sites;
+        let idle_last = s.last.is_some_and(|i| s.refs[i as usize] == 0);
+        s.sites.len() - s.free.len() - usize::from(idle_last)
     }
 
     /// What the table takes on the heap (estimated, see `heap`).
@@ -208,7 +210,9 @@ impl Allocations {
 }
 
 /// Sites, interned, each with the count of allocations pointing to it; one
-/// no allocation points to any more is forgotten (its index reused).
+/// no allocation points to any more is forgotten (its index reused), except
+/// the last one interned, until another is: a process that allocates and
+/// frees at one site in turn (a temporary per step) finds it there again.
 #[derive(Clone, Debug, Default)]
 struct Sites {
     sites: Vec<Site>,
@@ -217,6 +221,7 @@ struct Sites {
     index: HashTable<u16>,
     free: Vec<u16>,
     /// The index interned last: allocations in a row mostly share a site.
+    /// Kept while no allocation points to it (see above).
     last: Option<u16>,
     /// The sites of allocations made while all 65 535 indices were taken
     /// (a process with that many distinct call sites live), by address.
@@ -236,13 +241,15 @@ impl Sites {
     /// The index of `site` for the allocation at `addr`, counting one more allocation there.
     #[inline]
     fn take(&mut self, addr: u64, site: Site) -> u16 {
-        if let Some(i) = self.last.filter(|&i| self.refs[i as usize] > 0 && self.sites[i as usize] == site) {
+        if let Some(i) = self.last.filter(|&i| self.sites[i as usize] == site) {
             self.refs[i as usize] += 1;
             return i;
         }
         match self.intern(site) {
             Some(i) => {
-                self.last = Some(i);
+                if let Some(idle) = self.last.replace(i).filter(|&l| self.refs[l as usize] == 0) {
+                    self.forget(idle);
+                }
                 i
             }
             None => {
@@ -260,9 +267,13 @@ impl Sites {
         }
         let refs = &mut self.refs[i as usize];
         *refs -= 1;
-        if *refs > 0 {
-            return;
+        if *refs == 0 && self.last != Some(i) {
+            self.forget(i);
         }
+    }
+
+    /// Site `i`, which no allocation points to, is forgotten and its index free.
+    fn forget(&mut self, i: u16) {
         if let Ok(e) = self.index.find_entry(Self::hash(&self.sites[i as usize]), |&j| j == i) {
             e.remove();
         }
@@ -344,6 +355,23 @@ mod tests {
         t.insert(0x20, alloc(3, 0, Some(1)));
         t.insert(0x30, alloc(4, 0, Some(1)));
         assert_eq!((t.sites(), t.sites.sites.len()), (2, 2));
+    }
+
+    #[test]
+    fn a_site_allocated_and_freed_in_turn_stays_interned_until_another_is() {
+        let mut t = Allocations::default();
+        for i in 0..3 {
+            t.insert(0x10, alloc(1, 0, Some(4)));
+            assert_eq!((t.len(), t.sites()), (1, 1));
+            assert!(t.remove(0x10).is_some());
+            assert_eq!((t.len(), t.sites(), t.sites.index.len(), t.sites.free.len()), (0, 0, 1, 0), "round {i}");
+        }
+        // Another site interned: the idle one is forgotten and its index reused.
+        t.insert(0x20, alloc(1, 0, Some(5)));
+        assert_eq!((t.sites(), t.sites.index.len(), t.sites.free.len()), (1, 1, 1));
+        t.insert(0x30, alloc(1, 0, Some(6)));
+        assert_eq!((t.sites(), t.sites.sites.len(), t.sites.free.len()), (2, 2, 0));
+        assert_eq!((t.get(0x20).and_then(|a| a.stack()), t.get(0x30).and_then(|a| a.stack())), (Some(5), Some(6)));
     }
 
     #[test]
