@@ -15,7 +15,8 @@
 # $ARM64_VM_CACHE (default: <repo>/target/arm64-vm), see prepare.sh.
 # Per boot, only a small overlay cpio (/init + /payload) is made, in a temp
 # dir that is removed at exit. Env: ARM64_VM_TIMEOUT (seconds for the whole
-# boot, default 600), ARM64_VM_MEM (MiB, default 2048), ARM64_VM_SMP (2).
+# boot, default 600), ARM64_VM_MEM (MiB, default 2048), ARM64_VM_SMP (2),
+# ARM64_VM_CROSS_PYTHONS (CPythons cross-built into /opt, e.g. "3.10 3.12").
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -90,7 +91,9 @@ chmod 755 "$work/ovl" "$work/ovl/init"
 # archives in order, later entries winning.
 (cd "$work/ovl" && find . -mindepth 1 | LC_ALL=C sort |
     cpio -o -H newc -R 0:0 --quiet | zstd -q) > "$work/overlay.cpio.zst"
-cat "$CACHE/base.cpio.zst" "$CACHE/py311.cpio.zst" "$work/overlay.cpio.zst" > "$work/initrd"
+cpios=("$CACHE/base.cpio.zst" "$CACHE/py311.cpio.zst")
+for v in ${ARM64_VM_CROSS_PYTHONS:-}; do cpios+=("$CACHE/py${v/./}.cpio.zst"); done
+cat "${cpios[@]}" "$work/overlay.cpio.zst" > "$work/initrd"
 
 # Backgrounded + wait so the INT/TERM traps run at once (and kill qemu via
 # its pidfile) instead of after qemu exits. sed strips the console's \r.

@@ -198,10 +198,88 @@ make_py311() (
     rm -rf "$tmp"
 )
 
+# CPython 3.10 and 3.12 for arm64, for the full set only (ARM64_VM_CROSS_PYTHONS
+# names them): Debian has neither any more and Ubuntu's arm64 archive is not
+# reachable here, so they are cross-built from the upstream sources (Ubuntu's
+# orig tarballs, checked against the sums in Ubuntu's source index) with
+# gcc-aarch64-linux-gnu, and installed under /opt/python3.X with the
+# interpreter linked into its executable, as distributions build it. A
+# cross build runs an interpreter of the same version on the host: one is
+# built first. ctypes links trixie's arm64 libffi, which the base root has.
+# About 4 minutes per build on 2 cores; each version's cpio is kept.
+declare -A CPYTHON=(
+    [3.10]="python3.10 3.10.4 80bf925f571da436b35210886cf79f6eb5fa5d6c571316b73568343451f77a19"
+    [3.12]="python3.12 3.12.3 56bfef1fdfc1221ce6720e43a661e3eb41785dd914ce99698d8c7896af4bdaa1"
+)
+make_cpython() (
+    local v=$1 name pkg ver sha tmp tarball src sysroot jobs
+    [ -n "${CPYTHON[$v]:-}" ] || { log "no CPython $v to cross-build (known: ${!CPYTHON[*]})"; return 1; }
+    read -r pkg ver sha <<< "${CPYTHON[$v]}"
+    name=py${v/./}
+    tmp=$(mktemp -d "$CACHE/$name.tmp.XXXXXX")
+    jobs=$(nproc)
+    tarball=$CACHE/${pkg}_$ver.orig.tar.xz
+    if ! echo "$sha  $tarball" | sha256sum -c --quiet 2>/dev/null; then
+        log "fetching CPython $ver's sources (Ubuntu's ${pkg}_$ver.orig.tar.xz)"
+        curl -fsSL -o "$tmp/src.tar.xz" "http://archive.ubuntu.com/ubuntu/pool/main/p/$pkg/${pkg}_$ver.orig.tar.xz"
+        echo "$sha  $tmp/src.tar.xz" | sha256sum -c --quiet ||
+            { log "${pkg}_$ver.orig.tar.xz does not have the sum of Ubuntu's source index"; return 1; }
+        mv "$tmp/src.tar.xz" "$tarball"
+    fi
+    tar -xJf "$tarball" -C "$tmp"
+    src=$tmp/Python-$ver
+    sysroot=$tmp/sysroot
+    private_apt "$tmp" trixie
+    (cd "$tmp" && apt-get download -q libffi-dev libffi8 >&2)
+    for deb in "$tmp"/*.deb; do dpkg-deb -x "$deb" "$sysroot"; done
+    log "building CPython $ver for this machine (the cross build runs it)"
+    mkdir "$tmp/host"
+    (cd "$tmp/host" && "$src/configure" -q --without-ensurepip >&2 && make -s -j"$jobs" >&2)
+    mkdir "$tmp/bin"
+    printf '#!/bin/sh\nexec %s "$@"\n' "$tmp/host/python" > "$tmp/bin/python$v"
+    chmod +x "$tmp/bin/python$v"
+    log "cross-building CPython $ver for aarch64"
+    printf 'ac_cv_file__dev_ptmx=yes\nac_cv_file__dev_ptc=no\nac_cv_buggy_getaddrinfo=no\n' > "$tmp/config.site"
+    mkdir "$tmp/cross"
+    (cd "$tmp/cross" &&
+        PATH=$tmp/bin:$PATH CONFIG_SITE=$tmp/config.site \
+        PKG_CONFIG_LIBDIR=$sysroot/usr/lib/aarch64-linux-gnu/pkgconfig PKG_CONFIG_SYSROOT_DIR=$sysroot \
+        "$src/configure" -q --host=aarch64-linux-gnu --build=x86_64-linux-gnu --prefix=/opt/python$v \
+            --with-build-python="$tmp/bin/python$v" --without-ensurepip --enable-ipv6 \
+            CPPFLAGS="-I$sysroot/usr/include -I$sysroot/usr/include/aarch64-linux-gnu" \
+            LDFLAGS="-L$sysroot/usr/lib/aarch64-linux-gnu" >&2 &&
+        PATH=$tmp/bin:$PATH make -s -j"$jobs" >&2 &&
+        PATH=$tmp/bin:$PATH make -s install DESTDIR="$tmp/root" >&2)
+    [ -x "$tmp/root/opt/python$v/bin/python$v" ] || { log "CPython $ver's cross build made no bin/python$v"; return 1; }
+    ls "$tmp/root/opt/python$v/lib/python$v"/lib-dynload/_ctypes.*.so > /dev/null 2>&1 || { log "CPython $ver's cross build has no _ctypes (libffi not found?)"; return 1; }
+    file "$tmp/root/opt/python$v/bin/python$v" | grep -q 'ARM aarch64' || { log "bin/python$v is not an aarch64 executable"; return 1; }
+    pack_cpython "$tmp/root" "$v" "$tmp/$name.cpio.zst"
+    mv "$tmp/$name.cpio.zst" "$CACHE/$name.cpio.zst"
+    rm -rf "$tmp"
+)
+
+# pack_cpython ROOT V OUT: ROOT's /opt/pythonV as a cpio, without what the
+# tests never run (test packages, optimized .pyc, the static library, the
+# test extension modules) and without debug info: a smaller initramfs. The
+# symbol tables stay (gpumem finds _PyRuntime in them).
+pack_cpython() {
+    local root=$1 v=$2 out=$3 lib=$1/opt/python$2/lib/python$2
+    rm -rf "$lib"/{test,idlelib,tkinter,turtledemo,ensurepip,lib2to3,pydoc_data} \
+        "$lib"/config-"$v"-*/libpython"$v".a "$lib"/lib-dynload/_test*.so "$lib"/lib-dynload/_xxtestfuzz*.so
+    find "$root" -name '*.opt-[12].pyc' -delete
+    aarch64-linux-gnu-strip --strip-debug "$root/opt/python$v/bin/python$v" "$lib"/lib-dynload/*.so
+    (cd "$root" && find . -mindepth 1 -print0 | LC_ALL=C sort -z |
+        cpio --null -o -H newc -R 0:0 --quiet | zstd -q -T0 -6) > "$out"
+}
+
 [ -s "$CACHE/Image" ] || make_kernel
 [ -s "$CACHE/base.cpio.zst" ] || make_base
 [ -s "$CACHE/py311.cpio.zst" ] || make_py311
+for v in ${ARM64_VM_CROSS_PYTHONS:-}; do
+    [ -s "$CACHE/py${v/./}.cpio.zst" ] || make_cpython "$v"
+done
 
 echo "KERNEL=$CACHE/Image ($(cat "$CACHE/kernel.txt"))"
 echo "BASE=$CACHE/base.cpio.zst"
 echo "PY311=$CACHE/py311.cpio.zst"
+for v in ${ARM64_VM_CROSS_PYTHONS:-}; do echo "PY${v/./}=$CACHE/py${v/./}.cpio.zst"; done

@@ -91,7 +91,7 @@ enum Cmd {
     /// aarch64: each scenario's events checked against the x86_64 agent's. Needs root.
     TestArm64 {
         /// only the reduced set `cargo xtask test` runs (the gate, basic,
-        /// VMM, storm, USDT at -O2, both CPythons), not all ten scenarios
+        /// VMM, storm, USDT at -O2, Debian's two CPythons), not all twelve scenarios
         #[arg(long)]
         ci: bool,
     },

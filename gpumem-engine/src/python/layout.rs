@@ -1,4 +1,5 @@
-//! Where each CPython version keeps what gpumem reads (x86_64): 3.10, 3.11
+//! Where each CPython version keeps what gpumem reads (x86_64 and aarch64
+//! alike: both LP64, same alignment): 3.10, 3.11
 //! and 3.12 from their headers (checked field by field with offsetof
 //! against Ubuntu jammy's 3.10, pyenv's 3.11 and Ubuntu noble's 3.12), 3.13 from the `_Py_DebugOffsets` the interpreter keeps at the start of
 //! `_PyRuntime` for out-of-process debuggers.
@@ -34,8 +35,11 @@ pub enum ThreadId {
     Pthread,
 }
 
-/// Where glibc (x86_64) keeps the kernel thread id in `struct pthread`.
-pub const PTHREAD_TID: u64 = 0x2d0;
+/// Where glibc keeps the kernel thread id in `struct pthread` (the
+/// pthread_t points at it): after a header of 24 words or, on x86_64, the
+/// larger TCB that overlaps them, and the descriptor's list links. Read in
+/// a traced process of the agent's own architecture.
+pub const PTHREAD_TID: u64 = if cfg!(target_arch = "aarch64") { 0xd0 } else { 0x2d0 };
 
 /// How a frame's instruction turns into a line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -148,8 +148,36 @@ const SCENARIOS: &[Scenario] = &[
         in_ci: true,
         line: "python_version python3.11 && env GPUMEM_STEPS=5 GPUMEM_HOLD=1 GPUMEM_IMPORT_SECONDS=3 $TRACE -c \"python3.11 /payload/train.py $L\"",
     },
+    // Cross-built from CPython's sources (scripts/arm64-vm/prepare.sh,
+    // about 8 minutes each the first time): the full set only.
+    Scenario {
+        name: "python3.10",
+        check: Check::Python("3.10"),
+        every_event: true,
+        in_ci: false,
+        line: "python_version /opt/python3.10/bin/python3.10 && env GPUMEM_STEPS=5 GPUMEM_HOLD=1 GPUMEM_IMPORT_SECONDS=3 $TRACE -c \"/opt/python3.10/bin/python3.10 /payload/train.py $L\"",
+    },
+    Scenario {
+        name: "python3.12",
+        check: Check::Python("3.12"),
+        every_event: true,
+        in_ci: false,
+        line: "python_version /opt/python3.12/bin/python3.12 && env GPUMEM_STEPS=5 GPUMEM_HOLD=1 GPUMEM_IMPORT_SECONDS=3 $TRACE -c \"/opt/python3.12/bin/python3.12 /payload/train.py $L\"",
+    },
     Scenario { name: "stress", check: Check::Stress, every_event: false, in_ci: false, line: "stress" },
 ];
+
+/// The CPythons the VM's root gets cross-built for `scenarios` (Debian has
+/// no arm64 build of them): those under /opt.
+fn cross_pythons(scenarios: &[&Scenario]) -> Vec<&'static str> {
+    scenarios
+        .iter()
+        .filter_map(|s| match s.check {
+            Check::Python(v) if s.line.contains(&format!("/opt/python{v}/")) => Some(v),
+            _ => None,
+        })
+        .collect()
+}
 
 pub fn test_arm64(set: Set) -> Result<()> {
     crate::require_root("the arm64 VM test")?;
@@ -165,7 +193,7 @@ pub fn run_scenarios(set: Set) -> Result<()> {
     let payload = dir.join("payload");
     let scenarios: Vec<&Scenario> = SCENARIOS.iter().filter(|s| set == Set::Full || s.in_ci).collect();
     make_payload(&payload, &scenarios)?;
-    let console = boot(&payload, &dir.join("console.log"))?;
+    let console = boot(&payload, &cross_pythons(&scenarios), &dir.join("console.log"))?;
     let kernel = console.lines().find_map(|l| l.strip_prefix("GPUMEM-KERNEL ")).unwrap_or("?").to_string();
     eprintln!("xtask: arm64 kernel {kernel}");
     let runs = scenario_outputs(&console);
@@ -254,7 +282,8 @@ scenario() {
   sed "s/^/GPUMEM-ERR $name /" /tmp/$name.err
   echo "GPUMEM-RC $name $rc"
 }
-# Which CPython a Python scenario runs (Debian trixie's 3.13, bookworm's 3.11).
+# Which CPython a Python scenario runs (Debian trixie's 3.13, bookworm's 3.11,
+# 3.10 and 3.12 cross-built under /opt).
 python_version() { $1 -c 'import sys; print("python_version=%d.%d" % sys.version_info[:2], file=sys.stderr)'; }
 # Copies of the driver on new inodes: files no agent has seen.
 fresh_copies() { for i in 0 1 2; do mkdir -p /tmp/fresh/$i && cp $L /tmp/fresh/$i/; done; }
@@ -286,10 +315,16 @@ fn run_script(scenarios: &[&Scenario]) -> String {
     s
 }
 
-/// Boots the VM with the payload; its console, also kept in `log`.
-fn boot(payload: &Path, log: &Path) -> Result<String> {
+/// Boots the VM with the payload, and the cross-built CPythons `pythons` in
+/// its root; its console, also kept in `log`.
+fn boot(payload: &Path, pythons: &[&str], log: &Path) -> Result<String> {
     let script = workspace().join("scripts/arm64-vm/boot.sh");
-    let out = Command::new("bash").arg(&script).arg(payload).output().with_context(|| format!("running {}", script.display()))?;
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(payload)
+        .env("ARM64_VM_CROSS_PYTHONS", pythons.join(" "))
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
     let console = String::from_utf8_lossy(&out.stdout).replace('\r', "");
     std::fs::write(log, &console)?;
     if !out.status.success() {
