@@ -232,6 +232,9 @@ make_cpython() (
     private_apt "$tmp" trixie
     (cd "$tmp" && apt-get download -q libffi-dev libffi8 >&2)
     for deb in "$tmp"/*.deb; do dpkg-deb -x "$deb" "$sysroot"; done
+    # 3.10's setup.py looks for ffi.h where pkg-config's include directory
+    # (/usr/include) says, not in Debian's multiarch directory beside it.
+    cp "$sysroot"/usr/include/aarch64-linux-gnu/ffi*.h "$sysroot/usr/include/"
     log "building CPython $ver for this machine (the cross build runs it)"
     mkdir "$tmp/host"
     (cd "$tmp/host" && "$src/configure" -q --without-ensurepip >&2 && make -s -j"$jobs" >&2)
@@ -251,7 +254,8 @@ make_cpython() (
         PATH=$tmp/bin:$PATH make -s -j"$jobs" >&2 &&
         PATH=$tmp/bin:$PATH make -s install DESTDIR="$tmp/root" >&2)
     [ -x "$tmp/root/opt/python$v/bin/python$v" ] || { log "CPython $ver's cross build made no bin/python$v"; return 1; }
-    ls "$tmp/root/opt/python$v/lib/python$v"/lib-dynload/_ctypes.*.so > /dev/null 2>&1 || { log "CPython $ver's cross build has no _ctypes (libffi not found?)"; return 1; }
+    aarch64-linux-gnu-readelf -d "$tmp/root/opt/python$v/lib/python$v"/lib-dynload/_ctypes.*.so 2>/dev/null | grep -q 'NEEDED.*libffi' ||
+        { log "CPython $ver's cross build has no _ctypes linked with libffi"; return 1; }
     file "$tmp/root/opt/python$v/bin/python$v" | grep -q 'ARM aarch64' || { log "bin/python$v is not an aarch64 executable"; return 1; }
     pack_cpython "$tmp/root" "$v" "$tmp/$name.cpio.zst"
     mv "$tmp/$name.cpio.zst" "$CACHE/$name.cpio.zst"
