@@ -256,7 +256,8 @@ make_cpython() (
     [ -x "$tmp/root/opt/python$v/bin/python$v" ] || { log "CPython $ver's cross build made no bin/python$v"; return 1; }
     aarch64-linux-gnu-readelf -d "$tmp/root/opt/python$v/lib/python$v"/lib-dynload/_ctypes.*.so 2>/dev/null | grep -q 'NEEDED.*libffi' ||
         { log "CPython $ver's cross build has no _ctypes linked with libffi"; return 1; }
-    file "$tmp/root/opt/python$v/bin/python$v" | grep -q 'ARM aarch64' || { log "bin/python$v is not an aarch64 executable"; return 1; }
+    aarch64-linux-gnu-readelf -h "$tmp/root/opt/python$v/bin/python$v" | grep -q 'Machine:.*AArch64' ||
+        { log "bin/python$v is not an aarch64 executable"; return 1; }
     pack_cpython "$tmp/root" "$v" "$tmp/$name.cpio.zst"
     mv "$tmp/$name.cpio.zst" "$CACHE/$name.cpio.zst"
     rm -rf "$tmp"
