@@ -182,6 +182,9 @@ fn cross_pythons(scenarios: &[&Scenario]) -> Vec<&'static str> {
 pub fn test_arm64(set: Set) -> Result<()> {
     crate::require_root("the arm64 VM test")?;
     crate::setup::setup()?;
+    // The x86_64 agent the host runs each "as on x86_64" scenario with (a
+    // fresh checkout has none; `cargo xtask test` builds it first).
+    run(crate::linted(crate::cargo().args(["build", "-p", "gpumem-agent"]))?)?;
     run_scenarios(set)
 }
 
