@@ -149,7 +149,7 @@ const SCENARIOS: &[Scenario] = &[
         line: "python_version python3.11 && env GPUMEM_STEPS=5 GPUMEM_HOLD=1 GPUMEM_IMPORT_SECONDS=3 $TRACE -c \"python3.11 /payload/train.py $L\"",
     },
     // Cross-built from CPython's sources (scripts/arm64-vm/prepare.sh,
-    // about 8 minutes each the first time): the full set only.
+    // about 5 minutes each the first time): the full set only.
     Scenario {
         name: "python3.10",
         check: Check::Python("3.10"),
